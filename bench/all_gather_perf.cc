@@ -1,0 +1,34 @@
+// all_gather_perf: braid_all_gather; count is what each rank sends, recvbuf
+// holds nranks blocks of count, block r from rank r. busbw = algbw * (n-1)/n.
+#include "perf_common.h"
+
+namespace {
+
+using braid_perf::Reference;
+using braid_perf::RunArgs;
+using braid_perf::Span;
+
+braid_result_t run(const RunArgs& a) {
+  return braid_all_gather(a.sendbuf, a.recvbuf, a.count, a.dtype, a.comm, nullptr);
+}
+
+const braid_perf::CollDesc kDesc = {
+    .name = "all_gather",
+    .call = "braid_all_gather",
+    .reduces = false,
+    .rooted = false,
+    .result_on_root_only = false,
+    .in_place = true,
+    .send_span = Span::kCount,
+    .recv_span = Span::kCountTimesRanks,
+    .busbw_factor = [](int n) { return static_cast<double>(n - 1) / n; },
+    .run = run,
+    .expected = [](const Reference& ref,
+                   size_t i) { return ref.input(static_cast<int>(i / ref.count()), i % ref.count()); },
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return braid_perf::perf_main(argc, argv, kDesc);
+}

@@ -1,0 +1,833 @@
+#include "perf_common.h"
+
+// Only MPI's C API is used; keep Open MPI's and MPICH's C++ bindings out.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <getopt.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <string>
+#include <type_traits>
+
+namespace braid_perf {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Element types
+
+struct TypeInfo {
+  braid_dtype_t dtype;
+  const char* name;   // as printed (nccl-tests names)
+  const char* alias;  // also accepted by -d, or nullptr
+  size_t size;
+  bool is_signed;  // holds negative values (signed integers and floats)
+  bool is_float;
+  double max_exact;  // sums of non-negative integers up to this are exact
+  double epsilon;    // relative rounding unit, for the avg tolerance
+};
+
+// Indexed by braid_dtype_t.
+constexpr TypeInfo kTypes[] = {
+    {BRAID_INT8, "int8", nullptr, 1, true, false, 127, 0},
+    {BRAID_UINT8, "uint8", nullptr, 1, false, false, 255, 0},
+    {BRAID_INT32, "int32", nullptr, 4, true, false, 1 << 24, 0},
+    {BRAID_UINT32, "uint32", nullptr, 4, false, false, 1 << 24, 0},
+    {BRAID_INT64, "int64", nullptr, 8, true, false, 1 << 24, 0},
+    {BRAID_UINT64, "uint64", nullptr, 8, false, false, 1 << 24, 0},
+    {BRAID_FLOAT16, "half", "float16", 2, true, true, 2048, 0x1p-10},
+    {BRAID_BFLOAT16, "bfloat16", nullptr, 2, true, true, 256, 0x1p-7},
+    {BRAID_FLOAT32, "float", "float32", 4, true, true, 1 << 24, 0x1p-23},
+    {BRAID_FLOAT64, "double", "float64", 8, true, true, 1 << 24, 0x1p-52},
+};
+static_assert(sizeof(kTypes) / sizeof(kTypes[0]) == BRAID_NUM_DTYPES);
+
+const TypeInfo& type_info(braid_dtype_t dtype) {
+  return kTypes[dtype];
+}
+
+// Indexed by braid_redop_t.
+constexpr const char* kOpNames[] = {"sum", "prod", "min", "max", "avg"};
+static_assert(sizeof(kOpNames) / sizeof(kOpNames[0]) == BRAID_NUM_OPS);
+
+// float16 / bfloat16 storage and conversions (round to nearest even).
+struct Half {
+  uint16_t bits;
+};
+struct BFloat16 {
+  uint16_t bits;
+};
+
+uint32_t float_bits(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof x);
+  return x;
+}
+
+float bits_float(uint32_t x) {
+  float f;
+  std::memcpy(&f, &x, sizeof f);
+  return f;
+}
+
+uint16_t float_to_half(float f) {
+  const uint32_t x = float_bits(f);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000);
+  const uint32_t exp = (x >> 23) & 0xff;
+  uint32_t mant = x & 0x7fffff;
+  if (exp == 0xff) return sign | 0x7c00 | (mant ? 0x200 : 0);  // inf, nan
+  const int e = static_cast<int>(exp) - 127 + 15;
+  if (e >= 0x1f) return sign | 0x7c00;  // overflow
+  if (e <= 0) {                         // half subnormal, or zero
+    if (e < -10) return sign;
+    mant |= 0x800000;
+    const int shift = 14 - e;
+    uint32_t h = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1);
+    const uint32_t halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (h & 1))) ++h;
+    return static_cast<uint16_t>(sign | h);
+  }
+  uint32_t h = (static_cast<uint32_t>(e) << 10) | (mant >> 13);
+  const uint32_t rem = mant & 0x1fff;
+  if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) ++h;  // a carry rounds up into the exponent
+  return static_cast<uint16_t>(sign | h);
+}
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const uint32_t exp = (h >> 10) & 0x1f;
+  const uint32_t mant = h & 0x3ff;
+  if (exp == 0x1f) return bits_float(sign | 0x7f800000 | (mant << 13));
+  if (exp == 0) {
+    const float v = std::ldexp(static_cast<float>(mant), -24);
+    return sign ? -v : v;
+  }
+  return bits_float(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+uint16_t float_to_bfloat16(float f) {
+  const uint32_t x = float_bits(f);
+  if ((x & 0x7fffffff) > 0x7f800000) return static_cast<uint16_t>((x >> 16) | 0x40);  // quiet nan
+  return static_cast<uint16_t>((x + 0x7fff + ((x >> 16) & 1)) >> 16);
+}
+
+float bfloat16_to_float(uint16_t b) {
+  return bits_float(static_cast<uint32_t>(b) << 16);
+}
+
+template <class T>
+T from_double(double v) {
+  if constexpr (std::is_same_v<T, Half>) {
+    return Half{float_to_half(static_cast<float>(v))};
+  } else if constexpr (std::is_same_v<T, BFloat16>) {
+    return BFloat16{float_to_bfloat16(static_cast<float>(v))};
+  } else {
+    return static_cast<T>(v);  // values are small integers in T's range
+  }
+}
+
+template <class T>
+double to_double(T v) {
+  if constexpr (std::is_same_v<T, Half>) {
+    return half_to_float(v.bits);
+  } else if constexpr (std::is_same_v<T, BFloat16>) {
+    return bfloat16_to_float(v.bits);
+  } else {
+    return static_cast<double>(v);
+  }
+}
+
+// Calls f(std::type_identity<T>{}) with T the storage type of dtype.
+template <class F>
+void dispatch(braid_dtype_t dtype, F&& f) {
+  switch (dtype) {
+    case BRAID_INT8:
+      return f(std::type_identity<int8_t>{});
+    case BRAID_UINT8:
+      return f(std::type_identity<uint8_t>{});
+    case BRAID_INT32:
+      return f(std::type_identity<int32_t>{});
+    case BRAID_UINT32:
+      return f(std::type_identity<uint32_t>{});
+    case BRAID_INT64:
+      return f(std::type_identity<int64_t>{});
+    case BRAID_UINT64:
+      return f(std::type_identity<uint64_t>{});
+    case BRAID_FLOAT16:
+      return f(std::type_identity<Half>{});
+    case BRAID_BFLOAT16:
+      return f(std::type_identity<BFloat16>{});
+    case BRAID_FLOAT32:
+      return f(std::type_identity<float>{});
+    case BRAID_FLOAT64:
+      return f(std::type_identity<double>{});
+    case BRAID_NUM_DTYPES:
+      break;
+  }
+  std::abort();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Reference data
+//
+// Element i of rank r is a function of r and of s = hash(i) mod M (M prime),
+// through t = (s * (r mod (M - 1) + 1) + r) mod M: for every rank, t runs over
+// all of [0, M) as s does, and ranks differ at the same index for most s.
+// - data movement, min, max: M = 101, value t (t - 50 for signed types). With
+//   101 ranks or more, min and max saturate at the ends of that range.
+// - sum, avg: M = K, the largest prime in [3, 13] with nranks * (K - 1) no more
+//   than what the type holds exactly (int8 127, uint8 255, float16 2048,
+//   bfloat16 256); value t. If even K = 3 is too large (over 63 ranks in int8),
+//   ranks from max_exact / 2 on contribute 0.
+// - prod: M = the smallest prime >= max(11, nranks + 6); magnitude 2 where
+//   (r + s) mod M < 6 (so at most 6 ranks per element, and every rank on 6 slots
+//   in M), else 1; negative for odd t on signed types. |product| <= 64.
+// The reduction over ranks depends only on s, so it is tabulated once per run.
+
+Reference::Reference(braid_dtype_t dtype, bool reduces, braid_redop_t op, int nranks, int rank, int root,
+                     size_t count)
+    : signed_(type_info(dtype).is_signed), nranks_(nranks), rank_(rank), root_(root), count_(count) {
+  const TypeInfo& ti = type_info(dtype);
+  sum_cap_ = static_cast<uint64_t>(nranks);
+  if (!reduces || op == BRAID_MIN || op == BRAID_MAX) {
+    kind_ = Kind::kSpread;
+    modulus_ = 101;
+  } else if (op == BRAID_PROD) {
+    kind_ = Kind::kProd;
+    modulus_ = std::max(11u, static_cast<unsigned>(nranks) + 6);
+    for (;; ++modulus_) {
+      bool prime = true;
+      for (unsigned d = 2; d * d <= modulus_ && prime; ++d) prime = modulus_ % d != 0;
+      if (prime) break;
+    }
+  } else {
+    kind_ = Kind::kSum;
+    const double limit = std::floor(ti.max_exact / nranks) + 1;
+    modulus_ = 3;
+    for (unsigned prime : {5u, 7u, 11u, 13u}) {
+      if (prime <= limit) modulus_ = prime;
+    }
+    sum_cap_ = static_cast<uint64_t>(ti.max_exact) / (modulus_ - 1);
+  }
+  if (!reduces) return;
+
+  reduced_.resize(modulus_);
+  for (unsigned s = 0; s < modulus_; ++s) {
+    double acc = value(0, s);
+    for (int r = 1; r < nranks; ++r) {
+      const double v = value(r, s);
+      switch (op) {
+        case BRAID_SUM:
+        case BRAID_AVG:
+          acc += v;
+          break;
+        case BRAID_PROD:
+          acc *= v;
+          break;
+        case BRAID_MIN:
+          acc = std::min(acc, v);
+          break;
+        case BRAID_MAX:
+          acc = std::max(acc, v);
+          break;
+        case BRAID_NUM_OPS:
+          break;
+      }
+    }
+    reduced_[s] = op == BRAID_AVG ? acc / nranks : acc;
+  }
+  if (op == BRAID_AVG) {
+    // sum-then-divide rounds once; dividing each input first rounds once per
+    // rank. Allow the latter, relative to the largest possible result.
+    tolerance_ = (nranks + 1) * ti.epsilon * (modulus_ - 1);
+  }
+}
+
+double Reference::value(int src, unsigned s) const {
+  const uint64_t r = static_cast<uint64_t>(src);
+  const uint64_t t = (static_cast<uint64_t>(s) * (r % (modulus_ - 1) + 1) + r) % modulus_;
+  switch (kind_) {
+    case Kind::kSpread:
+      return signed_ ? static_cast<double>(t) - 50 : static_cast<double>(t);
+    case Kind::kSum:
+      return r < sum_cap_ ? static_cast<double>(t) : 0;
+    case Kind::kProd: {
+      const double magnitude = (r + s) % modulus_ < 6 ? 2 : 1;
+      return (signed_ && (t & 1)) ? -magnitude : magnitude;
+    }
+  }
+  return 0;
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Options
+
+struct Options {
+  size_t min_bytes = 8;
+  size_t max_bytes = size_t{64} << 20;
+  size_t step_factor = 2;  // 0 when stepping by step_bytes
+  size_t step_bytes = 0;
+  long iters = 20;
+  long warmup = 5;
+  bool check = true;
+  std::vector<braid_dtype_t> dtypes{BRAID_FLOAT32};
+  std::vector<braid_redop_t> ops{BRAID_SUM};
+  long root = 0;  // -1: every root
+};
+
+void print_usage(FILE* out, const char* prog, const CollDesc& desc) {
+  std::fprintf(out,
+               "Usage: %s [options]\n"
+               "  Launch with mpirun, one process per rank. Sizes take K, M, G suffixes (powers of 1024).\n"
+               "  -b, --minbytes <size>      smallest size (default 8)\n"
+               "  -e, --maxbytes <size>      largest size (default 64M)\n"
+               "  -f, --stepfactor <n>       multiply the size by n (>= 2) between steps (default 2)\n"
+               "  -i, --stepbytes <size>     add this many bytes between steps instead of -f\n"
+               "  -n, --iters <n>            timed iterations per size (default 20)\n"
+               "  -w, --warmup_iters <n>     untimed iterations before them (default 5)\n"
+               "  -c, --check <0|1>          check the results (default 1)\n"
+               "  -d, --datatype <type>      int8 uint8 int32 uint32 int64 uint64 half|float16 bfloat16\n"
+               "                             float|float32 double|float64, or all (default float)\n"
+               "  -o, --op <op>              sum prod min max avg, or all (default sum)%s\n"
+               "  -r, --root <rank>          root rank, or all (default 0)%s\n"
+               "  -h, --help                 this text\n",
+               prog, desc.reduces ? "" : "; ignored here", desc.rooted ? "" : "; ignored here");
+}
+
+bool parse_size(const char* s, size_t* out) {
+  if (!std::isdigit(static_cast<unsigned char>(s[0]))) return false;
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(s, &end, 10);
+  if (errno != 0) return false;
+  unsigned shift = 0;
+  switch (*end) {
+    case '\0':
+      break;
+    case 'K':
+    case 'k':
+      shift = 10;
+      break;
+    case 'M':
+    case 'm':
+      shift = 20;
+      break;
+    case 'G':
+    case 'g':
+      shift = 30;
+      break;
+    default:
+      return false;
+  }
+  if (*end != '\0' && end[1] != '\0') return false;
+  if (v > (static_cast<unsigned long long>(SIZE_MAX) >> shift)) return false;
+  *out = static_cast<size_t>(v) << shift;
+  return true;
+}
+
+bool parse_long(const char* s, long min, long max, long* out) {
+  errno = 0;
+  char* end = nullptr;
+  const long v = std::strtol(s, &end, 10);
+  if (errno != 0 || end == s || *end != '\0' || v < min || v > max) return false;
+  *out = v;
+  return true;
+}
+
+enum class ParseResult { kRun, kHelp, kError };
+
+ParseResult parse_args(int argc, char** argv, const CollDesc& desc, Options* opt, std::string* error) {
+  static const option kLongOptions[] = {{"minbytes", required_argument, nullptr, 'b'},
+                                        {"maxbytes", required_argument, nullptr, 'e'},
+                                        {"stepfactor", required_argument, nullptr, 'f'},
+                                        {"stepbytes", required_argument, nullptr, 'i'},
+                                        {"iters", required_argument, nullptr, 'n'},
+                                        {"warmup_iters", required_argument, nullptr, 'w'},
+                                        {"check", required_argument, nullptr, 'c'},
+                                        {"datatype", required_argument, nullptr, 'd'},
+                                        {"op", required_argument, nullptr, 'o'},
+                                        {"root", required_argument, nullptr, 'r'},
+                                        {"help", no_argument, nullptr, 'h'},
+                                        {nullptr, 0, nullptr, 0}};
+  auto fail = [&](const std::string& flag, const std::string& why) {
+    *error = flag + ": " + why;
+    return ParseResult::kError;
+  };
+  bool saw_factor = false, saw_bytes = false, dtype_all = false, op_all = false;
+  opterr = 0;
+  optind = 1;
+  for (;;) {
+    const int c = getopt_long(argc, argv, ":b:e:f:i:n:w:c:d:o:r:h", kLongOptions, nullptr);
+    if (c == -1) break;
+    // The flag as the user wrote it when getopt rejected it, else its short form.
+    std::string flag = "-" + std::string(1, static_cast<char>(c));
+    if (c == '?' || c == ':') {
+      flag = optopt != 0 && (c == '?' || optind > argc) ? "-" + std::string(1, static_cast<char>(optopt))
+                                                        : std::string(argv[optind - 1]);
+    }
+    const char* arg = optarg;
+    switch (c) {
+      case 'b':
+        if (!parse_size(arg, &opt->min_bytes)) return fail(flag, "invalid size '" + std::string(arg) + "'");
+        break;
+      case 'e':
+        if (!parse_size(arg, &opt->max_bytes)) return fail(flag, "invalid size '" + std::string(arg) + "'");
+        break;
+      case 'f': {
+        long v = 0;
+        if (!parse_long(arg, 2, 1 << 20, &v)) return fail(flag, "the step factor must be an integer >= 2");
+        opt->step_factor = static_cast<size_t>(v);
+        saw_factor = true;
+        break;
+      }
+      case 'i':
+        if (!parse_size(arg, &opt->step_bytes) || opt->step_bytes == 0) {
+          return fail(flag, "invalid step size '" + std::string(arg) + "' (must be > 0)");
+        }
+        saw_bytes = true;
+        break;
+      case 'n':
+        if (!parse_long(arg, 1, 1L << 30, &opt->iters))
+          return fail(flag, "iterations must be an integer >= 1");
+        break;
+      case 'w':
+        if (!parse_long(arg, 0, 1L << 30, &opt->warmup)) return fail(flag, "warmup must be an integer >= 0");
+        break;
+      case 'c': {
+        long v = 0;
+        if (!parse_long(arg, 0, 1, &v)) return fail(flag, "expected 0 or 1");
+        opt->check = v == 1;
+        break;
+      }
+      case 'd': {
+        opt->dtypes.clear();
+        dtype_all = std::strcmp(arg, "all") == 0;
+        for (const TypeInfo& ti : kTypes) {
+          if (dtype_all || std::strcmp(arg, ti.name) == 0 || (ti.alias && std::strcmp(arg, ti.alias) == 0)) {
+            opt->dtypes.push_back(ti.dtype);
+          }
+        }
+        if (opt->dtypes.empty()) return fail(flag, "unknown datatype '" + std::string(arg) + "'");
+        break;
+      }
+      case 'o': {
+        opt->ops.clear();
+        op_all = std::strcmp(arg, "all") == 0;
+        for (int op = 0; op < BRAID_NUM_OPS; ++op) {
+          if (op_all || std::strcmp(arg, kOpNames[op]) == 0) {
+            opt->ops.push_back(static_cast<braid_redop_t>(op));
+          }
+        }
+        if (opt->ops.empty()) return fail(flag, "unknown reduction op '" + std::string(arg) + "'");
+        break;
+      }
+      case 'r':
+        if (std::strcmp(arg, "all") == 0) {
+          opt->root = -1;
+        } else if (!parse_long(arg, -1, 1L << 30, &opt->root)) {
+          return fail(flag, "the root must be a rank, all, or -1 (all)");
+        }
+        break;
+      case 'h':
+        return ParseResult::kHelp;
+      case ':':
+        return fail(flag, "missing value");
+      default:
+        return fail(flag, "unknown flag");
+    }
+  }
+  if (optind < argc) return fail(argv[optind], "unexpected argument");
+  if (saw_factor && saw_bytes) return fail("-i", "cannot be combined with -f");
+  if (saw_bytes) opt->step_factor = 0;
+  if (opt->min_bytes > opt->max_bytes) return fail("-b", "minbytes is larger than maxbytes (-e)");
+  if (desc.reduces && !dtype_all && !op_all && opt->ops[0] == BRAID_AVG &&
+      !type_info(opt->dtypes[0]).is_float) {
+    return fail("-o",
+                std::string("avg is defined for floating types only, not ") + type_info(opt->dtypes[0]).name);
+  }
+  return ParseResult::kRun;
+}
+
+// ---------------------------------------------------------------------------
+// Running
+
+constexpr size_t kGuardBytes = 64;
+constexpr unsigned char kGuardByte = 0x5a;
+constexpr unsigned char kPoisonByte = 0xff;  // nan in every float type
+
+struct Context {
+  const CollDesc& desc;
+  const Options& opt;
+  braid_comm_t comm;
+  int rank;
+  int nranks;
+  const char* host;
+  unsigned char* sendbuf;  // max_bytes + kGuardBytes each
+  unsigned char* recvbuf;  // also the in-place buffer
+};
+
+[[noreturn]] void die(const Context& ctx, const char* what, braid_result_t result) {
+  const char* detail = ctx.comm != nullptr ? braid_comm_get_last_error(ctx.comm) : nullptr;
+  if (detail == nullptr || detail[0] == '\0') detail = braid_get_last_error();
+  if (detail == nullptr) detail = "";
+  std::fprintf(stderr, "braid-tests: rank %d on %s: %s failed: %s%s%s\n", ctx.rank, ctx.host, what,
+               braid_get_error_string(result), detail[0] ? ": " : "", detail);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();
+}
+
+size_t span_elems(Span span, size_t count, int nranks) {
+  return span == Span::kCount ? count : count * static_cast<size_t>(nranks);
+}
+
+// Where one iteration's data lives.
+struct Layout {
+  unsigned char* send;
+  size_t send_elems;
+  unsigned char* recv;
+  size_t recv_elems;
+};
+
+Layout make_layout(const Context& ctx, size_t count, size_t elem, bool in_place) {
+  const size_t se = span_elems(ctx.desc.send_span, count, ctx.nranks);
+  const size_t re = span_elems(ctx.desc.recv_span, count, ctx.nranks);
+  if (!in_place) return {ctx.sendbuf, se, ctx.recvbuf, re};
+  const size_t block = static_cast<size_t>(ctx.rank) * count * elem;
+  return {ctx.recvbuf + (se < re ? block : 0), se, ctx.recvbuf + (re < se ? block : 0), re};
+}
+
+void fill_input(void* buf, size_t n, braid_dtype_t dtype, const Reference& ref) {
+  dispatch(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    std::vector<T> by_slot(ref.slots());
+    for (unsigned s = 0; s < ref.slots(); ++s) by_slot[s] = from_double<T>(ref.value(ref.rank(), s));
+    T* p = static_cast<T*>(buf);
+    for (size_t j = 0; j < n; ++j) p[j] = by_slot[ref.slot(j)];
+  });
+}
+
+long long count_wrong(const void* buf, size_t n, braid_dtype_t dtype, const Reference& ref,
+                      const CollDesc& desc) {
+  long long wrong = 0;
+  const double tol = ref.tolerance();
+  dispatch(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* p = static_cast<const T*>(buf);
+    for (size_t j = 0; j < n; ++j) {
+      if (!(std::fabs(to_double(p[j]) - desc.expected(ref, j)) <= tol)) ++wrong;  // nan counts as wrong
+    }
+  });
+  return wrong;
+}
+
+long long count_guard(const unsigned char* end) {
+  long long hit = 0;
+  for (size_t i = 0; i < kGuardBytes; ++i) hit += end[i] != kGuardByte;
+  return hit;
+}
+
+// Input in the send region, poison in the recv region (so stale results from the
+// timed iterations cannot pass the check), guard bytes after each used region.
+void prepare(const Context& ctx, const Layout& l, size_t elem, bool in_place, const Reference& ref,
+             braid_dtype_t dtype) {
+  if (in_place) {
+    const size_t used = std::max(l.send_elems, l.recv_elems) * elem;
+    std::memset(ctx.recvbuf, kPoisonByte, used);
+    std::memset(ctx.recvbuf + used, kGuardByte, kGuardBytes);
+  } else {
+    std::memset(l.send + l.send_elems * elem, kGuardByte, kGuardBytes);
+    std::memset(l.recv, kPoisonByte, l.recv_elems * elem);
+    std::memset(l.recv + l.recv_elems * elem, kGuardByte, kGuardBytes);
+  }
+  fill_input(l.send, l.send_elems, dtype, ref);
+}
+
+long long guard_hits(const Context& ctx, const Layout& l, size_t elem, bool in_place) {
+  if (in_place) return count_guard(ctx.recvbuf + std::max(l.send_elems, l.recv_elems) * elem);
+  return count_guard(l.send + l.send_elems * elem) + count_guard(l.recv + l.recv_elems * elem);
+}
+
+double now_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+struct Measurement {
+  double time_us;           // max over ranks
+  long long wrong;          // summed over ranks; -1 when not checked
+  long long out_of_bounds;  // guard bytes overwritten, summed over ranks
+};
+
+Measurement measure(const Context& ctx, braid_dtype_t dtype, braid_redop_t op, int root, size_t count,
+                    bool in_place) {
+  const size_t elem = type_info(dtype).size;
+  const Reference ref(dtype, ctx.desc.reduces, op, ctx.nranks, ctx.rank, root, count);
+  const Layout l = make_layout(ctx, count, elem, in_place);
+  const RunArgs args{l.send, l.recv, count, dtype, op, root, ctx.rank, ctx.nranks, ctx.comm};
+  auto run_once = [&] {
+    const braid_result_t r = ctx.desc.run(args);
+    if (r != BRAID_SUCCESS) die(ctx, ctx.desc.call, r);
+  };
+
+  prepare(ctx, l, elem, in_place, ref, dtype);
+  for (long i = 0; i < ctx.opt.warmup; ++i) run_once();
+  MPI_Barrier(MPI_COMM_WORLD);
+  const double t0 = now_seconds();
+  for (long i = 0; i < ctx.opt.iters; ++i) run_once();
+  const double local_us = (now_seconds() - t0) * 1e6 / static_cast<double>(ctx.opt.iters);
+
+  Measurement m{0, -1, 0};
+  MPI_Allreduce(&local_us, &m.time_us, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  if (!ctx.opt.check) return m;
+
+  prepare(ctx, l, elem, in_place, ref, dtype);
+  run_once();
+  long long local[2] = {0, guard_hits(ctx, l, elem, in_place)};
+  if (!ctx.desc.result_on_root_only || ctx.rank == root) {
+    local[0] = count_wrong(l.recv, l.recv_elems, dtype, ref, ctx.desc);
+  }
+  long long global[2] = {0, 0};
+  MPI_Allreduce(local, global, 2, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+  m.wrong = global[0];
+  m.out_of_bounds = global[1];
+  return m;
+}
+
+// ---------------------------------------------------------------------------
+// Output (rank 0 only)
+
+// Prints a formatted line without trailing blanks.
+void print_line(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+void print_line(const char* fmt, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  size_t n = std::strlen(buf);
+  while (n > 0 && buf[n - 1] == ' ') --n;
+  std::printf("%.*s\n", static_cast<int>(n), buf);
+}
+
+void print_table_header() {
+  print_line("#%62s%s%31s", "", "out-of-place", "in-place");
+  print_line("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s", "size", "count", "type",
+             "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
+  print_line("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s", "(B)", "(elements)", "", "",
+             "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+}
+
+std::string format_time(double us) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, us >= 10000 ? "%7.0f" : us >= 100 ? "%7.1f" : "%7.2f", us);
+  return buf;
+}
+
+struct Totals {
+  double busbw_sum = 0;
+  long busbw_n = 0;
+  long long wrong = 0;
+  long long out_of_bounds = 0;
+};
+
+// ---------------------------------------------------------------------------
+// Start-up
+
+struct RankInfo {
+  char host[64];
+  int pid;
+};
+
+}  // namespace
+
+int perf_main(int argc, char** argv, const CollDesc& desc) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, nranks = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+  const std::string prog = std::string(desc.name) + "_perf";
+
+  Options opt;
+  std::string error;
+  ParseResult parsed = parse_args(argc, argv, desc, &opt, &error);
+  if (parsed == ParseResult::kRun && opt.root >= nranks) {
+    parsed = ParseResult::kError;
+    error = "-r: root " + std::to_string(opt.root) + " is not a rank (nranks " + std::to_string(nranks) + ")";
+  }
+  if (parsed != ParseResult::kRun) {
+    if (rank == 0) {
+      print_usage(parsed == ParseResult::kHelp ? stdout : stderr, prog.c_str(), desc);
+      if (parsed == ParseResult::kError) std::fprintf(stderr, "%s: error: %s\n", prog.c_str(), error.c_str());
+    }
+    MPI_Finalize();
+    return parsed == ParseResult::kHelp ? 0 : 2;
+  }
+
+  // All ranks on one node: keep braid's TCP traffic on loopback unless told otherwise.
+  MPI_Comm node_comm;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node_comm);
+  int node_size = 0;
+  MPI_Comm_size(node_comm, &node_size);
+  MPI_Comm_free(&node_comm);
+  const bool one_node = node_size == nranks;
+  const bool set_lo = one_node && std::getenv("BRAID_SOCKET_IFNAME") == nullptr;
+  if (set_lo) setenv("BRAID_SOCKET_IFNAME", "lo", 0);
+
+  RankInfo me{};
+  gethostname(me.host, sizeof me.host - 1);
+  me.pid = static_cast<int>(getpid());
+  std::vector<RankInfo> all(rank == 0 ? static_cast<size_t>(nranks) : 0);
+  MPI_Gather(&me, sizeof me, MPI_BYTE, all.data(), sizeof me, MPI_BYTE, 0, MPI_COMM_WORLD);
+
+  // Buffers for the largest size: no buffer of any step exceeds max_bytes.
+  const size_t alloc = (opt.max_bytes + kGuardBytes + 4095) / 4096 * 4096;
+  auto* sendbuf = static_cast<unsigned char*>(std::aligned_alloc(4096, alloc));
+  auto* recvbuf = static_cast<unsigned char*>(std::aligned_alloc(4096, alloc));
+  if (sendbuf == nullptr || recvbuf == nullptr) {
+    std::fprintf(stderr, "braid-tests: rank %d: cannot allocate 2 x %zu bytes (-e)\n", rank, alloc);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  std::memset(sendbuf, 0, alloc);  // touch every page before timing
+  std::memset(recvbuf, 0, alloc);
+
+  braid_unique_id_t id;
+  std::memset(&id, 0, sizeof id);
+  braid_comm_t comm = nullptr;
+  Context ctx{desc, opt, nullptr, rank, nranks, me.host, sendbuf, recvbuf};
+  if (rank == 0) {
+    const braid_result_t r = braid_get_unique_id(&id);
+    if (r != BRAID_SUCCESS) die(ctx, "braid_get_unique_id", r);
+  }
+  MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+  if (braid_result_t r = braid_comm_init_rank(&comm, nranks, id, rank); r != BRAID_SUCCESS) {
+    die(ctx, "braid_comm_init_rank", r);
+  }
+  ctx.comm = comm;
+
+  if (rank == 0) {
+    int version = 0;
+    braid_get_version(&version);
+    std::printf("# braid-tests: %s nranks %d\n", prog.c_str(), nranks);
+    std::printf("# braid version %d.%d.%d, host memory, blocking calls%s\n", version / 10000,
+                version / 100 % 100, version % 100,
+                set_lo ? ", BRAID_SOCKET_IFNAME=lo (all ranks on one node)" : "");
+    if (opt.step_factor != 0) {
+      std::printf(
+          "# minBytes %zu maxBytes %zu step: %zu(factor) warmup iters: %ld iters: %ld validation: %d\n",
+          opt.min_bytes, opt.max_bytes, opt.step_factor, opt.warmup, opt.iters, opt.check ? 1 : 0);
+    } else {
+      std::printf(
+          "# minBytes %zu maxBytes %zu step: %zu(bytes) warmup iters: %ld iters: %ld validation: %d\n",
+          opt.min_bytes, opt.max_bytes, opt.step_bytes, opt.warmup, opt.iters, opt.check ? 1 : 0);
+    }
+    if (desc.reduces && std::find(opt.ops.begin(), opt.ops.end(), BRAID_AVG) != opt.ops.end() &&
+        std::any_of(opt.dtypes.begin(), opt.dtypes.end(),
+                    [](braid_dtype_t t) { return !type_info(t).is_float; })) {
+      std::printf("# avg is defined for floating types only: integer types skip it\n");
+    }
+    std::printf("#\n# Using devices\n");
+    for (int r = 0; r < nranks; ++r) {
+      std::printf("#  Rank %3d Pid %7d on %10s device host memory\n", r, all[static_cast<size_t>(r)].pid,
+                  all[static_cast<size_t>(r)].host);
+    }
+    std::printf("#\n");
+    print_table_header();
+    std::fflush(stdout);
+  }
+
+  // Non-reducing collectives run once with op "none"; rootless ones with root -1.
+  const std::vector<braid_redop_t> ops = desc.reduces ? opt.ops : std::vector<braid_redop_t>{BRAID_SUM};
+  const int first_root = !desc.rooted ? -1 : opt.root < 0 ? 0 : static_cast<int>(opt.root);
+  const int last_root = !desc.rooted ? -1 : opt.root < 0 ? nranks - 1 : static_cast<int>(opt.root);
+  const bool per_rank = desc.send_span == Span::kCountTimesRanks || desc.recv_span == Span::kCountTimesRanks;
+
+  Totals totals;
+  for (braid_dtype_t dtype : opt.dtypes) {
+    const TypeInfo& ti = type_info(dtype);
+    for (braid_redop_t op : ops) {
+      if (desc.reduces && op == BRAID_AVG && !ti.is_float) continue;  // braid defines avg on floats only
+      for (int root = first_root; root <= last_root; ++root) {
+        for (size_t bytes = opt.min_bytes; bytes <= opt.max_bytes;) {
+          size_t count = bytes / ti.size;
+          if (per_rank) count /= static_cast<size_t>(nranks);
+          const size_t size =
+              std::max(span_elems(desc.send_span, count, nranks), span_elems(desc.recv_span, count, nranks)) *
+              ti.size;
+          char line[512];
+          int len = std::snprintf(line, sizeof line, "%12zu  %12zu  %8s  %6s  %6d", size, count, ti.name,
+                                  desc.reduces ? kOpNames[op] : "none", root);
+          long long row_oob = 0;
+          for (bool in_place : {false, true}) {
+            if (in_place && !desc.in_place) {
+              len += std::snprintf(line + len, sizeof line - len, "  %7s  %6s  %6s %6s", "N/A", "N/A", "N/A",
+                                   "N/A");
+              continue;
+            }
+            const Measurement m = measure(ctx, dtype, op, root, count, in_place);
+            const double algbw = m.time_us > 0 ? static_cast<double>(size) / m.time_us / 1e3 : 0;
+            const double busbw = algbw * desc.busbw_factor(nranks);
+            totals.busbw_sum += busbw;
+            ++totals.busbw_n;
+            if (m.wrong > 0) totals.wrong += m.wrong;
+            totals.out_of_bounds += m.out_of_bounds;
+            row_oob += m.out_of_bounds;
+            const std::string wrong = m.wrong < 0 ? "N/A" : std::to_string(m.wrong);
+            len += std::snprintf(line + len, sizeof line - len, "  %s  %6.2f  %6.2f %6s",
+                                 format_time(m.time_us).c_str(), algbw, busbw, wrong.c_str());
+          }
+          if (rank == 0) {
+            std::printf("%s\n", line);
+            if (row_oob > 0)
+              std::printf("#  ^ %lld bytes past the end of the buffers were overwritten\n", row_oob);
+            std::fflush(stdout);
+          }
+          // Next size; stop rather than wrap around.
+          const size_t next =
+              opt.step_factor != 0 ? (bytes == 0 ? 1 : bytes * opt.step_factor) : bytes + opt.step_bytes;
+          if (next <= bytes || (opt.step_factor != 0 && bytes != 0 && next / opt.step_factor != bytes)) break;
+          bytes = next;
+        }
+      }
+    }
+  }
+
+  const long long bad = totals.wrong + totals.out_of_bounds;
+  if (rank == 0) {
+    if (opt.check) {
+      std::printf("# Out of bounds values : %lld %s\n", bad, bad ? "FAILED" : "OK");
+    } else {
+      std::printf("# Out of bounds values : N/A (-c 0)\n");
+    }
+    std::printf("# Avg bus bandwidth    : %.3f\n#\n",
+                totals.busbw_n ? totals.busbw_sum / static_cast<double>(totals.busbw_n) : 0.0);
+    std::fflush(stdout);
+  }
+
+  if (braid_result_t r = braid_comm_destroy(comm); r != BRAID_SUCCESS) {
+    ctx.comm = nullptr;  // gone: only the thread's last error remains
+    die(ctx, "braid_comm_destroy", r);
+  }
+  std::free(sendbuf);
+  std::free(recvbuf);
+  MPI_Finalize();
+  return bad > 0 ? 1 : 0;
+}
+
+}  // namespace braid_perf

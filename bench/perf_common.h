@@ -1,0 +1,132 @@
+// Shared driver of the braid-tests binaries (all_reduce_perf, broadcast_perf, ...).
+//
+// The binaries follow the format and conventions of NVIDIA's nccl-tests, so that
+// their output can be read (and parsed) the same way. Each <name>_perf.cc fills in
+// one CollDesc and calls perf_main(); everything else lives in perf_common.cc:
+// MPI start-up, the braid communicator (unique id broadcast with MPI_Bcast from
+// rank 0), flags, the size loop, buffers, data, checking, timing and the table.
+// MPI is only the launcher and the bootstrap channel: every measured byte moves
+// through braid.
+//
+// Sizes and counts (nccl-tests conventions). For each step of the size loop,
+// `bytes` is the requested size and count = bytes / sizeof(type):
+// - all_reduce, broadcast, reduce, sendrecv: the braid count is `count`; the
+//   size column is count * sizeof(type).
+// - all_gather, reduce_scatter, gather, scatter, alltoall: the braid count is the
+//   per-rank count, count / nranks (all_gather/gather: elements each rank sends;
+//   reduce_scatter/scatter: elements each rank receives; alltoall: elements sent
+//   to each peer). The count column shows that per-rank count; the size column
+//   shows the larger buffer, per-rank count * nranks * sizeof(type) (the recv
+//   buffer of all_gather/gather, the send buffer of reduce_scatter/scatter, either
+//   buffer of alltoall).
+// - The size column is always the largest buffer a rank passes, and
+//   algbw = size / time for every collective, as in nccl-tests.
+// - busbw = algbw * busbw_factor(nranks): 2(n-1)/n for all_reduce; (n-1)/n for
+//   all_gather, reduce_scatter, alltoall, gather and scatter; 1 for broadcast,
+//   reduce and sendrecv.
+//
+// In-place layouts (NCCL's): one buffer holds max(send, recv) elements; when the
+// two sides differ in size, the smaller one is block `rank` of the larger one
+// (all_gather/gather: sendbuf = recvbuf + rank * count; reduce_scatter/scatter:
+// recvbuf = sendbuf + rank * count); otherwise sendbuf == recvbuf.
+#ifndef BRAID_BENCH_PERF_COMMON_H_
+#define BRAID_BENCH_PERF_COMMON_H_
+
+#include <braid/braid.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace braid_perf {
+
+// The data every rank sends and the results the collective must produce, for one
+// (dtype, op, root, count) run on one rank. Inputs are small integers chosen so
+// that every result is exact in every dtype (float16 and bfloat16 included), so
+// results are compared exactly; only avg allows a rounding tolerance. Each value
+// depends on the source rank and on a hash of the element index, so data from the
+// wrong rank or at the wrong offset shows up.
+class Reference {
+ public:
+  // `reduces` false: a data-movement collective (op is ignored).
+  Reference(braid_dtype_t dtype, bool reduces, braid_redop_t op, int nranks, int rank, int root,
+            size_t count);
+
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+  int root() const { return root_; }
+  size_t count() const { return count_; }  // the count passed to braid (per rank where that applies)
+
+  // Element `index` of rank `src`'s send buffer.
+  double input(int src, size_t index) const { return value(src, slot(index)); }
+  // Element `index` of the reduction, over all ranks, of their send buffers.
+  double reduced(size_t index) const { return reduced_[slot(index)]; }
+  // Largest accepted |result - expected|: 0 except for avg.
+  double tolerance() const { return tolerance_; }
+
+  // input(src, index) == value(src, slot(index)) with slot(index) < slots(): a
+  // rank's whole send buffer takes only slots() distinct values.
+  unsigned slots() const { return modulus_; }
+  unsigned slot(size_t index) const {
+    uint64_t z = (static_cast<uint64_t>(index) + 1) * 0x9E3779B97F4A7C15ull;
+    z ^= z >> 29;
+    z *= 0xBF58476D1CE4E5B9ull;
+    z ^= z >> 32;
+    return static_cast<unsigned>(((z & 0xffffffffull) * modulus_) >> 32);
+  }
+  double value(int src, unsigned slot) const;
+
+ private:
+  enum class Kind { kSpread, kSum, kProd };
+
+  Kind kind_;
+  bool signed_;
+  unsigned modulus_;
+  uint64_t sum_cap_;  // kSum: ranks at or above this contribute 0 (keeps sums exact)
+  int nranks_, rank_, root_;
+  size_t count_;
+  double tolerance_ = 0;
+  std::vector<double> reduced_;  // indexed by slot
+};
+
+// The elements a buffer holds, in units of the braid count.
+enum class Span { kCount, kCountTimesRanks };
+
+struct RunArgs {
+  const void* sendbuf;
+  void* recvbuf;
+  size_t count;  // the braid count (see the conventions above)
+  braid_dtype_t dtype;
+  braid_redop_t op;  // meaningful when the collective reduces
+  int root;          // meaningful when the collective is rooted
+  int rank;
+  int nranks;
+  braid_comm_t comm;
+};
+
+// One collective, as one binary measures it.
+struct CollDesc {
+  const char* name;          // the binary is <name>_perf
+  const char* call;          // the braid call(s), for error messages
+  bool reduces;              // takes -o; otherwise the redop column says "none"
+  bool rooted;               // takes -r; otherwise the root column says -1
+  bool result_on_root_only;  // only the root's recvbuf receives a result (reduce, gather)
+  bool in_place;             // false: the in-place columns say N/A
+  Span send_span;            // size of sendbuf
+  Span recv_span;            // size of recvbuf
+  double (*busbw_factor)(int nranks);
+  // One blocking iteration through the braid C API. A later `--compare mpi`
+  // would add an MPI implementation with this same signature next to it.
+  braid_result_t (*run)(const RunArgs& args);
+  // Expected element `index` of this rank's recv buffer (of the recv region in
+  // place). Not called on non-roots when result_on_root_only.
+  double (*expected)(const Reference& ref, size_t index);
+};
+
+// Runs the benchmark and returns the process exit code: 0 when every check
+// passed, 1 on wrong results, 2 on a usage error.
+int perf_main(int argc, char** argv, const CollDesc& desc);
+
+}  // namespace braid_perf
+
+#endif  // BRAID_BENCH_PERF_COMMON_H_

@@ -1,0 +1,211 @@
+/* braid: collective communication for host and (later) CUDA memory.
+ *
+ * Conventions
+ * - Every function returns braid_result_t. braid_get_error_string() names the
+ *   code; braid_get_last_error() (per thread) and braid_comm_get_last_error()
+ *   (per communicator) give the full message: rank, peer, operation, cause.
+ * - Handles are opaque. A destroyed communicator or a completed request is
+ *   rejected with BRAID_ERR_INVALID_ARGUMENT, never dereferenced.
+ * - Every operation has a blocking form and an `i` form that returns a
+ *   braid_request_t; the `i` form progresses without the caller polling.
+ * - In-place is allowed everywhere: sendbuf == recvbuf, or the NCCL layouts
+ *   (all_gather: sendbuf == recvbuf + rank * count; reduce_scatter:
+ *   recvbuf == sendbuf + rank * count).
+ * - `stream`: NULL for a host-ordered operation on host memory. A CUDA stream
+ *   (device buffers, NCCL semantics) is not supported by this build yet and is
+ *   rejected with BRAID_ERR_UNSUPPORTED.
+ */
+#ifndef BRAID_BRAID_H_
+#define BRAID_BRAID_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define BRAID_VERSION_MAJOR 0
+#define BRAID_VERSION_MINOR 1
+#define BRAID_VERSION_PATCH 0
+#define BRAID_VERSION_CODE (BRAID_VERSION_MAJOR * 10000 + BRAID_VERSION_MINOR * 100 + BRAID_VERSION_PATCH)
+
+typedef enum {
+  BRAID_SUCCESS = 0,
+  BRAID_ERR_INVALID_ARGUMENT = 1, /* a bad argument; the message names it */
+  BRAID_ERR_INVALID_USAGE = 2,    /* a valid call at the wrong time (e.g. unbalanced group_end) */
+  BRAID_ERR_SYSTEM = 3,           /* an OS call failed (socket, shm, ...); the message says which */
+  BRAID_ERR_INTERNAL = 4,         /* a bug in braid */
+  BRAID_ERR_REMOTE = 5,           /* a peer failed, closed its connection or sent garbage */
+  BRAID_ERR_TIMEOUT = 6,          /* an operation passed its deadline */
+  BRAID_ERR_ABORTED = 7,          /* braid_comm_abort was called */
+  BRAID_ERR_MISMATCH = 8,         /* ranks called different operations */
+  BRAID_ERR_UNSUPPORTED = 9,      /* a feature this build does not have */
+  BRAID_ERR_IN_PROGRESS = 10      /* braid_test: not done yet (never returned by braid_test itself) */
+} braid_result_t;
+
+typedef enum {
+  BRAID_INT8 = 0,
+  BRAID_UINT8 = 1,
+  BRAID_INT32 = 2,
+  BRAID_UINT32 = 3,
+  BRAID_INT64 = 4,
+  BRAID_UINT64 = 5,
+  BRAID_FLOAT16 = 6,
+  BRAID_BFLOAT16 = 7,
+  BRAID_FLOAT32 = 8,
+  BRAID_FLOAT64 = 9,
+  BRAID_NUM_DTYPES = 10
+} braid_dtype_t;
+
+/* BRAID_AVG is defined for floating types only: sum, then divide by the
+ * number of ranks. Integer AVG is rejected with BRAID_ERR_INVALID_ARGUMENT. */
+typedef enum {
+  BRAID_SUM = 0,
+  BRAID_PROD = 1,
+  BRAID_MIN = 2,
+  BRAID_MAX = 3,
+  BRAID_AVG = 4,
+  BRAID_NUM_OPS = 5
+} braid_redop_t;
+
+typedef struct braid_comm* braid_comm_t;
+typedef struct braid_request* braid_request_t;
+typedef void* braid_stream_t; /* a cudaStream_t, or NULL for host-ordered */
+
+#define BRAID_UNIQUE_ID_BYTES 128
+typedef struct {
+  char internal[BRAID_UNIQUE_ID_BYTES];
+} braid_unique_id_t;
+
+/* Pass as color to braid_comm_split to take no part in any new communicator. */
+#define BRAID_SPLIT_NOCOLOR (-1)
+
+/* ---- errors and versions ---- */
+const char* braid_get_error_string(braid_result_t result);
+/* Message of the last failed call made by this thread ("" if none). */
+const char* braid_get_last_error(void);
+/* Message of the last failed call on this communicator, or of the error that
+ * broke it. Valid until the next call on the communicator from any thread. */
+const char* braid_comm_get_last_error(braid_comm_t comm);
+braid_result_t braid_get_version(int* version);
+/* Size of one element in bytes, 0 for an unknown type. */
+size_t braid_dtype_size(braid_dtype_t dtype);
+const char* braid_dtype_name(braid_dtype_t dtype);
+const char* braid_redop_name(braid_redop_t op);
+
+/* ---- communicators ---- */
+/* Creates an id and starts the rendezvous root in this process (NCCL style);
+ * hand the id to every rank out of band (MPI_Bcast, a file, a store). */
+braid_result_t braid_get_unique_id(braid_unique_id_t* id);
+braid_result_t braid_comm_init_rank(braid_comm_t* comm, int nranks, braid_unique_id_t id, int rank);
+/* Joins the job described by the torchrun / TorchDistributor environment:
+ * MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE (LOCAL_RANK is informational).
+ * Rank 0 runs the rendezvous root on BRAID_ROOT_PORT, default MASTER_PORT + 1
+ * (MASTER_PORT itself belongs to torch's store under torchrun). */
+braid_result_t braid_comm_init_env(braid_comm_t* comm);
+/* Collective over comm. Ranks with the same color form a communicator,
+ * ordered by (key, old rank). color == BRAID_SPLIT_NOCOLOR gives *newcomm = NULL. */
+braid_result_t braid_comm_split(braid_comm_t comm, int color, int key, braid_comm_t* newcomm);
+/* Waits for outstanding operations, then frees everything. */
+braid_result_t braid_comm_destroy(braid_comm_t comm);
+/* Makes every pending and future operation fail with BRAID_ERR_ABORTED and
+ * tells the peers; then frees like destroy. Safe to call from another thread. */
+braid_result_t braid_comm_abort(braid_comm_t comm);
+braid_result_t braid_comm_rank(braid_comm_t comm, int* rank);
+braid_result_t braid_comm_size(braid_comm_t comm, int* size);
+/* The error that broke the communicator, BRAID_SUCCESS while it is healthy. */
+braid_result_t braid_comm_get_async_error(braid_comm_t comm, braid_result_t* async_error);
+/* Deadline for each later operation on comm, in seconds (> 0). The default is
+ * BRAID_TIMEOUT from the environment, else 600. */
+braid_result_t braid_comm_set_timeout(braid_comm_t comm, double seconds);
+
+/* ---- requests ---- */
+/* Waits for the operation, frees the request and sets *request = NULL.
+ * Returns the operation's result. */
+braid_result_t braid_wait(braid_request_t* request);
+/* *done = 1 once the operation completed; then the request is freed,
+ * *request = NULL and the operation's result is returned. */
+braid_result_t braid_test(braid_request_t* request, int* done);
+/* Waits for all; returns the first failure (each request is freed). */
+braid_result_t braid_wait_all(int count, braid_request_t* requests);
+/* Drops the handle; the operation still completes, and an error it meets is
+ * reported by braid_comm_get_async_error. */
+braid_result_t braid_request_free(braid_request_t request);
+
+/* ---- groups ----
+ * Between braid_group_start and braid_group_end (per thread, nestable),
+ * operations are queued, not started; group_end starts them together and
+ * waits for the blocking ones. A ring exchange where every rank sends and
+ * receives at once does not deadlock inside a group. */
+braid_result_t braid_group_start(void);
+braid_result_t braid_group_end(void);
+
+/* ---- point-to-point ----
+ * Messages between two ranks match in the order they were posted. */
+braid_result_t braid_send(const void* buf, size_t count, braid_dtype_t dtype, int peer, braid_comm_t comm,
+                          braid_stream_t stream);
+braid_result_t braid_recv(void* buf, size_t count, braid_dtype_t dtype, int peer, braid_comm_t comm,
+                          braid_stream_t stream);
+braid_result_t braid_isend(const void* buf, size_t count, braid_dtype_t dtype, int peer, braid_comm_t comm,
+                           braid_stream_t stream, braid_request_t* request);
+braid_result_t braid_irecv(void* buf, size_t count, braid_dtype_t dtype, int peer, braid_comm_t comm,
+                           braid_stream_t stream, braid_request_t* request);
+
+/* ---- collectives ----
+ * Counts are per rank as in NCCL: all_gather / gather take sendcount (recvbuf
+ * holds nranks * sendcount), reduce_scatter / scatter take recvcount (sendbuf
+ * holds nranks * recvcount), all_to_all takes the count sent to each peer.
+ * Buffers a rank does not use (recvbuf of a non-root in reduce and gather,
+ * sendbuf of a non-root in broadcast and scatter) may be NULL. */
+braid_result_t braid_all_reduce(const void* sendbuf, void* recvbuf, size_t count, braid_dtype_t dtype,
+                                braid_redop_t op, braid_comm_t comm, braid_stream_t stream);
+braid_result_t braid_broadcast(const void* sendbuf, void* recvbuf, size_t count, braid_dtype_t dtype,
+                               int root, braid_comm_t comm, braid_stream_t stream);
+braid_result_t braid_reduce(const void* sendbuf, void* recvbuf, size_t count, braid_dtype_t dtype,
+                            braid_redop_t op, int root, braid_comm_t comm, braid_stream_t stream);
+braid_result_t braid_all_gather(const void* sendbuf, void* recvbuf, size_t sendcount, braid_dtype_t dtype,
+                                braid_comm_t comm, braid_stream_t stream);
+braid_result_t braid_reduce_scatter(const void* sendbuf, void* recvbuf, size_t recvcount, braid_dtype_t dtype,
+                                    braid_redop_t op, braid_comm_t comm, braid_stream_t stream);
+braid_result_t braid_gather(const void* sendbuf, void* recvbuf, size_t sendcount, braid_dtype_t dtype,
+                            int root, braid_comm_t comm, braid_stream_t stream);
+braid_result_t braid_scatter(const void* sendbuf, void* recvbuf, size_t recvcount, braid_dtype_t dtype,
+                             int root, braid_comm_t comm, braid_stream_t stream);
+braid_result_t braid_all_to_all(const void* sendbuf, void* recvbuf, size_t count, braid_dtype_t dtype,
+                                braid_comm_t comm, braid_stream_t stream);
+braid_result_t braid_barrier(braid_comm_t comm, braid_stream_t stream);
+
+braid_result_t braid_iall_reduce(const void* sendbuf, void* recvbuf, size_t count, braid_dtype_t dtype,
+                                 braid_redop_t op, braid_comm_t comm, braid_stream_t stream,
+                                 braid_request_t* request);
+braid_result_t braid_ibroadcast(const void* sendbuf, void* recvbuf, size_t count, braid_dtype_t dtype,
+                                int root, braid_comm_t comm, braid_stream_t stream, braid_request_t* request);
+braid_result_t braid_ireduce(const void* sendbuf, void* recvbuf, size_t count, braid_dtype_t dtype,
+                             braid_redop_t op, int root, braid_comm_t comm, braid_stream_t stream,
+                             braid_request_t* request);
+braid_result_t braid_iall_gather(const void* sendbuf, void* recvbuf, size_t sendcount, braid_dtype_t dtype,
+                                 braid_comm_t comm, braid_stream_t stream, braid_request_t* request);
+braid_result_t braid_ireduce_scatter(const void* sendbuf, void* recvbuf, size_t recvcount,
+                                     braid_dtype_t dtype, braid_redop_t op, braid_comm_t comm,
+                                     braid_stream_t stream, braid_request_t* request);
+braid_result_t braid_igather(const void* sendbuf, void* recvbuf, size_t sendcount, braid_dtype_t dtype,
+                             int root, braid_comm_t comm, braid_stream_t stream, braid_request_t* request);
+braid_result_t braid_iscatter(const void* sendbuf, void* recvbuf, size_t recvcount, braid_dtype_t dtype,
+                              int root, braid_comm_t comm, braid_stream_t stream, braid_request_t* request);
+braid_result_t braid_iall_to_all(const void* sendbuf, void* recvbuf, size_t count, braid_dtype_t dtype,
+                                 braid_comm_t comm, braid_stream_t stream, braid_request_t* request);
+braid_result_t braid_ibarrier(braid_comm_t comm, braid_stream_t stream, braid_request_t* request);
+
+/* ---- reduction kernels (host memory) ----
+ * dst[i] = a[i] op b[i] for i < count; dst may alias a or b. AVG reduces as
+ * SUM here (the division belongs to the collective). float16 and bfloat16 are
+ * computed in float32 and rounded to nearest even. */
+braid_result_t braid_reduce_local(void* dst, const void* a, const void* b, size_t count, braid_dtype_t dtype,
+                                  braid_redop_t op);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* BRAID_BRAID_H_ */

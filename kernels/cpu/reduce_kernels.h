@@ -1,0 +1,30 @@
+// Element-wise reduction and scaling kernels for host memory, one entry per
+// (dtype, op). float16 and bfloat16 are computed in float32 and rounded to
+// nearest even. Runtime CPU dispatch lives behind these functions.
+#pragma once
+
+#include <braid/braid.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace braid::kernels {
+
+// Whether `op` is defined for `dtype` (AVG only for floating types).
+bool redop_supported(braid_dtype_t dtype, braid_redop_t op);
+bool is_floating(braid_dtype_t dtype);
+
+// dst[i] = a[i] op b[i]; dst may alias a or b (exactly, not partially).
+// AVG reduces as SUM: the collective divides once at the end.
+void reduce(braid_dtype_t dtype, braid_redop_t op, void* dst, const void* a, const void* b, size_t count);
+
+// data[i] /= divisor, for floating dtypes (the AVG finish).
+void divide(braid_dtype_t dtype, void* data, size_t count, int divisor);
+
+// Scalar conversions, exposed for tests and for tools that build references.
+float half_to_float(uint16_t h);
+uint16_t float_to_half(float f);
+float bfloat16_to_float(uint16_t b);
+uint16_t float_to_bfloat16(float f);
+
+}  // namespace braid::kernels

@@ -1,0 +1,241 @@
+#include "src/algo/collectives.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/reduce_kernels.h"
+
+namespace braid {
+namespace {
+
+inline int mod(int a, int n) {
+  return ((a % n) + n) % n;
+}
+
+void copy_if_distinct(void* dst, const void* src, size_t bytes) {
+  if (dst != src && bytes) std::memmove(dst, src, bytes);
+}
+
+void finish_avg(const CollArgs& a, void* data, size_t count, int nranks) {
+  if (a.op == BRAID_AVG) kernels::divide(a.dtype, data, count, nranks);
+}
+
+// Splits [0, total) into n near-equal parts; part k is [begin(k), begin(k+1)).
+struct Split {
+  size_t total, n, part;
+  Split(size_t t, size_t parts) : total(t), n(parts), part((t + parts - 1) / parts) {}
+  size_t begin(size_t k) const { return std::min(total, k * part); }
+  size_t size(size_t k) const { return begin(k + 1) - begin(k); }
+};
+
+}  // namespace
+
+AllReduceKind choose_all_reduce(const Config& config, size_t bytes, size_t piece_bytes) {
+  // Direct sends the whole buffer to every peer before receiving, so it is
+  // only correct while the buffer fits one slot; a forced `direct` beyond
+  // that runs the ring.
+  if (bytes > piece_bytes) return AllReduceKind::kRing;
+  if (config.all_reduce_algo == AllReduceAlgo::kRing) return AllReduceKind::kRing;
+  if (config.all_reduce_algo == AllReduceAlgo::kDirect) return AllReduceKind::kDirect;
+  // Direct: one step, (n-1) copies per rank; cheapest while the buffer is small.
+  return bytes <= config.direct_max_bytes ? AllReduceKind::kDirect : AllReduceKind::kRing;
+}
+
+Task ring_all_reduce(const Channel& ch, CollArgs a) {
+  const int n = ch.nranks, r = ch.rank;
+  const size_t esize = braid_dtype_size(a.dtype);
+  const char* in = static_cast<const char*>(a.sendbuf);
+  char* out = static_cast<char*>(a.recvbuf);
+  const int next = mod(r + 1, n), prev = mod(r - 1, n);
+  const size_t chunk = std::max<size_t>(1, ch.piece_bytes / esize);  // elements per piece
+  const size_t round_elems = chunk * static_cast<size_t>(n);
+  if (n == 1) {
+    copy_if_distinct(out, in, a.count * esize);
+    finish_avg(a, out, a.count, n);
+    co_return;
+  }
+  // Rounds of n pieces keep every connection at one or two pieces in flight:
+  // reduce-scatter then all-gather of each round, pipelined piece by piece.
+  for (size_t off = 0; off < a.count; off += round_elems) {
+    Split seg(std::min(round_elems, a.count - off), static_cast<size_t>(n));
+    auto at = [&](int k) { return (off + seg.begin(static_cast<size_t>(mod(k, n)))) * esize; };
+    auto len = [&](int k) { return seg.size(static_cast<size_t>(mod(k, n))) * esize; };
+    if (len(r) > 0) co_await send_piece(ch, next, in + at(r), len(r));
+    for (int s = 1; s < n - 1; ++s)
+      if (len(r - s) > 0)
+        co_await recv_reduce_send(ch, prev, next, in + at(r - s), len(r - s), a.dtype, a.op);
+    if (len(r + 1) > 0)
+      co_await recv_reduce_copy_send(ch, prev, next, out + at(r + 1), in + at(r + 1), len(r + 1), a.dtype,
+                                     a.op);
+    for (int s = 1; s < n - 1; ++s)
+      if (len(r - s + 1) > 0) co_await recv_copy_send(ch, prev, next, out + at(r - s + 1), len(r - s + 1));
+    if (len(r + 2) > 0) co_await recv_piece(ch, prev, out + at(r + 2), len(r + 2));
+  }
+  finish_avg(a, out, a.count, n);
+}
+
+Task direct_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
+  const int n = ch.nranks, r = ch.rank;
+  const size_t bytes = a.count * braid_dtype_size(a.dtype);
+  // Keep our input if accumulating into recvbuf would overwrite it first.
+  const void* mine = a.sendbuf;
+  if (a.sendbuf == a.recvbuf && r != 0) {
+    std::memcpy(scratch, a.sendbuf, bytes);
+    mine = scratch;
+  }
+  for (int s = 1; s < n; ++s) co_await send_message(ch, mod(r + s, n), mine, bytes);
+  // Every rank reduces in rank order, so all ranks get bit-identical results.
+  for (int p = 0; p < n; ++p) {
+    if (p == 0) {
+      if (r == 0)
+        copy_if_distinct(a.recvbuf, mine, bytes);
+      else
+        co_await recv_message(ch, 0, a.recvbuf, bytes);
+    } else if (p == r) {
+      kernels::reduce(a.dtype, a.op, a.recvbuf, a.recvbuf, mine, a.count);
+    } else {
+      co_await recv_reduce_copy(ch, p, a.recvbuf, a.recvbuf, bytes, a.dtype, a.op);
+    }
+  }
+  finish_avg(a, a.recvbuf, a.count, n);
+}
+
+Task chain_broadcast(const Channel& ch, CollArgs a) {
+  const int n = ch.nranks, r = ch.rank;
+  const size_t bytes = a.count * braid_dtype_size(a.dtype);
+  const int pos = mod(r - a.root, n);
+  const int next = mod(r + 1, n), prev = mod(r - 1, n);
+  char* out = static_cast<char*>(a.recvbuf);
+  if (r == a.root) copy_if_distinct(a.recvbuf, a.sendbuf, bytes);
+  if (n == 1) co_return;
+  for (size_t off = 0; off < bytes; off += ch.piece_bytes) {
+    size_t len = std::min(ch.piece_bytes, bytes - off);
+    if (pos == 0)
+      co_await send_piece(ch, next, out + off, len);
+    else if (pos == n - 1)
+      co_await recv_piece(ch, prev, out + off, len);
+    else
+      co_await recv_copy_send(ch, prev, next, out + off, len);
+  }
+}
+
+Task chain_reduce(const Channel& ch, CollArgs a) {
+  const int n = ch.nranks, r = ch.rank;
+  const size_t esize = braid_dtype_size(a.dtype), bytes = a.count * esize;
+  // The chain starts after the root and ends at it.
+  const int pos = mod(r - a.root - 1, n);
+  const int next = mod(r + 1, n), prev = mod(r - 1, n);
+  const char* in = static_cast<const char*>(a.sendbuf);
+  char* out = static_cast<char*>(a.recvbuf);
+  if (n == 1) {
+    copy_if_distinct(out, in, bytes);
+  } else {
+    const size_t piece = ch.piece_bytes / esize * esize;
+    for (size_t off = 0; off < bytes; off += piece) {
+      size_t len = std::min(piece, bytes - off);
+      if (pos == 0)
+        co_await send_piece(ch, next, in + off, len);
+      else if (pos == n - 1)
+        co_await recv_reduce_copy(ch, prev, out + off, in + off, len, a.dtype, a.op);
+      else
+        co_await recv_reduce_send(ch, prev, next, in + off, len, a.dtype, a.op);
+    }
+  }
+  if (r == a.root) finish_avg(a, out, a.count, n);
+}
+
+Task ring_all_gather(const Channel& ch, CollArgs a) {
+  const int n = ch.nranks, r = ch.rank;
+  const size_t block = a.count * braid_dtype_size(a.dtype);
+  const int next = mod(r + 1, n), prev = mod(r - 1, n);
+  char* out = static_cast<char*>(a.recvbuf);
+  copy_if_distinct(out + r * block, a.sendbuf, block);
+  if (n == 1) co_return;
+  auto blk = [&](int k) { return out + static_cast<size_t>(mod(k, n)) * block; };
+  for (size_t off = 0; off < block; off += ch.piece_bytes) {
+    size_t len = std::min(ch.piece_bytes, block - off);
+    co_await send_piece(ch, next, blk(r) + off, len);
+    for (int s = 1; s < n - 1; ++s) co_await recv_copy_send(ch, prev, next, blk(r - s) + off, len);
+    co_await recv_piece(ch, prev, blk(r + 1) + off, len);
+  }
+}
+
+Task ring_reduce_scatter(const Channel& ch, CollArgs a) {
+  const int n = ch.nranks, r = ch.rank;
+  const size_t esize = braid_dtype_size(a.dtype), block = a.count * esize;
+  const int next = mod(r + 1, n), prev = mod(r - 1, n);
+  const char* in = static_cast<const char*>(a.sendbuf);
+  char* out = static_cast<char*>(a.recvbuf);
+  auto blk = [&](int k) { return in + static_cast<size_t>(mod(k, n)) * block; };
+  if (n == 1) {
+    copy_if_distinct(out, in, block);
+  } else {
+    // Block b's partial sum starts at rank b+1 and ends, complete, at rank b.
+    const size_t piece = ch.piece_bytes / esize * esize;
+    for (size_t off = 0; off < block; off += piece) {
+      size_t len = std::min(piece, block - off);
+      co_await send_piece(ch, next, blk(r - 1) + off, len);
+      for (int s = 1; s < n - 1; ++s)
+        co_await recv_reduce_send(ch, prev, next, blk(r - s - 1) + off, len, a.dtype, a.op);
+      co_await recv_reduce_copy(ch, prev, out + off, blk(r) + off, len, a.dtype, a.op);
+    }
+  }
+  finish_avg(a, out, a.count, n);
+}
+
+Task direct_gather(const Channel& ch, CollArgs a) {
+  const int n = ch.nranks, r = ch.rank;
+  const size_t block = a.count * braid_dtype_size(a.dtype);
+  char* out = static_cast<char*>(a.recvbuf);
+  if (r != a.root) {
+    co_await send_message(ch, a.root, a.sendbuf, block);
+    co_return;
+  }
+  copy_if_distinct(out + r * block, a.sendbuf, block);
+  for (int p = 0; p < n; ++p)
+    if (p != r) co_await recv_message(ch, p, out + p * block, block);
+}
+
+Task direct_scatter(const Channel& ch, CollArgs a) {
+  const int n = ch.nranks, r = ch.rank;
+  const size_t block = a.count * braid_dtype_size(a.dtype);
+  const char* in = static_cast<const char*>(a.sendbuf);
+  if (r != a.root) {
+    co_await recv_message(ch, a.root, a.recvbuf, block);
+    co_return;
+  }
+  for (int s = 1; s < n; ++s) {
+    int p = mod(r + s, n);
+    co_await send_message(ch, p, in + p * block, block);
+  }
+  copy_if_distinct(a.recvbuf, in + r * block, block);
+}
+
+Task pairwise_all_to_all(const Channel& ch, CollArgs a) {
+  const int n = ch.nranks, r = ch.rank;
+  const size_t block = a.count * braid_dtype_size(a.dtype);
+  const char* in = static_cast<const char*>(a.sendbuf);
+  char* out = static_cast<char*>(a.recvbuf);
+  copy_if_distinct(out + r * block, in + r * block, block);
+  // Step s pairs us with r+s (send) and r-s (receive): every rank sends and
+  // receives once per step.
+  for (int s = 1; s < n; ++s) {
+    int to = mod(r + s, n), from = mod(r - s, n);
+    co_await exchange(ch, to, in + to * block, block, from, out + from * block, block);
+  }
+}
+
+Task dissemination_barrier(const Channel& ch) {
+  const int n = ch.nranks, r = ch.rank;
+  for (int k = 1; k < n; k <<= 1) co_await exchange(ch, mod(r + k, n), nullptr, 0, mod(r - k, n), nullptr, 0);
+}
+
+Task p2p_send(const Channel& ch, CollArgs a) {
+  co_await send_message(ch, a.peer, a.sendbuf, a.count * braid_dtype_size(a.dtype));
+}
+
+Task p2p_recv(const Channel& ch, CollArgs a) {
+  co_await recv_message(ch, a.peer, a.recvbuf, a.count * braid_dtype_size(a.dtype));
+}
+
+}  // namespace braid

@@ -1,0 +1,41 @@
+// Collective algorithms, each written once over the channel primitives, so
+// every algorithm runs over every transport.
+#pragma once
+
+#include <braid/braid.h>
+
+#include <cstddef>
+
+#include "src/algo/primitives.h"
+#include "src/core/config.h"
+
+namespace braid {
+
+struct CollArgs {
+  const void* sendbuf = nullptr;
+  void* recvbuf = nullptr;
+  size_t count = 0;  // per the C API's convention for the collective
+  braid_dtype_t dtype = BRAID_FLOAT32;
+  braid_redop_t op = BRAID_SUM;
+  int root = 0;
+  int peer = -1;  // point-to-point
+};
+
+// The all_reduce algorithm for this size (BRAID_ALGO overrides).
+enum class AllReduceKind { kRing, kDirect };
+AllReduceKind choose_all_reduce(const Config& config, size_t bytes, size_t piece_bytes);
+
+Task ring_all_reduce(const Channel& ch, CollArgs a);
+Task direct_all_reduce(const Channel& ch, CollArgs a, char* scratch);
+Task chain_broadcast(const Channel& ch, CollArgs a);
+Task chain_reduce(const Channel& ch, CollArgs a);
+Task ring_all_gather(const Channel& ch, CollArgs a);
+Task ring_reduce_scatter(const Channel& ch, CollArgs a);
+Task direct_gather(const Channel& ch, CollArgs a);
+Task direct_scatter(const Channel& ch, CollArgs a);
+Task pairwise_all_to_all(const Channel& ch, CollArgs a);
+Task dissemination_barrier(const Channel& ch);
+Task p2p_send(const Channel& ch, CollArgs a);
+Task p2p_recv(const Channel& ch, CollArgs a);
+
+}  // namespace braid

@@ -1,0 +1,206 @@
+#include "src/algo/primitives.h"
+
+#include <poll.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "kernels/cpu/reduce_kernels.h"
+
+namespace braid {
+namespace {
+
+struct RecvWait {
+  Connection* conn;
+  const void* data = nullptr;
+  size_t bytes = 0;
+};
+bool recv_check(void* ctx) {
+  auto* w = static_cast<RecvWait*>(ctx);
+  return w->conn->recv_ready(&w->data, &w->bytes);
+}
+
+struct SendWait {
+  Connection* conn;
+  void* slot = nullptr;
+};
+bool send_check(void* ctx) {
+  auto* w = static_cast<SendWait*>(ctx);
+  w->slot = w->conn->send_slot();
+  return w->slot != nullptr;
+}
+
+struct BothWait {
+  RecvWait r;
+  SendWait s;
+};
+bool both_check(void* ctx) {
+  auto* w = static_cast<BothWait*>(ctx);
+  // Look at the receive first: it frees a slot upstream soonest.
+  bool r = w->r.data != nullptr || recv_check(&w->r);
+  bool s = w->s.slot != nullptr || send_check(&w->s);
+  return r && s;
+}
+
+Until wait_recv(RecvWait* w, int from) {
+  return Until{WaitPoint{recv_check, w, from, "for a message from", {w->conn, nullptr}, {POLLIN, 0}}};
+}
+Until wait_send(SendWait* w, int to) {
+  return Until{WaitPoint{send_check, w, to, "for a free slot toward", {w->conn, nullptr}, {POLLOUT, 0}}};
+}
+Until wait_both(BothWait* w, int from) {
+  return Until{WaitPoint{
+      both_check, w, from, "for a message and a free slot, from", {w->r.conn, w->s.conn}, {POLLIN, POLLOUT}}};
+}
+
+bool never(void*) {
+  return false;
+}
+
+// Records a protocol error on the current op and suspends it for good; the
+// engine fails the communicator with it.
+struct Fail {
+  Status why;
+  WaitPoint wp{never, nullptr, -1, "after a protocol error", {nullptr, nullptr}, {0, 0}};
+  bool await_ready() { return false; }
+  void await_suspend(std::coroutine_handle<> h) {
+    current_op()->failure = why;
+    op_suspend(current_op(), h, &wp);
+  }
+  void await_resume() {}
+};
+
+Fail size_mismatch(int from, size_t got, size_t want) {
+  Op* op = current_op();
+  return Fail{Status(BRAID_ERR_MISMATCH, op->name + " #" + std::to_string(op->seq) + ": rank " +
+                                             std::to_string(from) + " sent a piece of " +
+                                             std::to_string(got) + " bytes where " + std::to_string(want) +
+                                             " were expected (do all ranks pass the same count and dtype?)")};
+}
+
+}  // namespace
+
+Task send_piece(const Channel& ch, int to, const void* src, size_t bytes) {
+  SendWait w{ch.to(to)};
+  if (!send_check(&w)) co_await wait_send(&w, to);
+  if (bytes) std::memcpy(w.slot, src, bytes);
+  w.conn->commit_send(bytes);
+}
+
+Task recv_piece(const Channel& ch, int from, void* dst, size_t bytes) {
+  RecvWait w{ch.to(from)};
+  if (!recv_check(&w)) co_await wait_recv(&w, from);
+  if (w.bytes != bytes) co_await size_mismatch(from, w.bytes, bytes);
+  if (bytes) std::memcpy(dst, w.data, bytes);
+  w.conn->release_recv();
+}
+
+Task recv_reduce_copy(const Channel& ch, int from, void* dst, const void* local, size_t bytes,
+                      braid_dtype_t dtype, braid_redop_t op) {
+  RecvWait w{ch.to(from)};
+  if (!recv_check(&w)) co_await wait_recv(&w, from);
+  if (w.bytes != bytes) co_await size_mismatch(from, w.bytes, bytes);
+  kernels::reduce(dtype, op, dst, w.data, local, bytes / braid_dtype_size(dtype));
+  w.conn->release_recv();
+}
+
+Task recv_reduce_send(const Channel& ch, int from, int to, const void* local, size_t bytes,
+                      braid_dtype_t dtype, braid_redop_t op) {
+  BothWait w{{ch.to(from)}, {ch.to(to)}};
+  if (!both_check(&w)) co_await wait_both(&w, from);
+  if (w.r.bytes != bytes) co_await size_mismatch(from, w.r.bytes, bytes);
+  kernels::reduce(dtype, op, w.s.slot, w.r.data, local, bytes / braid_dtype_size(dtype));
+  w.s.conn->commit_send(bytes);
+  w.r.conn->release_recv();
+}
+
+Task recv_reduce_copy_send(const Channel& ch, int from, int to, void* dst, const void* local, size_t bytes,
+                           braid_dtype_t dtype, braid_redop_t op) {
+  BothWait w{{ch.to(from)}, {ch.to(to)}};
+  if (!both_check(&w)) co_await wait_both(&w, from);
+  if (w.r.bytes != bytes) co_await size_mismatch(from, w.r.bytes, bytes);
+  kernels::reduce(dtype, op, dst, w.r.data, local, bytes / braid_dtype_size(dtype));
+  if (bytes) std::memcpy(w.s.slot, dst, bytes);
+  w.s.conn->commit_send(bytes);
+  w.r.conn->release_recv();
+}
+
+Task recv_copy_send(const Channel& ch, int from, int to, void* dst, size_t bytes) {
+  BothWait w{{ch.to(from)}, {ch.to(to)}};
+  if (!both_check(&w)) co_await wait_both(&w, from);
+  if (w.r.bytes != bytes) co_await size_mismatch(from, w.r.bytes, bytes);
+  if (bytes) {
+    std::memcpy(dst, w.r.data, bytes);
+    std::memcpy(w.s.slot, w.r.data, bytes);
+  }
+  w.s.conn->commit_send(bytes);
+  w.r.conn->release_recv();
+}
+
+Task send_message(const Channel& ch, int to, const void* src, size_t bytes) {
+  const char* p = static_cast<const char*>(src);
+  size_t n = num_pieces(bytes, ch.piece_bytes);
+  for (size_t i = 0; i < n; ++i) {
+    size_t off = i * ch.piece_bytes;
+    co_await send_piece(ch, to, p + off, std::min(ch.piece_bytes, bytes - off));
+  }
+}
+
+Task recv_message(const Channel& ch, int from, void* dst, size_t bytes) {
+  char* p = static_cast<char*>(dst);
+  size_t n = num_pieces(bytes, ch.piece_bytes);
+  for (size_t i = 0; i < n; ++i) {
+    size_t off = i * ch.piece_bytes;
+    co_await recv_piece(ch, from, p + off, std::min(ch.piece_bytes, bytes - off));
+  }
+}
+
+Task exchange(const Channel& ch, int to, const void* src, size_t send_bytes, int from, void* dst,
+              size_t recv_bytes) {
+  const char* s = static_cast<const char*>(src);
+  char* d = static_cast<char*>(dst);
+  const size_t piece = ch.piece_bytes;
+  const size_t nsend = num_pieces(send_bytes, piece), nrecv = num_pieces(recv_bytes, piece);
+  size_t sent = 0, received = 0;
+  BothWait w{{ch.to(from)}, {ch.to(to)}};
+  while (sent < nsend || received < nrecv) {
+    bool moved = false;
+    if (received < nrecv && (w.r.data != nullptr || recv_check(&w.r))) {
+      size_t off = received * piece, want = std::min(piece, recv_bytes - off);
+      if (w.r.bytes != want) co_await size_mismatch(from, w.r.bytes, want);
+      if (want) std::memcpy(d + off, w.r.data, want);
+      w.r.conn->release_recv();
+      w.r.data = nullptr;
+      ++received;
+      moved = true;
+    }
+    if (sent < nsend && (w.s.slot != nullptr || send_check(&w.s))) {
+      size_t off = sent * piece, len = std::min(piece, send_bytes - off);
+      if (len) std::memcpy(w.s.slot, s + off, len);
+      w.s.conn->commit_send(len);
+      w.s.slot = nullptr;
+      ++sent;
+      moved = true;
+    }
+    if (moved) continue;
+    // Wake when either side can move: whichever is still owed.
+    if (received < nrecv && sent < nsend) {
+      co_await Until{WaitPoint{[](void* ctx) {
+                                 auto* b = static_cast<BothWait*>(ctx);
+                                 return recv_check(&b->r) || send_check(&b->s);
+                               },
+                               &w,
+                               from,
+                               "to exchange with",
+                               {w.r.conn, w.s.conn},
+                               {POLLIN, POLLOUT}}};
+    } else if (received < nrecv) {
+      co_await wait_recv(&w.r, from);
+    } else {
+      co_await wait_send(&w.s, to);
+    }
+  }
+}
+
+}  // namespace braid

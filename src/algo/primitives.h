@@ -1,0 +1,56 @@
+// The channel primitives every algorithm is written with. Each moves one
+// piece (at most Channel::piece_bytes) between neighbours, waiting by
+// co_await, never by blocking the thread:
+//   send, recv, recv_reduce_send, recv_reduce_copy, recv_reduce_copy_send,
+//   recv_copy_send, and exchange (send and receive at once, piece by piece).
+// A message of n bytes is max(1, ceil(n / piece_bytes)) pieces, so both ends
+// agree on the piece boundaries from the count alone.
+#pragma once
+
+#include <braid/braid.h>
+
+#include <cstddef>
+#include <vector>
+
+#include "src/core/engine.h"
+#include "src/core/task.h"
+#include "transports/connection.h"
+
+namespace braid {
+
+// The connections an operation uses: one per peer on one channel.
+struct Channel {
+  int rank = 0;
+  int nranks = 1;
+  size_t piece_bytes = 0;
+  std::vector<Connection*> conns;  // indexed by peer; null for this rank
+  Connection* to(int peer) const { return conns[peer]; }
+};
+
+inline size_t num_pieces(size_t bytes, size_t piece) {
+  return bytes == 0 ? 1 : (bytes + piece - 1) / piece;
+}
+
+Task send_piece(const Channel& ch, int to, const void* src, size_t bytes);
+Task recv_piece(const Channel& ch, int from, void* dst, size_t bytes);
+// dst (this rank's output) = received op local.
+Task recv_reduce_copy(const Channel& ch, int from, void* dst, const void* local, size_t bytes,
+                      braid_dtype_t dtype, braid_redop_t op);
+// to's slot = received op local.
+Task recv_reduce_send(const Channel& ch, int from, int to, const void* local, size_t bytes,
+                      braid_dtype_t dtype, braid_redop_t op);
+// dst = received op local, and dst is sent on.
+Task recv_reduce_copy_send(const Channel& ch, int from, int to, void* dst, const void* local, size_t bytes,
+                           braid_dtype_t dtype, braid_redop_t op);
+// dst = received, and it is sent on.
+Task recv_copy_send(const Channel& ch, int from, int to, void* dst, size_t bytes);
+
+// Whole messages of any size, split into pieces.
+Task send_message(const Channel& ch, int to, const void* src, size_t bytes);
+Task recv_message(const Channel& ch, int from, void* dst, size_t bytes);
+// Sends to `to` and receives from `from` at the same time, piece by piece, so
+// rings of exchanges cannot deadlock on full slots.
+Task exchange(const Channel& ch, int to, const void* src, size_t send_bytes, int from, void* dst,
+              size_t recv_bytes);
+
+}  // namespace braid

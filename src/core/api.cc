@@ -1,0 +1,733 @@
+// The C API: validates arguments, maps handles to objects, and turns Status
+// into braid_result_t plus a last-error message.
+#include <braid/braid.h>
+
+#include <atomic>
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kernels/cpu/reduce_kernels.h"
+#include "src/core/bootstrap.h"
+#include "src/core/communicator.h"
+#include "src/core/config.h"
+#include "src/core/logging.h"
+
+#define BRAID_API extern "C" __attribute__((visibility("default")))
+
+namespace braid {
+namespace {
+
+// ---- handles: opaque ids that are never reused and never dereferenced ----
+
+struct Request {
+  std::shared_ptr<Communicator> comm;
+  std::shared_ptr<Op> op;
+};
+
+template <class T>
+class Registry {
+ public:
+  uintptr_t add(std::shared_ptr<T> obj) {
+    std::lock_guard<std::mutex> lock(mu_);
+    uintptr_t id = next_;
+    next_ += 16;
+    objects_[id] = std::move(obj);
+    return id;
+  }
+  std::shared_ptr<T> get(uintptr_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = objects_.find(id);
+    return it == objects_.end() ? nullptr : it->second;
+  }
+  std::shared_ptr<T> take(uintptr_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = objects_.find(id);
+    if (it == objects_.end()) return nullptr;
+    auto obj = std::move(it->second);
+    objects_.erase(it);
+    return obj;
+  }
+
+ private:
+  std::mutex mu_;
+  uintptr_t next_ = 0x10000;
+  std::unordered_map<uintptr_t, std::shared_ptr<T>> objects_;
+};
+
+Registry<Communicator>& comms() {
+  static auto* r = new Registry<Communicator>();  // outlives static destructors
+  return *r;
+}
+Registry<Request>& requests() {
+  static auto* r = new Registry<Request>();
+  return *r;
+}
+
+uintptr_t id_of(const void* handle) {
+  return reinterpret_cast<uintptr_t>(handle);
+}
+
+std::string& thread_last_error() {
+  thread_local std::string message;
+  return message;
+}
+
+braid_result_t finish(const Status& st, Communicator* comm = nullptr) {
+  if (st.is_ok()) return BRAID_SUCCESS;
+  thread_last_error() = st.message();
+  if (comm != nullptr) comm->set_last_error(st.message());
+  return st.code();
+}
+
+Status lookup(braid_comm_t handle, std::shared_ptr<Communicator>* out) {
+  if (handle == nullptr) return Status::invalid_argument("comm is NULL");
+  *out = comms().get(id_of(handle));
+  if (!*out) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%p", static_cast<void*>(handle));
+    return Status::invalid_argument(std::string("comm ") + buf +
+                                    " is not a live communicator (destroyed, aborted, or never created)");
+  }
+  return Status::ok();
+}
+
+// ---- groups (per thread) ----
+
+struct Pending {
+  std::shared_ptr<Communicator> comm;
+  std::shared_ptr<Op> op;
+  bool blocking;
+};
+struct GroupState {
+  int depth = 0;
+  std::vector<Pending> ops;
+};
+GroupState& group() {
+  thread_local GroupState g;
+  return g;
+}
+
+// ---- argument checks ----
+
+Status check_dtype(braid_dtype_t dtype) {
+  if (static_cast<int>(dtype) < 0 || dtype >= BRAID_NUM_DTYPES)
+    return Status::invalid_argument("dtype=" + std::to_string(static_cast<int>(dtype)) +
+                                    " is not a braid_dtype_t (valid: 0.." +
+                                    std::to_string(BRAID_NUM_DTYPES - 1) + ")");
+  return Status::ok();
+}
+
+Status check_redop(braid_redop_t op, braid_dtype_t dtype) {
+  if (static_cast<int>(op) < 0 || op >= BRAID_NUM_OPS)
+    return Status::invalid_argument("op=" + std::to_string(static_cast<int>(op)) +
+                                    " is not a braid_redop_t (valid: 0.." +
+                                    std::to_string(BRAID_NUM_OPS - 1) + ")");
+  if (!kernels::redop_supported(dtype, op))
+    return Status::invalid_argument(std::string("op=") + braid_redop_name(op) + " is not defined for dtype=" +
+                                    braid_dtype_name(dtype) + " (avg needs a floating type)");
+  return Status::ok();
+}
+
+Status check_count(size_t count, braid_dtype_t dtype, size_t multiplier, const char* name) {
+  const size_t limit = static_cast<size_t>(std::numeric_limits<ptrdiff_t>::max());
+  size_t esize = braid_dtype_size(dtype);
+  if (count > limit / esize / multiplier)
+    return Status::invalid_argument(
+        std::string(name) + "=" + std::to_string(count) + " overflows: " + std::to_string(count) + " x " +
+        std::to_string(multiplier) + " x " + std::to_string(esize) + " bytes exceeds the address space");
+  return Status::ok();
+}
+
+Status check_buffer(const void* buf, size_t count, const char* name, const char* count_name) {
+  if (buf == nullptr && count > 0)
+    return Status::invalid_argument(std::string(name) + " is NULL with " + count_name + "=" +
+                                    std::to_string(count));
+  return Status::ok();
+}
+
+Status check_rank(int r, int nranks, const char* name) {
+  if (r < 0 || r >= nranks)
+    return Status::invalid_argument(std::string(name) + "=" + std::to_string(r) +
+                                    " is out of range for a communicator of " + std::to_string(nranks) +
+                                    " ranks");
+  return Status::ok();
+}
+
+Status check_stream(braid_stream_t stream) {
+  if (stream != nullptr)
+    return Status::unsupported(
+        "stream is not NULL: stream-ordered operations on CUDA memory are not supported by this build yet");
+  return Status::ok();
+}
+
+// Everything a collective or point-to-point call needs checked, in one place.
+struct Call {
+  OpKind kind;
+  CollArgs args;
+  braid_comm_t handle;
+  braid_stream_t stream;
+  braid_request_t* request;  // null for the blocking form
+};
+
+Status validate(const Call& c, Communicator& comm) {
+  const int n = comm.nranks(), r = comm.rank();
+  const CollArgs& a = c.args;
+  BRAID_RETURN_IF_ERROR(check_stream(c.stream));
+  if (c.kind == OpKind::kBarrier) return Status::ok();
+  BRAID_RETURN_IF_ERROR(check_dtype(a.dtype));
+  const bool reduces =
+      c.kind == OpKind::kAllReduce || c.kind == OpKind::kReduce || c.kind == OpKind::kReduceScatter;
+  if (reduces) BRAID_RETURN_IF_ERROR(check_redop(a.op, a.dtype));
+  const bool rooted = c.kind == OpKind::kBroadcast || c.kind == OpKind::kReduce ||
+                      c.kind == OpKind::kGather || c.kind == OpKind::kScatter;
+  if (rooted) BRAID_RETURN_IF_ERROR(check_rank(a.root, n, "root"));
+  const bool is_root = rooted && a.root == r;
+  switch (c.kind) {
+    case OpKind::kSend:
+    case OpKind::kRecv:
+      BRAID_RETURN_IF_ERROR(check_rank(a.peer, n, "peer"));
+      BRAID_RETURN_IF_ERROR(check_count(a.count, a.dtype, 1, "count"));
+      return check_buffer(c.kind == OpKind::kSend ? a.sendbuf : a.recvbuf, a.count, "buf", "count");
+    case OpKind::kAllReduce:
+      BRAID_RETURN_IF_ERROR(check_count(a.count, a.dtype, 1, "count"));
+      BRAID_RETURN_IF_ERROR(check_buffer(a.sendbuf, a.count, "sendbuf", "count"));
+      return check_buffer(a.recvbuf, a.count, "recvbuf", "count");
+    case OpKind::kBroadcast:
+      BRAID_RETURN_IF_ERROR(check_count(a.count, a.dtype, 1, "count"));
+      if (is_root) BRAID_RETURN_IF_ERROR(check_buffer(a.sendbuf, a.count, "sendbuf (on the root)", "count"));
+      return check_buffer(a.recvbuf, a.count, "recvbuf", "count");
+    case OpKind::kReduce:
+      BRAID_RETURN_IF_ERROR(check_count(a.count, a.dtype, 1, "count"));
+      BRAID_RETURN_IF_ERROR(check_buffer(a.sendbuf, a.count, "sendbuf", "count"));
+      return is_root ? check_buffer(a.recvbuf, a.count, "recvbuf (on the root)", "count") : Status::ok();
+    case OpKind::kAllGather:
+      BRAID_RETURN_IF_ERROR(check_count(a.count, a.dtype, static_cast<size_t>(n), "sendcount"));
+      BRAID_RETURN_IF_ERROR(check_buffer(a.sendbuf, a.count, "sendbuf", "sendcount"));
+      return check_buffer(a.recvbuf, a.count, "recvbuf", "sendcount");
+    case OpKind::kReduceScatter:
+      BRAID_RETURN_IF_ERROR(check_count(a.count, a.dtype, static_cast<size_t>(n), "recvcount"));
+      BRAID_RETURN_IF_ERROR(check_buffer(a.sendbuf, a.count, "sendbuf", "recvcount"));
+      return check_buffer(a.recvbuf, a.count, "recvbuf", "recvcount");
+    case OpKind::kGather:
+      BRAID_RETURN_IF_ERROR(check_count(a.count, a.dtype, static_cast<size_t>(n), "sendcount"));
+      BRAID_RETURN_IF_ERROR(check_buffer(a.sendbuf, a.count, "sendbuf", "sendcount"));
+      return is_root ? check_buffer(a.recvbuf, a.count, "recvbuf (on the root)", "sendcount") : Status::ok();
+    case OpKind::kScatter:
+      BRAID_RETURN_IF_ERROR(check_count(a.count, a.dtype, static_cast<size_t>(n), "recvcount"));
+      if (is_root)
+        BRAID_RETURN_IF_ERROR(check_buffer(a.sendbuf, a.count, "sendbuf (on the root)", "recvcount"));
+      return check_buffer(a.recvbuf, a.count, "recvbuf", "recvcount");
+    case OpKind::kAllToAll:
+      BRAID_RETURN_IF_ERROR(check_count(a.count, a.dtype, static_cast<size_t>(n), "count"));
+      BRAID_RETURN_IF_ERROR(check_buffer(a.sendbuf, a.count, "sendbuf", "count"));
+      return check_buffer(a.recvbuf, a.count, "recvbuf", "count");
+    case OpKind::kBarrier:
+      break;
+  }
+  return Status::ok();
+}
+
+braid_result_t submit(const Call& c) {
+  std::shared_ptr<Communicator> comm;
+  Status st = lookup(c.handle, &comm);
+  if (!st) return finish(st.with_context(op_kind_name(c.kind)));
+  st = validate(c, *comm);
+  if (!st)
+    return finish(st.with_context("rank " + std::to_string(comm->rank()) + ": " + op_kind_name(c.kind)),
+                  comm.get());
+  const bool async = c.request != nullptr;
+  std::shared_ptr<Op> op = comm->make_op(c.kind, c.args, async);
+  if (async)
+    *c.request =
+        reinterpret_cast<braid_request_t>(requests().add(std::make_shared<Request>(Request{comm, op})));
+  GroupState& g = group();
+  if (g.depth > 0) {
+    g.ops.push_back({comm, op, !async});
+    return BRAID_SUCCESS;
+  }
+  comm->engine().post(op);
+  if (async) return BRAID_SUCCESS;
+  return finish(comm->engine().wait(*op), comm.get());
+}
+
+braid_result_t request_arg(braid_request_t* request) {
+  if (request == nullptr)
+    return finish(Status::invalid_argument("request is NULL (the i-form needs somewhere to put the handle)"));
+  return BRAID_SUCCESS;
+}
+
+}  // namespace
+}  // namespace braid
+
+using namespace braid;
+
+// ---- errors and versions ----
+
+BRAID_API const char* braid_get_error_string(braid_result_t result) {
+  switch (result) {
+    case BRAID_SUCCESS:
+      return "success";
+    case BRAID_ERR_INVALID_ARGUMENT:
+      return "invalid argument";
+    case BRAID_ERR_INVALID_USAGE:
+      return "invalid usage";
+    case BRAID_ERR_SYSTEM:
+      return "system call failed";
+    case BRAID_ERR_INTERNAL:
+      return "internal error";
+    case BRAID_ERR_REMOTE:
+      return "remote peer failed";
+    case BRAID_ERR_TIMEOUT:
+      return "timed out";
+    case BRAID_ERR_ABORTED:
+      return "aborted";
+    case BRAID_ERR_MISMATCH:
+      return "ranks called mismatched operations";
+    case BRAID_ERR_UNSUPPORTED:
+      return "not supported";
+    case BRAID_ERR_IN_PROGRESS:
+      return "in progress";
+  }
+  return "unknown result code";
+}
+
+BRAID_API const char* braid_get_last_error(void) {
+  return thread_last_error().c_str();
+}
+
+BRAID_API const char* braid_comm_get_last_error(braid_comm_t handle) {
+  thread_local std::string copy;
+  std::shared_ptr<Communicator> comm;
+  Status st = lookup(handle, &comm);
+  copy = st ? comm->last_error() : st.message();
+  return copy.c_str();
+}
+
+BRAID_API braid_result_t braid_get_version(int* version) {
+  if (version == nullptr) return finish(Status::invalid_argument("version is NULL"));
+  *version = BRAID_VERSION_CODE;
+  return BRAID_SUCCESS;
+}
+
+BRAID_API size_t braid_dtype_size(braid_dtype_t dtype) {
+  switch (dtype) {
+    case BRAID_INT8:
+    case BRAID_UINT8:
+      return 1;
+    case BRAID_FLOAT16:
+    case BRAID_BFLOAT16:
+      return 2;
+    case BRAID_INT32:
+    case BRAID_UINT32:
+    case BRAID_FLOAT32:
+      return 4;
+    case BRAID_INT64:
+    case BRAID_UINT64:
+    case BRAID_FLOAT64:
+      return 8;
+    default:
+      return 0;
+  }
+}
+
+BRAID_API const char* braid_dtype_name(braid_dtype_t dtype) {
+  static const char* kNames[] = {"int8",   "uint8",   "int32",    "uint32",  "int64",
+                                 "uint64", "float16", "bfloat16", "float32", "float64"};
+  return (static_cast<int>(dtype) >= 0 && dtype < BRAID_NUM_DTYPES) ? kNames[dtype] : "unknown";
+}
+
+BRAID_API const char* braid_redop_name(braid_redop_t op) {
+  static const char* kNames[] = {"sum", "prod", "min", "max", "avg"};
+  return (static_cast<int>(op) >= 0 && op < BRAID_NUM_OPS) ? kNames[op] : "unknown";
+}
+
+// ---- communicators ----
+
+BRAID_API braid_result_t braid_get_unique_id(braid_unique_id_t* id) {
+  if (id == nullptr) return finish(Status::invalid_argument("id is NULL"));
+  Config config;
+  Status st = Config::from_env(&config);
+  if (!st) return finish(st);
+  SockAddr addr;
+  st = choose_local_address(config.socket_ifname, &addr);
+  if (!st) return finish(st.with_context("choosing the rendezvous address"));
+  UniqueId u;
+  u.token = random_token();
+  st = start_rendezvous_root(addr, u.token, config.timeout_s, &u.root);
+  if (!st) return finish(st.with_context("starting the rendezvous root"));
+  u.encode(id->internal);
+  return BRAID_SUCCESS;
+}
+
+namespace {
+
+braid_result_t init_with(braid_comm_t* out, const UniqueId& id, int nranks, int rank, const Config& config) {
+  std::unique_ptr<Bootstrap> b;
+  Deadline deadline = Deadline::after_seconds(config.timeout_s);
+  Status st = Bootstrap::join(id, rank, nranks, config.socket_ifname, deadline, &b);
+  std::shared_ptr<Communicator> comm;
+  if (st) st = Communicator::create(std::move(b), config, &comm);
+  if (!st) return finish(st);
+  *out = reinterpret_cast<braid_comm_t>(comms().add(std::move(comm)));
+  return BRAID_SUCCESS;
+}
+
+}  // namespace
+
+BRAID_API braid_result_t braid_comm_init_rank(braid_comm_t* comm, int nranks, braid_unique_id_t id,
+                                              int rank) {
+  if (comm == nullptr)
+    return finish(Status::invalid_argument("comm is NULL (where should the communicator go?)"));
+  *comm = nullptr;
+  if (nranks < 1)
+    return finish(Status::invalid_argument("nranks=" + std::to_string(nranks) + " must be at least 1"));
+  if (rank < 0 || rank >= nranks)
+    return finish(Status::invalid_argument("rank=" + std::to_string(rank) +
+                                           " is out of range for nranks=" + std::to_string(nranks)));
+  UniqueId u;
+  Status st = UniqueId::decode(id.internal, &u);
+  if (!st) return finish(st);
+  Config config;
+  st = Config::from_env(&config);
+  if (!st) return finish(st);
+  return init_with(comm, u, nranks, rank, config);
+}
+
+BRAID_API braid_result_t braid_comm_init_env(braid_comm_t* comm) {
+  if (comm == nullptr)
+    return finish(Status::invalid_argument("comm is NULL (where should the communicator go?)"));
+  *comm = nullptr;
+  Config config;
+  Status st = Config::from_env(&config);
+  if (!st) return finish(st);
+  const char* master = std::getenv("MASTER_ADDR");
+  if (master == nullptr || *master == '\0')
+    return finish(Status::invalid_argument("environment variable MASTER_ADDR is not set (torchrun sets it)"));
+  long port = 0, rank = 0, world = 0, root_port = 0;
+  bool present = false;
+  st = env_int("MASTER_PORT", 1, 65534, &port, &present);
+  if (st && !present) st = Status::invalid_argument("environment variable MASTER_PORT is not set");
+  if (st) st = env_int("WORLD_SIZE", 1, 1 << 24, &world, &present);
+  if (st && !present) st = Status::invalid_argument("environment variable WORLD_SIZE is not set");
+  if (st) st = env_int("RANK", 0, world - 1, &rank, &present);
+  if (st && !present) st = Status::invalid_argument("environment variable RANK is not set");
+  root_port = port + 1;
+  if (st) st = env_int("BRAID_ROOT_PORT", 1, 65535, &root_port, &present);
+  if (!st) return finish(st);
+  UniqueId u;
+  st = SockAddr::parse(master, static_cast<uint16_t>(root_port), &u.root);
+  if (!st) return finish(st.with_context("MASTER_ADDR"));
+  // The token binds ranks of this job: from BRAID_JOB_TOKEN when set (a
+  // secret), else derived from what every rank of the job sees alike.
+  std::string seed = std::string(master) + ":" + std::to_string(port) + "/" + std::to_string(world);
+  if (const char* t = std::getenv("BRAID_JOB_TOKEN")) seed += std::string("/") + t;
+  if (const char* t = std::getenv("TORCHELASTIC_RUN_ID")) seed += std::string("/") + t;
+  uint64_t h1 = 1469598103934665603ull, h2 = 1099511628211ull;
+  for (unsigned char ch : seed) {
+    h1 = (h1 ^ ch) * 1099511628211ull;
+    h2 = (h2 + ch) * 6364136223846793005ull + 1442695040888963407ull;
+  }
+  std::memcpy(u.token.data(), &h1, 8);
+  std::memcpy(u.token.data() + 8, &h2, 8);
+  if (rank == 0) {
+    SockAddr any = u.root;
+    st = start_rendezvous_root(any, u.token, config.timeout_s, &any);
+    if (!st)
+      return finish(
+          st.with_context("rank 0 starting the rendezvous root on " + u.root.str() +
+                          " (MASTER_ADDR must be this host; set BRAID_ROOT_PORT to move the port)"));
+  }
+  return init_with(comm, u, static_cast<int>(world), static_cast<int>(rank), config);
+}
+
+BRAID_API braid_result_t braid_comm_split(braid_comm_t handle, int color, int key, braid_comm_t* newcomm) {
+  if (newcomm == nullptr) return finish(Status::invalid_argument("newcomm is NULL"));
+  *newcomm = nullptr;
+  std::shared_ptr<Communicator> comm;
+  Status st = lookup(handle, &comm);
+  if (!st) return finish(st.with_context("comm_split"));
+  if (color < 0 && color != BRAID_SPLIT_NOCOLOR)
+    return finish(Status::invalid_argument("color=" + std::to_string(color) +
+                                           " is negative; use BRAID_SPLIT_NOCOLOR to opt out"),
+                  comm.get());
+  std::shared_ptr<Communicator> child;
+  st = comm->split(color, key, &child);
+  if (!st)
+    return finish(st.with_context("rank " + std::to_string(comm->rank()) + ": comm_split"), comm.get());
+  if (child) *newcomm = reinterpret_cast<braid_comm_t>(comms().add(std::move(child)));
+  return BRAID_SUCCESS;
+}
+
+BRAID_API braid_result_t braid_comm_destroy(braid_comm_t handle) {
+  if (handle == nullptr) return finish(Status::invalid_argument("comm is NULL"));
+  std::shared_ptr<Communicator> comm = comms().take(id_of(handle));
+  if (!comm)
+    return finish(
+        Status::invalid_argument("comm_destroy: comm is not a live communicator (destroyed twice?)"));
+  comm->engine().drain();
+  return BRAID_SUCCESS;
+}
+
+BRAID_API braid_result_t braid_comm_abort(braid_comm_t handle) {
+  if (handle == nullptr) return finish(Status::invalid_argument("comm is NULL"));
+  std::shared_ptr<Communicator> comm = comms().take(id_of(handle));
+  if (!comm) return finish(Status::invalid_argument("comm_abort: comm is not a live communicator"));
+  comm->engine().abort(
+      Status::aborted("rank " + std::to_string(comm->rank()) + ": communicator aborted by braid_comm_abort"));
+  return BRAID_SUCCESS;
+}
+
+BRAID_API braid_result_t braid_comm_rank(braid_comm_t handle, int* rank) {
+  std::shared_ptr<Communicator> comm;
+  Status st = lookup(handle, &comm);
+  if (st && rank == nullptr) st = Status::invalid_argument("rank is NULL");
+  if (!st) return finish(st.with_context("comm_rank"));
+  *rank = comm->rank();
+  return BRAID_SUCCESS;
+}
+
+BRAID_API braid_result_t braid_comm_size(braid_comm_t handle, int* size) {
+  std::shared_ptr<Communicator> comm;
+  Status st = lookup(handle, &comm);
+  if (st && size == nullptr) st = Status::invalid_argument("size is NULL");
+  if (!st) return finish(st.with_context("comm_size"));
+  *size = comm->nranks();
+  return BRAID_SUCCESS;
+}
+
+BRAID_API braid_result_t braid_comm_get_async_error(braid_comm_t handle, braid_result_t* async_error) {
+  std::shared_ptr<Communicator> comm;
+  Status st = lookup(handle, &comm);
+  if (st && async_error == nullptr) st = Status::invalid_argument("async_error is NULL");
+  if (!st) return finish(st.with_context("comm_get_async_error"));
+  Status err = comm->engine().error();
+  *async_error = err.code();
+  if (!err.is_ok()) comm->set_last_error(err.message());
+  return BRAID_SUCCESS;
+}
+
+BRAID_API braid_result_t braid_comm_set_timeout(braid_comm_t handle, double seconds) {
+  std::shared_ptr<Communicator> comm;
+  Status st = lookup(handle, &comm);
+  if (st && !(seconds > 0 && seconds <= 1e9))
+    st = Status::invalid_argument("seconds=" + std::to_string(seconds) + " must be in (0, 1e9]");
+  if (!st) return finish(st.with_context("comm_set_timeout"), comm.get());
+  comm->engine().set_timeout_s(seconds);
+  return BRAID_SUCCESS;
+}
+
+// ---- requests ----
+
+BRAID_API braid_result_t braid_wait(braid_request_t* request) {
+  if (request == nullptr || *request == nullptr)
+    return finish(Status::invalid_argument("wait: request is NULL"));
+  std::shared_ptr<Request> req = requests().take(id_of(*request));
+  if (!req)
+    return finish(Status::invalid_argument("wait: request is not a live request (already completed?)"));
+  *request = nullptr;
+  return finish(req->comm->engine().wait(*req->op), req->comm.get());
+}
+
+BRAID_API braid_result_t braid_test(braid_request_t* request, int* done) {
+  if (request == nullptr || *request == nullptr || done == nullptr)
+    return finish(Status::invalid_argument("test: request or done is NULL"));
+  *done = 0;
+  std::shared_ptr<Request> req = requests().get(id_of(*request));
+  if (!req)
+    return finish(Status::invalid_argument("test: request is not a live request (already completed?)"));
+  if (!req->comm->engine().is_done(*req->op)) return BRAID_SUCCESS;
+  requests().take(id_of(*request));
+  *request = nullptr;
+  *done = 1;
+  return finish(req->op->status, req->comm.get());
+}
+
+BRAID_API braid_result_t braid_wait_all(int count, braid_request_t* reqs) {
+  if (count < 0 || (count > 0 && reqs == nullptr))
+    return finish(Status::invalid_argument("wait_all: count is negative or requests is NULL"));
+  braid_result_t first = BRAID_SUCCESS;
+  std::string message;
+  for (int i = 0; i < count; ++i) {
+    if (reqs[i] == nullptr) continue;
+    braid_result_t r = braid_wait(&reqs[i]);
+    if (r != BRAID_SUCCESS && first == BRAID_SUCCESS) {
+      first = r;
+      message = thread_last_error();
+    }
+  }
+  if (first != BRAID_SUCCESS) thread_last_error() = message;
+  return first;
+}
+
+BRAID_API braid_result_t braid_request_free(braid_request_t request) {
+  if (request == nullptr) return finish(Status::invalid_argument("request_free: request is NULL"));
+  if (!requests().take(id_of(request)))
+    return finish(Status::invalid_argument("request_free: request is not a live request"));
+  return BRAID_SUCCESS;
+}
+
+// ---- groups ----
+
+BRAID_API braid_result_t braid_group_start(void) {
+  ++group().depth;
+  return BRAID_SUCCESS;
+}
+
+BRAID_API braid_result_t braid_group_end(void) {
+  GroupState& g = group();
+  if (g.depth == 0) return finish(Status::invalid_usage("group_end without a matching group_start"));
+  if (--g.depth > 0) return BRAID_SUCCESS;
+  std::vector<Pending> ops;
+  ops.swap(g.ops);
+  for (auto& p : ops) p.comm->engine().post(p.op);
+  Status first;
+  for (auto& p : ops) {
+    if (!p.blocking) continue;
+    Status st = p.comm->engine().wait(*p.op);
+    if (!st && first.is_ok()) {
+      first = st;
+      p.comm->set_last_error(st.message());
+    }
+  }
+  return finish(first);
+}
+
+// ---- operations ----
+
+#define BRAID_CALL(kind, req, ...)                          \
+  do {                                                      \
+    Call c{kind, CollArgs{__VA_ARGS__}, comm, stream, req}; \
+    return submit(c);                                       \
+  } while (0)
+
+BRAID_API braid_result_t braid_send(const void* buf, size_t count, braid_dtype_t dtype, int peer,
+                                    braid_comm_t comm, braid_stream_t stream) {
+  BRAID_CALL(OpKind::kSend, nullptr, buf, nullptr, count, dtype, BRAID_SUM, 0, peer);
+}
+BRAID_API braid_result_t braid_recv(void* buf, size_t count, braid_dtype_t dtype, int peer, braid_comm_t comm,
+                                    braid_stream_t stream) {
+  BRAID_CALL(OpKind::kRecv, nullptr, nullptr, buf, count, dtype, BRAID_SUM, 0, peer);
+}
+BRAID_API braid_result_t braid_isend(const void* buf, size_t count, braid_dtype_t dtype, int peer,
+                                     braid_comm_t comm, braid_stream_t stream, braid_request_t* request) {
+  if (request_arg(request) != BRAID_SUCCESS) return BRAID_ERR_INVALID_ARGUMENT;
+  BRAID_CALL(OpKind::kSend, request, buf, nullptr, count, dtype, BRAID_SUM, 0, peer);
+}
+BRAID_API braid_result_t braid_irecv(void* buf, size_t count, braid_dtype_t dtype, int peer,
+                                     braid_comm_t comm, braid_stream_t stream, braid_request_t* request) {
+  if (request_arg(request) != BRAID_SUCCESS) return BRAID_ERR_INVALID_ARGUMENT;
+  BRAID_CALL(OpKind::kRecv, request, nullptr, buf, count, dtype, BRAID_SUM, 0, peer);
+}
+
+BRAID_API braid_result_t braid_all_reduce(const void* sendbuf, void* recvbuf, size_t count,
+                                          braid_dtype_t dtype, braid_redop_t op, braid_comm_t comm,
+                                          braid_stream_t stream) {
+  BRAID_CALL(OpKind::kAllReduce, nullptr, sendbuf, recvbuf, count, dtype, op, 0, -1);
+}
+BRAID_API braid_result_t braid_broadcast(const void* sendbuf, void* recvbuf, size_t count,
+                                         braid_dtype_t dtype, int root, braid_comm_t comm,
+                                         braid_stream_t stream) {
+  BRAID_CALL(OpKind::kBroadcast, nullptr, sendbuf, recvbuf, count, dtype, BRAID_SUM, root, -1);
+}
+BRAID_API braid_result_t braid_reduce(const void* sendbuf, void* recvbuf, size_t count, braid_dtype_t dtype,
+                                      braid_redop_t op, int root, braid_comm_t comm, braid_stream_t stream) {
+  BRAID_CALL(OpKind::kReduce, nullptr, sendbuf, recvbuf, count, dtype, op, root, -1);
+}
+BRAID_API braid_result_t braid_all_gather(const void* sendbuf, void* recvbuf, size_t sendcount,
+                                          braid_dtype_t dtype, braid_comm_t comm, braid_stream_t stream) {
+  BRAID_CALL(OpKind::kAllGather, nullptr, sendbuf, recvbuf, sendcount, dtype, BRAID_SUM, 0, -1);
+}
+BRAID_API braid_result_t braid_reduce_scatter(const void* sendbuf, void* recvbuf, size_t recvcount,
+                                              braid_dtype_t dtype, braid_redop_t op, braid_comm_t comm,
+                                              braid_stream_t stream) {
+  BRAID_CALL(OpKind::kReduceScatter, nullptr, sendbuf, recvbuf, recvcount, dtype, op, 0, -1);
+}
+BRAID_API braid_result_t braid_gather(const void* sendbuf, void* recvbuf, size_t sendcount,
+                                      braid_dtype_t dtype, int root, braid_comm_t comm,
+                                      braid_stream_t stream) {
+  BRAID_CALL(OpKind::kGather, nullptr, sendbuf, recvbuf, sendcount, dtype, BRAID_SUM, root, -1);
+}
+BRAID_API braid_result_t braid_scatter(const void* sendbuf, void* recvbuf, size_t recvcount,
+                                       braid_dtype_t dtype, int root, braid_comm_t comm,
+                                       braid_stream_t stream) {
+  BRAID_CALL(OpKind::kScatter, nullptr, sendbuf, recvbuf, recvcount, dtype, BRAID_SUM, root, -1);
+}
+BRAID_API braid_result_t braid_all_to_all(const void* sendbuf, void* recvbuf, size_t count,
+                                          braid_dtype_t dtype, braid_comm_t comm, braid_stream_t stream) {
+  BRAID_CALL(OpKind::kAllToAll, nullptr, sendbuf, recvbuf, count, dtype, BRAID_SUM, 0, -1);
+}
+BRAID_API braid_result_t braid_barrier(braid_comm_t comm, braid_stream_t stream) {
+  BRAID_CALL(OpKind::kBarrier, nullptr, nullptr, nullptr, 0, BRAID_UINT8, BRAID_SUM, 0, -1);
+}
+
+#define BRAID_ICALL(kind, ...)                                                    \
+  do {                                                                            \
+    if (request_arg(request) != BRAID_SUCCESS) return BRAID_ERR_INVALID_ARGUMENT; \
+    BRAID_CALL(kind, request, __VA_ARGS__);                                       \
+  } while (0)
+
+BRAID_API braid_result_t braid_iall_reduce(const void* sendbuf, void* recvbuf, size_t count,
+                                           braid_dtype_t dtype, braid_redop_t op, braid_comm_t comm,
+                                           braid_stream_t stream, braid_request_t* request) {
+  BRAID_ICALL(OpKind::kAllReduce, sendbuf, recvbuf, count, dtype, op, 0, -1);
+}
+BRAID_API braid_result_t braid_ibroadcast(const void* sendbuf, void* recvbuf, size_t count,
+                                          braid_dtype_t dtype, int root, braid_comm_t comm,
+                                          braid_stream_t stream, braid_request_t* request) {
+  BRAID_ICALL(OpKind::kBroadcast, sendbuf, recvbuf, count, dtype, BRAID_SUM, root, -1);
+}
+BRAID_API braid_result_t braid_ireduce(const void* sendbuf, void* recvbuf, size_t count, braid_dtype_t dtype,
+                                       braid_redop_t op, int root, braid_comm_t comm, braid_stream_t stream,
+                                       braid_request_t* request) {
+  BRAID_ICALL(OpKind::kReduce, sendbuf, recvbuf, count, dtype, op, root, -1);
+}
+BRAID_API braid_result_t braid_iall_gather(const void* sendbuf, void* recvbuf, size_t sendcount,
+                                           braid_dtype_t dtype, braid_comm_t comm, braid_stream_t stream,
+                                           braid_request_t* request) {
+  BRAID_ICALL(OpKind::kAllGather, sendbuf, recvbuf, sendcount, dtype, BRAID_SUM, 0, -1);
+}
+BRAID_API braid_result_t braid_ireduce_scatter(const void* sendbuf, void* recvbuf, size_t recvcount,
+                                               braid_dtype_t dtype, braid_redop_t op, braid_comm_t comm,
+                                               braid_stream_t stream, braid_request_t* request) {
+  BRAID_ICALL(OpKind::kReduceScatter, sendbuf, recvbuf, recvcount, dtype, op, 0, -1);
+}
+BRAID_API braid_result_t braid_igather(const void* sendbuf, void* recvbuf, size_t sendcount,
+                                       braid_dtype_t dtype, int root, braid_comm_t comm,
+                                       braid_stream_t stream, braid_request_t* request) {
+  BRAID_ICALL(OpKind::kGather, sendbuf, recvbuf, sendcount, dtype, BRAID_SUM, root, -1);
+}
+BRAID_API braid_result_t braid_iscatter(const void* sendbuf, void* recvbuf, size_t recvcount,
+                                        braid_dtype_t dtype, int root, braid_comm_t comm,
+                                        braid_stream_t stream, braid_request_t* request) {
+  BRAID_ICALL(OpKind::kScatter, sendbuf, recvbuf, recvcount, dtype, BRAID_SUM, root, -1);
+}
+BRAID_API braid_result_t braid_iall_to_all(const void* sendbuf, void* recvbuf, size_t count,
+                                           braid_dtype_t dtype, braid_comm_t comm, braid_stream_t stream,
+                                           braid_request_t* request) {
+  BRAID_ICALL(OpKind::kAllToAll, sendbuf, recvbuf, count, dtype, BRAID_SUM, 0, -1);
+}
+BRAID_API braid_result_t braid_ibarrier(braid_comm_t comm, braid_stream_t stream, braid_request_t* request) {
+  BRAID_ICALL(OpKind::kBarrier, nullptr, nullptr, 0, BRAID_UINT8, BRAID_SUM, 0, -1);
+}
+
+BRAID_API braid_result_t braid_reduce_local(void* dst, const void* a, const void* b, size_t count,
+                                            braid_dtype_t dtype, braid_redop_t op) {
+  Status st = check_dtype(dtype);
+  if (st) st = check_redop(op, dtype);
+  if (st) st = check_count(count, dtype, 1, "count");
+  if (st) st = check_buffer(dst, count, "dst", "count");
+  if (st) st = check_buffer(a, count, "a", "count");
+  if (st) st = check_buffer(b, count, "b", "count");
+  if (!st) return finish(st.with_context("reduce_local"));
+  kernels::reduce(dtype, op, dst, a, b, count);
+  return BRAID_SUCCESS;
+}

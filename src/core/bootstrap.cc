@@ -1,0 +1,378 @@
+#include "src/core/bootstrap.h"
+
+#include <poll.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include "src/core/logging.h"
+
+namespace braid {
+namespace {
+
+constexpr uint32_t kMagic = 0x31445242;  // "BRD1"
+constexpr uint16_t kIdVersion = 1;
+constexpr uint32_t kKindRootHello = 1;
+constexpr uint32_t kKindPeerHello = 2;
+constexpr int kMaxRanks = 1 << 20;
+// A connection must finish its handshake this fast, so a silent stranger
+// cannot stall the root or a rank's accept.
+constexpr double kHandshakeSeconds = 5.0;
+
+struct RootHello {
+  uint32_t magic;
+  uint32_t kind;
+  uint8_t token[kTokenBytes];
+  uint32_t rank;
+  uint32_t nranks;
+  uint8_t addr[SockAddr::kWireBytes];
+};
+
+struct PeerHello {
+  uint32_t magic;
+  uint32_t kind;
+  uint8_t token[kTokenBytes];
+  uint32_t rank;
+  uint32_t tag;
+};
+
+Deadline earliest(Deadline a, Deadline b) {
+  return a.at() < b.at() ? a : b;
+}
+
+// The root: one job's rendezvous, then exit.
+class RendezvousRoot {
+ public:
+  RendezvousRoot(int fd, JobToken token, double timeout_s)
+      : listen_fd_(fd), token_(token), timeout_s_(timeout_s) {}
+  void run();
+
+ private:
+  struct Client {
+    int fd;
+    Deadline handshake;
+    RootHello hello;
+    size_t got = 0;
+  };
+  void drop(size_t i, const char* why);
+  bool accept_hello(const RootHello& h, int fd);
+
+  int listen_fd_;
+  JobToken token_;
+  double timeout_s_;
+  std::vector<Client> pending_;
+  int nranks_ = -1;
+  std::vector<int> rank_fd_;
+  std::vector<SockAddr> rank_addr_;
+  int joined_ = 0;
+};
+
+void RendezvousRoot::drop(size_t i, const char* why) {
+  BRAID_WARN("BOOTSTRAP", -1, "rendezvous root dropped a connection: %s", why);
+  close(pending_[i].fd);
+  pending_.erase(pending_.begin() + static_cast<long>(i));
+}
+
+bool RendezvousRoot::accept_hello(const RootHello& h, int fd) {
+  if (h.magic != kMagic || h.kind != kKindRootHello) return false;
+  if (std::memcmp(h.token, token_.data(), kTokenBytes) != 0) return false;
+  if (h.nranks == 0 || h.nranks > static_cast<uint32_t>(kMaxRanks) || h.rank >= h.nranks) return false;
+  if (nranks_ < 0) {
+    nranks_ = static_cast<int>(h.nranks);
+    rank_fd_.assign(nranks_, -1);
+    rank_addr_.resize(nranks_);
+  }
+  if (static_cast<int>(h.nranks) != nranks_) {
+    BRAID_WARN("BOOTSTRAP", -1, "rendezvous root: rank %u says the job has %u ranks, others said %d", h.rank,
+               h.nranks, nranks_);
+    return false;
+  }
+  if (rank_fd_[h.rank] >= 0) {
+    BRAID_WARN("BOOTSTRAP", -1, "rendezvous root: rank %u joined twice", h.rank);
+    return false;
+  }
+  SockAddr a;
+  if (!SockAddr::from_wire(h.addr, &a)) return false;
+  rank_fd_[h.rank] = fd;
+  rank_addr_[h.rank] = a;
+  ++joined_;
+  return true;
+}
+
+void RendezvousRoot::run() {
+  Deadline job_deadline = Deadline::after_seconds(timeout_s_);
+  while (nranks_ < 0 || joined_ < nranks_) {
+    if (job_deadline.expired()) {
+      BRAID_WARN("BOOTSTRAP", -1, "rendezvous root gave up: %d of %d ranks joined before the timeout",
+                 joined_, nranks_);
+      break;
+    }
+    std::vector<pollfd> fds;
+    fds.push_back({listen_fd_, POLLIN, 0});
+    for (auto& c : pending_) fds.push_back({c.fd, POLLIN, 0});
+    int rc = poll(fds.data(), fds.size(), 100);
+    if (rc < 0 && errno != EINTR) break;
+    if (fds[0].revents & POLLIN) {
+      int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd >= 0) pending_.push_back({fd, Deadline::after_seconds(kHandshakeSeconds), {}, 0});
+    }
+    for (size_t i = pending_.size(); i-- > 0;) {
+      Client& c = pending_[i];
+      if (fds.size() > i + 1 && (fds[i + 1].revents & (POLLIN | POLLHUP | POLLERR))) {
+        ssize_t n =
+            recv(c.fd, reinterpret_cast<char*>(&c.hello) + c.got, sizeof(RootHello) - c.got, MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+          drop(i, "closed before finishing its hello");
+          continue;
+        }
+        if (n > 0) c.got += static_cast<size_t>(n);
+        if (c.got == sizeof(RootHello)) {
+          int fd = c.fd;
+          RootHello h = c.hello;
+          pending_.erase(pending_.begin() + static_cast<long>(i));
+          if (!accept_hello(h, fd)) {
+            BRAID_WARN("BOOTSTRAP", -1,
+                       "rendezvous root rejected a connection: wrong magic, job token or rank");
+            close(fd);
+          }
+          continue;
+        }
+      }
+      if (c.handshake.expired()) drop(i, "no complete hello within the handshake time");
+    }
+  }
+  if (nranks_ > 0 && joined_ == nranks_) {
+    std::vector<uint8_t> reply(8 + static_cast<size_t>(nranks_) * SockAddr::kWireBytes);
+    uint32_t hdr[2] = {kMagic, static_cast<uint32_t>(nranks_)};
+    std::memcpy(reply.data(), hdr, 8);
+    for (int r = 0; r < nranks_; ++r) rank_addr_[r].to_wire(reply.data() + 8 + r * SockAddr::kWireBytes);
+    for (int r = 0; r < nranks_; ++r) {
+      Status st =
+          send_all(rank_fd_[r], reply.data(), reply.size(), Deadline::after_seconds(kHandshakeSeconds));
+      if (!st)
+        BRAID_WARN("BOOTSTRAP", -1, "rendezvous root could not answer rank %d: %s", r, st.message().c_str());
+    }
+  }
+  for (int fd : rank_fd_)
+    if (fd >= 0) close(fd);
+  for (auto& c : pending_) close(c.fd);
+  close(listen_fd_);
+}
+
+}  // namespace
+
+void UniqueId::encode(void* out128) const {
+  uint8_t* p = static_cast<uint8_t*>(out128);
+  std::memset(p, 0, 128);
+  std::memcpy(p, &kMagic, 4);
+  std::memcpy(p + 4, &kIdVersion, 2);
+  root.to_wire(p + 8);
+  std::memcpy(p + 8 + SockAddr::kWireBytes, token.data(), kTokenBytes);
+}
+
+Status UniqueId::decode(const void* in128, UniqueId* out) {
+  const uint8_t* p = static_cast<const uint8_t*>(in128);
+  uint32_t magic = 0;
+  uint16_t version = 0;
+  std::memcpy(&magic, p, 4);
+  std::memcpy(&version, p + 4, 2);
+  if (magic != kMagic || version != kIdVersion)
+    return Status::invalid_argument(
+        "id is not a braid unique id (bad magic or version); make it with braid_get_unique_id");
+  UniqueId u;
+  Status st = SockAddr::from_wire(p + 8, &u.root);
+  if (!st) return st.with_context("id");
+  std::memcpy(u.token.data(), p + 8 + SockAddr::kWireBytes, kTokenBytes);
+  *out = u;
+  return Status::ok();
+}
+
+JobToken random_token() {
+  JobToken t{};
+  size_t got = 0;
+  while (got < t.size()) {
+    ssize_t n = getrandom(t.data() + got, t.size() - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  return t;
+}
+
+std::string token_hex(const JobToken& t, size_t bytes) {
+  static const char* kHex = "0123456789abcdef";
+  std::string s;
+  for (size_t i = 0; i < bytes && i < t.size(); ++i) {
+    s += kHex[t[i] >> 4];
+    s += kHex[t[i] & 15];
+  }
+  return s;
+}
+
+Status start_rendezvous_root(const SockAddr& listen_addr, const JobToken& token, double timeout_s,
+                             SockAddr* bound) {
+  int fd = -1;
+  BRAID_RETURN_IF_ERROR(listen_on(listen_addr, 1024, &fd, bound));
+  std::thread([fd, token, timeout_s] { RendezvousRoot(fd, token, timeout_s).run(); }).detach();
+  return Status::ok();
+}
+
+Bootstrap::~Bootstrap() {
+  close_fd(&ring_next_fd_);
+  close_fd(&ring_prev_fd_);
+  close_fd(&listen_fd_);
+  for (auto& [key, fd] : parked_) close(fd);
+}
+
+Status Bootstrap::join(const UniqueId& id, int rank, int nranks, const std::string& ifname, Deadline deadline,
+                       std::unique_ptr<Bootstrap>* out) {
+  std::unique_ptr<Bootstrap> b(new Bootstrap());
+  b->rank_ = rank;
+  b->nranks_ = nranks;
+  b->token_ = id.token;
+  SockAddr local;
+  if (!ifname.empty()) {
+    BRAID_RETURN_IF_ERROR(choose_local_address(ifname, &local));
+  } else {
+    BRAID_RETURN_IF_ERROR(local_address_toward(id.root, &local));
+  }
+  local.set_port(0);
+  BRAID_RETURN_IF_ERROR(listen_on(local, 1024, &b->listen_fd_, &b->listen_addr_));
+
+  int fd = -1;
+  Status st = connect_to(id.root, deadline, &fd);
+  if (!st) return st.with_context("rank " + std::to_string(rank) + " joining the rendezvous root");
+  RootHello h{};
+  h.magic = kMagic;
+  h.kind = kKindRootHello;
+  std::memcpy(h.token, id.token.data(), kTokenBytes);
+  h.rank = static_cast<uint32_t>(rank);
+  h.nranks = static_cast<uint32_t>(nranks);
+  b->listen_addr_.to_wire(h.addr);
+  st = send_all(fd, &h, sizeof(h), deadline);
+  uint32_t hdr[2] = {0, 0};
+  if (st) st = recv_all(fd, hdr, sizeof(hdr), deadline);
+  if (st && (hdr[0] != kMagic || static_cast<int>(hdr[1]) != nranks))
+    st = Status::remote("the rendezvous root answered with a bad header (another job on that port?)");
+  std::vector<uint8_t> table(static_cast<size_t>(nranks) * SockAddr::kWireBytes);
+  if (st) st = recv_all(fd, table.data(), table.size(), deadline);
+  close(fd);
+  if (!st)
+    return st.with_context("rank " + std::to_string(rank) + " waiting for the rendezvous root at " +
+                           id.root.str() + " (do all " + std::to_string(nranks) +
+                           " ranks use the same id and nranks?)");
+  b->peers_.resize(nranks);
+  for (int r = 0; r < nranks; ++r)
+    BRAID_RETURN_IF_ERROR(SockAddr::from_wire(table.data() + r * SockAddr::kWireBytes, &b->peers_[r]));
+  BRAID_RETURN_IF_ERROR(b->connect_ring(deadline));
+  *out = std::move(b);
+  return Status::ok();
+}
+
+Status Bootstrap::open_listener(int* fd, SockAddr* addr) const {
+  SockAddr local = listen_addr_;
+  local.set_port(0);
+  return listen_on(local, 1024, fd, addr);
+}
+
+Status Bootstrap::from_table(int rank, const JobToken& token, int listen_fd, const SockAddr& listen_addr,
+                             std::vector<SockAddr> table, Deadline deadline,
+                             std::unique_ptr<Bootstrap>* out) {
+  std::unique_ptr<Bootstrap> b(new Bootstrap());
+  b->rank_ = rank;
+  b->nranks_ = static_cast<int>(table.size());
+  b->token_ = token;
+  b->listen_fd_ = listen_fd;
+  b->listen_addr_ = listen_addr;
+  b->peers_ = std::move(table);
+  BRAID_RETURN_IF_ERROR(b->connect_ring(deadline));
+  *out = std::move(b);
+  return Status::ok();
+}
+
+Status Bootstrap::connect_ring(Deadline deadline) {
+  if (nranks_ == 1) return Status::ok();
+  int next = (rank_ + 1) % nranks_;
+  int prev = (rank_ + nranks_ - 1) % nranks_;
+  BRAID_RETURN_IF_ERROR(connect_to_peer(next, kTagRing, deadline, &ring_next_fd_));
+  return accept_from_peer(prev, kTagRing, deadline, &ring_prev_fd_);
+}
+
+Status Bootstrap::connect_to_peer(int peer, uint32_t tag, Deadline deadline, int* fd_out) {
+  int fd = -1;
+  Status st = connect_to(peers_[peer], deadline, &fd);
+  if (!st)
+    return st.with_context("rank " + std::to_string(rank_) + " connecting to rank " + std::to_string(peer));
+  PeerHello h{kMagic, kKindPeerHello, {}, static_cast<uint32_t>(rank_), tag};
+  std::memcpy(h.token, token_.data(), kTokenBytes);
+  st = send_all(fd, &h, sizeof(h), deadline);
+  if (!st) {
+    close(fd);
+    return st.with_context("rank " + std::to_string(rank_) + " handshake with rank " + std::to_string(peer) +
+                           " at " + peers_[peer].str());
+  }
+  *fd_out = fd;
+  return Status::ok();
+}
+
+Status Bootstrap::accept_from_peer(int peer, uint32_t tag, Deadline deadline, int* fd_out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (;;) {
+    auto it = parked_.find({peer, tag});
+    if (it != parked_.end()) {
+      *fd_out = it->second;
+      parked_.erase(it);
+      return Status::ok();
+    }
+    int fd = -1;
+    Status st = accept_one(listen_fd_, deadline, &fd);
+    if (!st)
+      return st.with_context("rank " + std::to_string(rank_) + " waiting for rank " + std::to_string(peer) +
+                             " to connect");
+    PeerHello h{};
+    st = recv_all(fd, &h, sizeof(h), earliest(deadline, Deadline::after_seconds(kHandshakeSeconds)));
+    bool valid = st && h.magic == kMagic && h.kind == kKindPeerHello &&
+                 std::memcmp(h.token, token_.data(), kTokenBytes) == 0 &&
+                 h.rank < static_cast<uint32_t>(nranks_);
+    if (!valid) {
+      BRAID_WARN("BOOTSTRAP", rank_, "dropped a connection with a bad or missing handshake (%s)",
+                 st ? "wrong magic, token or rank" : st.message().c_str());
+      close(fd);
+      continue;
+    }
+    parked_[{static_cast<int>(h.rank), h.tag}] = fd;
+  }
+}
+
+Status Bootstrap::all_gather(const void* mine, size_t bytes, std::vector<uint8_t>* out, Deadline deadline) {
+  out->assign(bytes * nranks_, 0);
+  if (bytes) std::memcpy(out->data() + bytes * rank_, mine, bytes);
+  // Ring: at step s pass on the block that originated s ranks back.
+  for (int s = 0; s < nranks_ - 1; ++s) {
+    int send_block = (rank_ - s + nranks_) % nranks_;
+    int recv_block = (rank_ - s - 1 + nranks_) % nranks_;
+    uint64_t len = bytes, peer_len = 0;
+    BRAID_RETURN_IF_ERROR(
+        send_all(ring_next_fd_, &len, sizeof(len), deadline).with_context("bootstrap all_gather"));
+    if (bytes)
+      BRAID_RETURN_IF_ERROR(send_all(ring_next_fd_, out->data() + bytes * send_block, bytes, deadline));
+    BRAID_RETURN_IF_ERROR(recv_all(ring_prev_fd_, &peer_len, sizeof(peer_len), deadline)
+                              .with_context("bootstrap all_gather from rank " +
+                                            std::to_string((rank_ + nranks_ - 1) % nranks_)));
+    if (peer_len != bytes)
+      return Status(BRAID_ERR_MISMATCH, "bootstrap all_gather: rank " + std::to_string(rank_) +
+                                            " contributes " + std::to_string(bytes) +
+                                            " bytes, its ring neighbour " + std::to_string(peer_len));
+    if (bytes)
+      BRAID_RETURN_IF_ERROR(recv_all(ring_prev_fd_, out->data() + bytes * recv_block, bytes, deadline));
+  }
+  return Status::ok();
+}
+
+Status Bootstrap::barrier(Deadline deadline) {
+  std::vector<uint8_t> ignored;
+  uint8_t b = 0;
+  return all_gather(&b, 1, &ignored, deadline);
+}
+
+}  // namespace braid

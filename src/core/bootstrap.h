@@ -1,0 +1,97 @@
+// Rendezvous and the out-of-band channel between the ranks of a communicator.
+//
+// A root (a thread in the process that made the unique id, or rank 0 under
+// init_env) listens on TCP; every rank connects, proves it belongs to the job
+// with the random token, and receives every rank's listen address. After that
+// the ranks talk among themselves: a ring for small all-gathers and barriers,
+// and tagged point-to-point connections that transports ask for. Never on the
+// data path.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "src/core/deadline.h"
+#include "src/core/socket.h"
+#include "src/core/status.h"
+
+namespace braid {
+
+constexpr size_t kTokenBytes = 16;
+using JobToken = std::array<uint8_t, kTokenBytes>;
+
+// The decoded braid_unique_id_t.
+struct UniqueId {
+  SockAddr root;
+  JobToken token{};
+
+  void encode(void* out128) const;
+  static Status decode(const void* in128, UniqueId* out);
+};
+
+JobToken random_token();
+std::string token_hex(const JobToken& t, size_t bytes = 4);
+
+// Starts a rendezvous root on `listen_addr` in a detached thread; it serves
+// one job (nranks learned from the first valid hello) and then exits, or
+// gives up after `timeout_s`. *bound gets the address it listens on.
+Status start_rendezvous_root(const SockAddr& listen_addr, const JobToken& token, double timeout_s,
+                             SockAddr* bound);
+
+// Tags for point-to-point bootstrap connections.
+enum : uint32_t { kTagRing = 1, kTagTcpTransport = 100 };
+
+class Bootstrap {
+ public:
+  // Joins through the root named by `id`. `ifname` forces the interface (else
+  // the one that reaches the root).
+  static Status join(const UniqueId& id, int rank, int nranks, const std::string& ifname, Deadline deadline,
+                     std::unique_ptr<Bootstrap>* out);
+  // A new listener on this rank's interface, for a communicator made by split.
+  Status open_listener(int* fd, SockAddr* addr) const;
+  // Builds a bootstrap from known listen addresses (comm split): takes
+  // ownership of listen_fd, then connects the ring.
+  static Status from_table(int rank, const JobToken& token, int listen_fd, const SockAddr& listen_addr,
+                           std::vector<SockAddr> table, Deadline deadline, std::unique_ptr<Bootstrap>* out);
+  ~Bootstrap();
+
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+  const JobToken& token() const { return token_; }
+  const SockAddr& listen_address() const { return listen_addr_; }
+
+  // Every rank contributes `bytes` bytes; out gets nranks * bytes in rank order.
+  Status all_gather(const void* mine, size_t bytes, std::vector<uint8_t>* out, Deadline deadline);
+  Status barrier(Deadline deadline);
+
+  // A fresh connected socket to `peer`, for `tag`; the peer calls
+  // accept_from_peer with the same tag. The connector sends a hello with the
+  // job token and does not wait for an answer, so rings of connects cannot
+  // deadlock; the acceptor drops (and logs) connections without the token.
+  Status connect_to_peer(int peer, uint32_t tag, Deadline deadline, int* fd);
+  Status accept_from_peer(int peer, uint32_t tag, Deadline deadline, int* fd);
+
+ private:
+  Bootstrap() = default;
+  Status connect_ring(Deadline deadline);
+
+  int rank_ = 0;
+  int nranks_ = 1;
+  JobToken token_{};
+  int listen_fd_ = -1;
+  SockAddr listen_addr_;
+  std::vector<SockAddr> peers_;  // listen address of every rank
+  int ring_next_fd_ = -1;
+  int ring_prev_fd_ = -1;
+  // Connections accepted while waiting for another (peer, tag).
+  std::map<std::pair<int, uint32_t>, int> parked_;
+  std::mutex mu_;
+};
+
+}  // namespace braid

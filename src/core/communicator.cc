@@ -1,0 +1,339 @@
+#include "src/core/communicator.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "src/core/logging.h"
+#include "transports/self/self_connection.h"
+#include "transports/shm/shm_transport.h"
+#include "transports/tcp/tcp_transport.h"
+
+namespace braid {
+namespace {
+
+constexpr int kNumChannels = 2;  // 0: collectives, 1: point-to-point
+
+// What each rank tells the others at init. Settings that shape the wire
+// protocol must agree on every rank.
+struct PeerInfo {
+  char host[192];
+  int32_t pid;
+  int32_t transport;
+  uint64_t shm_slot_bytes;
+  uint64_t tcp_slot_bytes;
+  int32_t shm_slots;
+  int32_t tcp_slots;
+};
+
+Status check_same(const std::vector<PeerInfo>& infos, const char* var, auto field) {
+  for (size_t r = 1; r < infos.size(); ++r) {
+    if (field(infos[r]) != field(infos[0]))
+      return Status(BRAID_ERR_MISMATCH, std::string(var) + " differs between ranks: rank 0 has " +
+                                            std::to_string(field(infos[0])) + ", rank " + std::to_string(r) +
+                                            " has " + std::to_string(field(infos[r])) +
+                                            "; set it the same everywhere");
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+const char* op_kind_name(OpKind kind) {
+  switch (kind) {
+    case OpKind::kSend:
+      return "send";
+    case OpKind::kRecv:
+      return "recv";
+    case OpKind::kAllReduce:
+      return "all_reduce";
+    case OpKind::kBroadcast:
+      return "broadcast";
+    case OpKind::kReduce:
+      return "reduce";
+    case OpKind::kAllGather:
+      return "all_gather";
+    case OpKind::kReduceScatter:
+      return "reduce_scatter";
+    case OpKind::kGather:
+      return "gather";
+    case OpKind::kScatter:
+      return "scatter";
+    case OpKind::kAllToAll:
+      return "all_to_all";
+    case OpKind::kBarrier:
+      return "barrier";
+  }
+  return "?";
+}
+
+Status Communicator::create(std::unique_ptr<Bootstrap> bootstrap, const Config& config,
+                            std::shared_ptr<Communicator>* out) {
+  std::shared_ptr<Communicator> c(new Communicator());
+  c->rank_ = bootstrap->rank();
+  c->nranks_ = bootstrap->nranks();
+  c->config_ = config;
+  c->bootstrap_ = std::move(bootstrap);
+  Status st = c->setup_transports();
+  if (!st) return st.with_context("rank " + std::to_string(c->rank_) + " setting up transports");
+  BRAID_INFO("INIT", c->rank_, "communicator ready: %d ranks, token %s, host %s", c->nranks_,
+             token_hex(c->bootstrap_->token()).c_str(), c->hosts_[c->rank_].c_str());
+  *out = std::move(c);
+  return Status::ok();
+}
+
+Status Communicator::setup_transports() {
+  const Deadline deadline = Deadline::after_seconds(config_.timeout_s);
+  PeerInfo mine{};
+  std::strncpy(mine.host, config_.host_id.c_str(), sizeof(mine.host) - 1);
+  mine.pid = static_cast<int32_t>(getpid());
+  mine.transport = static_cast<int32_t>(config_.transport);
+  mine.shm_slot_bytes = config_.shm_slot_bytes;
+  mine.tcp_slot_bytes = config_.tcp_slot_bytes;
+  mine.shm_slots = config_.shm_slots;
+  mine.tcp_slots = config_.tcp_slots;
+  std::vector<uint8_t> raw;
+  BRAID_RETURN_IF_ERROR(bootstrap_->all_gather(&mine, sizeof(mine), &raw, deadline));
+  std::vector<PeerInfo> infos(nranks_);
+  std::memcpy(infos.data(), raw.data(), raw.size());
+  BRAID_RETURN_IF_ERROR(check_same(infos, "BRAID_TRANSPORT", [](const PeerInfo& p) { return p.transport; }));
+  BRAID_RETURN_IF_ERROR(
+      check_same(infos, "BRAID_SHM_SLOT_BYTES", [](const PeerInfo& p) { return p.shm_slot_bytes; }));
+  BRAID_RETURN_IF_ERROR(check_same(infos, "BRAID_SHM_SLOTS", [](const PeerInfo& p) { return p.shm_slots; }));
+  BRAID_RETURN_IF_ERROR(
+      check_same(infos, "BRAID_TCP_SLOT_BYTES", [](const PeerInfo& p) { return p.tcp_slot_bytes; }));
+  BRAID_RETURN_IF_ERROR(check_same(infos, "BRAID_TCP_SLOTS", [](const PeerInfo& p) { return p.tcp_slots; }));
+
+  std::vector<int> host_group, tcp_peers;
+  for (int r = 0; r < nranks_; ++r) {
+    infos[r].host[sizeof(infos[r].host) - 1] = '\0';
+    hosts_.push_back(infos[r].host);
+  }
+  for (int r = 0; r < nranks_; ++r) {
+    bool same_host = hosts_[r] == hosts_[rank_];
+    if (config_.transport == TransportChoice::kShm && !same_host)
+      return Status::invalid_argument("BRAID_TRANSPORT=shm, but rank " + std::to_string(r) + " is on host '" +
+                                      hosts_[r] + "' and this rank on '" + hosts_[rank_] + "'");
+    if (same_host && config_.transport != TransportChoice::kTcp)
+      host_group.push_back(r);
+    else if (r != rank_)
+      tcp_peers.push_back(r);
+  }
+  if (std::find(host_group.begin(), host_group.end(), rank_) == host_group.end())
+    host_group.insert(host_group.begin(), rank_);
+  std::sort(host_group.begin(), host_group.end());
+
+  BRAID_RETURN_IF_ERROR(ShmTransport::setup(*bootstrap_, host_group, kNumChannels, config_, &shm_));
+  BRAID_RETURN_IF_ERROR(TcpTransport::setup(*bootstrap_, tcp_peers, kNumChannels, config_, &tcp_));
+
+  std::vector<std::vector<Connection*>> peers(nranks_);
+  Channel* channels[kNumChannels] = {&coll_channel_, &p2p_channel_};
+  for (int ch = 0; ch < kNumChannels; ++ch) {
+    Channel& c = *channels[ch];
+    c.rank = rank_;
+    c.nranks = nranks_;
+    // One piece size on every rank and every link, so pieces line up end to end.
+    c.piece_bytes = std::min(config_.shm_slot_bytes, config_.tcp_slot_bytes);
+    c.conns.assign(nranks_, nullptr);
+    for (int r = 0; r < nranks_; ++r) {
+      if (r == rank_) {
+        self_conns_.push_back(std::make_unique<SelfConnection>(config_));
+        c.conns[r] = self_conns_.back().get();
+        continue;
+      }
+      Connection* conn = shm_->connection(ch, r);
+      if (conn == nullptr) conn = tcp_->connection(ch, r);
+      if (conn == nullptr) return Status::internal("no connection to rank " + std::to_string(r));
+      c.conns[r] = conn;
+      peers[r].push_back(conn);
+    }
+  }
+  engine_ = std::make_unique<Engine>(rank_, config_, peers, shm_->doorbell());
+  ShmTransport* shm = shm_.get();
+  engine_->set_failure_notifier([shm, peers](const std::string& why) {
+    shm->mark_failed(why);
+    for (auto& list : peers)
+      for (Connection* c : list) c->shutdown();
+  });
+  // Nobody may send before every rank has its engine (and its slots) ready.
+  return bootstrap_->barrier(deadline);
+}
+
+Communicator::~Communicator() {
+  engine_.reset();  // stops the progress thread before transports go away
+  tcp_.reset();
+  shm_.reset();
+}
+
+const char* Communicator::transport_to(int peer) const {
+  return coll_channel_.conns[peer] ? coll_channel_.conns[peer]->kind() : "none";
+}
+
+void Communicator::set_last_error(const std::string& message) {
+  std::lock_guard<std::mutex> lock(error_mu_);
+  last_error_ = message;
+}
+
+std::string Communicator::last_error() {
+  std::lock_guard<std::mutex> lock(error_mu_);
+  return last_error_;
+}
+
+Status Communicator::split(int color, int key, std::shared_ptr<Communicator>* out) {
+  out->reset();
+  const Deadline deadline = Deadline::after_seconds(engine_->timeout_s());
+  struct SplitInfo {
+    int32_t color;
+    int32_t key;
+    uint8_t addr[SockAddr::kWireBytes];
+    uint8_t token[kTokenBytes];
+  } mine{};
+  int listen_fd = -1;
+  SockAddr listen_addr;
+  mine.color = color;
+  mine.key = key;
+  if (color != BRAID_SPLIT_NOCOLOR) {
+    BRAID_RETURN_IF_ERROR(bootstrap_->open_listener(&listen_fd, &listen_addr));
+    listen_addr.to_wire(mine.addr);
+    JobToken t = random_token();
+    std::memcpy(mine.token, t.data(), kTokenBytes);
+  }
+  std::vector<uint8_t> raw;
+  Status st = bootstrap_->all_gather(&mine, sizeof(mine), &raw, deadline);
+  if (!st || color == BRAID_SPLIT_NOCOLOR) {
+    close_fd(&listen_fd);
+    return st;
+  }
+  std::vector<SplitInfo> all(nranks_);
+  std::memcpy(all.data(), raw.data(), raw.size());
+  std::vector<int> members;
+  for (int r = 0; r < nranks_; ++r)
+    if (all[r].color == color) members.push_back(r);
+  std::stable_sort(members.begin(), members.end(), [&](int a, int b) { return all[a].key < all[b].key; });
+  std::vector<SockAddr> table(members.size());
+  int new_rank = -1;
+  for (size_t i = 0; i < members.size(); ++i) {
+    BRAID_RETURN_IF_ERROR(SockAddr::from_wire(all[members[i]].addr, &table[i]));
+    if (members[i] == rank_) new_rank = static_cast<int>(i);
+  }
+  JobToken token;
+  std::memcpy(token.data(), all[members[0]].token, kTokenBytes);
+  std::unique_ptr<Bootstrap> b;
+  BRAID_RETURN_IF_ERROR(Bootstrap::from_table(new_rank, token, listen_fd, listen_addr, table, deadline, &b));
+  Config cfg = config_;
+  cfg.timeout_s = engine_->timeout_s();
+  return create(std::move(b), cfg, out);
+}
+
+std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, bool async) {
+  auto op = std::make_shared<Op>();
+  op->name = op_kind_name(kind);
+  op->async = async;
+  CollArgs a = args;
+  const size_t esize = braid_dtype_size(a.dtype);
+  const size_t n = static_cast<size_t>(nranks_);
+  if (kind == OpKind::kSend || kind == OpKind::kRecv) {
+    op->lane = kind == OpKind::kSend ? LaneKind::kSend : LaneKind::kRecv;
+    op->lane_peer = a.peer;
+    op->seq = kind == OpKind::kSend ? p2p_send_seq_++ : p2p_recv_seq_++;
+    op->task = kind == OpKind::kSend ? p2p_send(p2p_channel_, a) : p2p_recv(p2p_channel_, a);
+    return op;
+  }
+  op->lane = LaneKind::kCollective;
+  op->seq = engine_->next_collective_seq();
+  if (kind == OpKind::kBarrier) {
+    op->task = dissemination_barrier(coll_channel_);
+    return op;
+  }
+
+  // Input and output regions, to spot overlaps other than the in-place layouts.
+  size_t in_bytes = a.count * esize, out_bytes = a.count * esize;
+  const char* canonical_in = static_cast<const char*>(a.recvbuf);  // where in-place input sits
+  bool uses_input = true, uses_output = true;
+  switch (kind) {
+    case OpKind::kAllGather:
+      out_bytes *= n;
+      canonical_in += rank_ * in_bytes;
+      break;
+    case OpKind::kReduceScatter:
+      in_bytes *= n;
+      canonical_in = static_cast<const char*>(a.recvbuf) - rank_ * out_bytes;
+      break;
+    case OpKind::kGather:
+      out_bytes *= n;
+      canonical_in += rank_ * in_bytes;
+      uses_output = rank_ == a.root;
+      break;
+    case OpKind::kScatter:
+      in_bytes *= n;
+      canonical_in = static_cast<const char*>(a.recvbuf) - rank_ * out_bytes;
+      uses_input = rank_ == a.root;
+      break;
+    case OpKind::kAllToAll:
+      in_bytes *= n;
+      out_bytes *= n;
+      canonical_in = nullptr;
+      break;
+    case OpKind::kBroadcast:
+      uses_input = rank_ == a.root;
+      break;
+    case OpKind::kReduce:
+      uses_output = rank_ == a.root;
+      break;
+    default:
+      break;
+  }
+  if (a.count == 0) {
+    // Every rank passes the same count, so every rank skips together.
+    op->task = []() -> Task { co_return; }();
+    return op;
+  }
+  if (uses_input && uses_output) {
+    const char* in = static_cast<const char*>(a.sendbuf);
+    const char* out = static_cast<const char*>(a.recvbuf);
+    bool overlap = in < out + out_bytes && out < in + in_bytes;
+    if (overlap && in != canonical_in) {
+      op->scratch.assign(in, in + in_bytes);
+      a.sendbuf = op->scratch.data();
+    }
+  }
+  switch (kind) {
+    case OpKind::kAllReduce:
+      if (choose_all_reduce(config_, a.count * esize, coll_channel_.piece_bytes) == AllReduceKind::kDirect) {
+        // In place, every rank but 0 must keep its input while it accumulates.
+        if (a.sendbuf == a.recvbuf && rank_ != 0) op->scratch.resize(a.count * esize);
+        op->task = direct_all_reduce(coll_channel_, a, op->scratch.data());
+      } else {
+        op->task = ring_all_reduce(coll_channel_, a);
+      }
+      break;
+    case OpKind::kBroadcast:
+      op->task = chain_broadcast(coll_channel_, a);
+      break;
+    case OpKind::kReduce:
+      op->task = chain_reduce(coll_channel_, a);
+      break;
+    case OpKind::kAllGather:
+      op->task = ring_all_gather(coll_channel_, a);
+      break;
+    case OpKind::kReduceScatter:
+      op->task = ring_reduce_scatter(coll_channel_, a);
+      break;
+    case OpKind::kGather:
+      op->task = direct_gather(coll_channel_, a);
+      break;
+    case OpKind::kScatter:
+      op->task = direct_scatter(coll_channel_, a);
+      break;
+    case OpKind::kAllToAll:
+      op->task = pairwise_all_to_all(coll_channel_, a);
+      break;
+    default:
+      break;
+  }
+  return op;
+}
+
+}  // namespace braid

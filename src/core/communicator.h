@@ -1,0 +1,82 @@
+// A communicator: the ranks of one job (or of a split of it), their
+// transports, the channels the algorithms use, and the engine that runs
+// operations. The C API is a thin layer over this class.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "src/algo/collectives.h"
+#include "src/core/bootstrap.h"
+#include "src/core/config.h"
+#include "src/core/engine.h"
+#include "src/core/status.h"
+
+namespace braid {
+
+class ShmTransport;
+class TcpTransport;
+
+enum class OpKind {
+  kSend,
+  kRecv,
+  kAllReduce,
+  kBroadcast,
+  kReduce,
+  kAllGather,
+  kReduceScatter,
+  kGather,
+  kScatter,
+  kAllToAll,
+  kBarrier
+};
+const char* op_kind_name(OpKind kind);
+
+class Communicator {
+ public:
+  // Collective: sets up transports among the bootstrap's ranks.
+  static Status create(std::unique_ptr<Bootstrap> bootstrap, const Config& config,
+                       std::shared_ptr<Communicator>* out);
+  ~Communicator();
+
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+  const Config& config() const { return config_; }
+  Engine& engine() { return *engine_; }
+  const std::string& host_of(int rank) const { return hosts_[rank]; }
+  // Which transport carries traffic to `peer` ("shm", "tcp", "self").
+  const char* transport_to(int peer) const;
+
+  // Collective over this communicator. *out is null for BRAID_SPLIT_NOCOLOR.
+  Status split(int color, int key, std::shared_ptr<Communicator>* out);
+
+  // Builds the operation; arguments must already be validated.
+  std::shared_ptr<Op> make_op(OpKind kind, const CollArgs& args, bool async);
+
+  void set_last_error(const std::string& message);
+  std::string last_error();
+
+ private:
+  Communicator() = default;
+  Status setup_transports();
+
+  int rank_ = 0;
+  int nranks_ = 1;
+  Config config_;
+  std::unique_ptr<Bootstrap> bootstrap_;
+  std::vector<std::string> hosts_;
+  std::unique_ptr<ShmTransport> shm_;
+  std::unique_ptr<TcpTransport> tcp_;
+  std::vector<std::unique_ptr<Connection>> self_conns_;  // send/recv to self, per channel
+  Channel coll_channel_;                                 // channel 0: collectives
+  Channel p2p_channel_;                                  // channel 1: point-to-point
+  std::unique_ptr<Engine> engine_;
+  std::mutex error_mu_;
+  std::string last_error_;
+  uint64_t p2p_send_seq_ = 0;
+  uint64_t p2p_recv_seq_ = 0;
+};
+
+}  // namespace braid

@@ -1,0 +1,144 @@
+#include "src/core/config.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+
+namespace braid {
+namespace {
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return (v != nullptr && *v != '\0') ? v : nullptr;
+}
+
+Status bad(const char* name, const char* value, const std::string& expected) {
+  return Status::invalid_argument(std::string("environment variable ") + name + "='" + value +
+                                  "' is invalid: expected " + expected);
+}
+
+}  // namespace
+
+Status env_int(const char* name, long min, long max, long* value, bool* present) {
+  *present = false;
+  const char* v = env(name);
+  if (v == nullptr) return Status::ok();
+  char* end = nullptr;
+  errno = 0;
+  long x = std::strtol(v, &end, 10);
+  if (errno != 0 || end == v || *end != '\0' || x < min || x > max)
+    return bad(name, v, "an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
+  *value = x;
+  *present = true;
+  return Status::ok();
+}
+
+Status env_double(const char* name, double min, double max, double* value, bool* present) {
+  *present = false;
+  const char* v = env(name);
+  if (v == nullptr) return Status::ok();
+  char* end = nullptr;
+  errno = 0;
+  double x = std::strtod(v, &end);
+  if (errno != 0 || end == v || *end != '\0' || !(x >= min && x <= max))
+    return bad(name, v, "a number in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
+  *value = x;
+  *present = true;
+  return Status::ok();
+}
+
+Status env_size(const char* name, size_t min, size_t max, size_t* value, bool* present) {
+  *present = false;
+  const char* v = env(name);
+  if (v == nullptr) return Status::ok();
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long x = std::strtoull(v, &end, 10);
+  unsigned long long mult = 1;
+  if (end != v && *end != '\0' && end[1] == '\0') {
+    switch (*end) {
+      case 'K':
+      case 'k':
+        mult = 1ull << 10;
+        ++end;
+        break;
+      case 'M':
+      case 'm':
+        mult = 1ull << 20;
+        ++end;
+        break;
+      case 'G':
+      case 'g':
+        mult = 1ull << 30;
+        ++end;
+        break;
+      default:
+        break;
+    }
+  }
+  if (errno != 0 || end == v || *end != '\0' || v[0] == '-' || x * mult / mult != x || x * mult < min ||
+      x * mult > max)
+    return bad(name, v,
+               "a byte count in [" + std::to_string(min) + ", " + std::to_string(max) + "] (K/M/G allowed)");
+  *value = static_cast<size_t>(x * mult);
+  *present = true;
+  return Status::ok();
+}
+
+std::string default_host_id() {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  std::string id = host;
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string boot_id;
+  if (boot >> boot_id) id += ":" + boot_id;
+  return id;
+}
+
+Status Config::from_env(Config* out) {
+  Config c;
+  bool present = false;
+  BRAID_RETURN_IF_ERROR(env_double("BRAID_TIMEOUT", 1e-3, 1e9, &c.timeout_s, &present));
+  if (const char* t = env("BRAID_TRANSPORT")) {
+    if (!std::strcmp(t, "auto"))
+      c.transport = TransportChoice::kAuto;
+    else if (!std::strcmp(t, "shm"))
+      c.transport = TransportChoice::kShm;
+    else if (!std::strcmp(t, "tcp"))
+      c.transport = TransportChoice::kTcp;
+    else
+      return bad("BRAID_TRANSPORT", t, "auto, shm or tcp");
+  }
+  if (const char* v = env("BRAID_SOCKET_IFNAME")) c.socket_ifname = v;
+  if (const char* v = env("BRAID_HOST_ID"))
+    c.host_id = v;
+  else
+    c.host_id = default_host_id();
+  BRAID_RETURN_IF_ERROR(env_size("BRAID_SHM_SLOT_BYTES", 4096, 64u << 20, &c.shm_slot_bytes, &present));
+  long slots = c.shm_slots;
+  BRAID_RETURN_IF_ERROR(env_int("BRAID_SHM_SLOTS", 2, 64, &slots, &present));
+  c.shm_slots = static_cast<int>(slots);
+  BRAID_RETURN_IF_ERROR(env_size("BRAID_TCP_SLOT_BYTES", 4096, 64u << 20, &c.tcp_slot_bytes, &present));
+  slots = c.tcp_slots;
+  BRAID_RETURN_IF_ERROR(env_int("BRAID_TCP_SLOTS", 2, 64, &slots, &present));
+  c.tcp_slots = static_cast<int>(slots);
+  BRAID_RETURN_IF_ERROR(env_double("BRAID_SPIN_US", 0, 1e6, &c.spin_us, &present));
+  if (const char* a = env("BRAID_ALGO")) {
+    if (!std::strcmp(a, "auto"))
+      c.all_reduce_algo = AllReduceAlgo::kAuto;
+    else if (!std::strcmp(a, "ring"))
+      c.all_reduce_algo = AllReduceAlgo::kRing;
+    else if (!std::strcmp(a, "direct"))
+      c.all_reduce_algo = AllReduceAlgo::kDirect;
+    else
+      return bad("BRAID_ALGO", a, "auto, ring or direct");
+  }
+  BRAID_RETURN_IF_ERROR(env_size("BRAID_DIRECT_MAX_BYTES", 0, 1u << 30, &c.direct_max_bytes, &present));
+  *out = c;
+  return Status::ok();
+}
+
+}  // namespace braid

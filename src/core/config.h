@@ -1,0 +1,38 @@
+// Settings read from BRAID_* environment variables when a communicator is
+// made. A bad value is an error that names the variable, never a silent default.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "src/core/status.h"
+
+namespace braid {
+
+enum class TransportChoice { kAuto, kShm, kTcp };
+enum class AllReduceAlgo { kAuto, kRing, kDirect };
+
+struct Config {
+  double timeout_s = 600.0;                              // BRAID_TIMEOUT
+  TransportChoice transport = TransportChoice::kAuto;    // BRAID_TRANSPORT=auto|shm|tcp
+  std::string socket_ifname;                             // BRAID_SOCKET_IFNAME
+  std::string host_id;                                   // BRAID_HOST_ID (default: hostname + boot id)
+  size_t shm_slot_bytes = 256 * 1024;                    // BRAID_SHM_SLOT_BYTES
+  int shm_slots = 4;                                     // BRAID_SHM_SLOTS
+  size_t tcp_slot_bytes = 512 * 1024;                    // BRAID_TCP_SLOT_BYTES
+  int tcp_slots = 4;                                     // BRAID_TCP_SLOTS
+  double spin_us = 30.0;                                 // BRAID_SPIN_US: spin this long before blocking
+  AllReduceAlgo all_reduce_algo = AllReduceAlgo::kAuto;  // BRAID_ALGO=ring|direct
+  size_t direct_max_bytes = 16 * 1024;                   // BRAID_DIRECT_MAX_BYTES
+
+  static Status from_env(Config* out);
+};
+
+// Helpers shared by the config and by init_env (RANK, WORLD_SIZE, ...).
+Status env_int(const char* name, long min, long max, long* value, bool* present);
+Status env_double(const char* name, double min, double max, double* value, bool* present);
+Status env_size(const char* name, size_t min, size_t max, size_t* value, bool* present);
+
+std::string default_host_id();
+
+}  // namespace braid

@@ -1,0 +1,359 @@
+#include "src/core/engine.h"
+
+#include <poll.h>
+#include <sched.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "src/core/logging.h"
+
+namespace braid {
+
+Op*& current_op() {
+  thread_local Op* op = nullptr;
+  return op;
+}
+
+void op_suspend(Op* op, std::coroutine_handle<> leaf, const WaitPoint* wait) {
+  op->leaf = leaf;
+  op->wait = wait;
+}
+
+void op_finished(Op* op) {
+  op->finished = true;
+}
+
+namespace {
+
+// How long a blocked driver sleeps before it re-checks deadlines and peers.
+constexpr int kBlockMs = 20;
+// While any connection is tcp and shm is mixed in, poll cannot see the shm
+// doorbell, so it sleeps briefly.
+constexpr int kMixedBlockMs = 1;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+}  // namespace
+
+Engine::Engine(int rank, const Config& config, std::vector<std::vector<Connection*>> peers, Doorbell* bell)
+    : rank_(rank),
+      spin_us_(config.spin_us),
+      timeout_s_(config.timeout_s),
+      peers_(std::move(peers)),
+      bell_(bell) {
+  for (auto& list : peers_)
+    for (Connection* c : list)
+      if (c->poll_fd() >= 0) tcp_conns_.push_back(c);
+  event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  lanes_.push_back({LaneKind::kCollective, -1, {}});
+  progress_thread_ = std::thread([this] { progress_loop(); });
+}
+
+Engine::~Engine() {
+  stop_.store(true);
+  async_posted_.fetch_add(1);
+  futex_wake_all(&async_posted_, false);
+  wake_driver();
+  if (progress_thread_.joinable()) progress_thread_.join();
+  if (event_fd_ >= 0) close(event_fd_);
+}
+
+Status Engine::error() const {
+  std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(post_mu_));
+  return error_;
+}
+
+void Engine::post(const std::shared_ptr<Op>& op) {
+  op->deadline = Deadline::after_seconds(timeout_s_.load());
+  {
+    std::lock_guard<std::mutex> lock(post_mu_);
+    if (!error_.is_ok()) {
+      op->status =
+          error_.code() == BRAID_ERR_ABORTED
+              ? error_
+              : Status(error_.code(), "communicator is broken by an earlier error: " + error_.message());
+      op->done.store(1, std::memory_order_release);
+      return;
+    }
+    posted_.push_back(op);
+    active_.fetch_add(1);
+  }
+  if (op->async) {
+    async_posted_.fetch_add(1);
+    futex_wake_all(&async_posted_, false);
+  }
+  if (driver_sleeping_.load()) wake_driver();
+}
+
+void Engine::wake_driver() {
+  if (bell_ != nullptr) bell_->ring(true);
+  if (event_fd_ >= 0) {
+    uint64_t one = 1;
+    ssize_t ignored = write(event_fd_, &one, sizeof(one));
+    (void)ignored;
+  }
+}
+
+Engine::Lane& Engine::lane_for(const Op& op) {
+  if (op.lane == LaneKind::kCollective) return lanes_[0];
+  for (auto& l : lanes_)
+    if (l.kind == op.lane && l.peer == op.lane_peer) return l;
+  lanes_.push_back({op.lane, op.lane_peer, {}});
+  return lanes_.back();
+}
+
+void Engine::complete(const std::shared_ptr<Op>& op, const Status& st) {
+  op->status = st;
+  op->task = Task();  // frees the coroutine frames
+  op->wait = nullptr;
+  active_.fetch_sub(1);
+  op->done.store(1, std::memory_order_release);
+  futex_wake_all(&op->done, false);
+}
+
+bool Engine::advance_lane(Lane& lane) {
+  bool progressed = false;
+  while (!lane.ops.empty()) {
+    std::shared_ptr<Op> op = lane.ops.front();
+    bool ready;
+    if (!op->started) {
+      op->started = true;
+      op->leaf = op->task.handle();
+      op->task.handle().promise().top_level_op = op.get();
+      ready = true;
+    } else {
+      ready = op->wait == nullptr || op->wait->ready(op->wait->ctx);
+    }
+    if (!ready) return progressed;
+    current_op() = op.get();
+    op->wait = nullptr;
+    op->leaf.resume();
+    current_op() = nullptr;
+    progressed = true;
+    if (!op->failure.is_ok()) {
+      fail_all(op->failure);
+      return progressed;
+    }
+    if (!op->finished) return progressed;
+    lane.ops.pop_front();
+    complete(op, Status::ok());
+  }
+  return progressed;
+}
+
+bool Engine::advance() {
+  if (abort_requested_.load(std::memory_order_relaxed)) {
+    abort_requested_.store(false);
+    fail_all(abort_status_);
+  }
+  {
+    std::lock_guard<std::mutex> lock(post_mu_);
+    for (auto& op : posted_) lane_for(*op).ops.push_back(op);
+    posted_.clear();
+  }
+  for (Connection* c : tcp_conns_) {
+    if (!c->wants_write()) continue;
+    Status st = c->progress();
+    if (!st) {
+      fail_all(st);
+      return true;
+    }
+  }
+  bool progressed = false;
+  for (auto& lane : lanes_) progressed |= advance_lane(lane);
+  return progressed;
+}
+
+void Engine::check_peers(bool thorough) {
+  for (auto& lane : lanes_) {
+    if (lane.ops.empty()) continue;
+    Op& op = *lane.ops.front();
+    if (op.started && op.deadline.expired()) {
+      const char* what = op.wait ? op.wait->what : "to start";
+      int peer = op.wait ? op.wait->peer : -1;
+      fail_all(Status::timeout("rank " + std::to_string(rank_) + ": " + op.name + " #" +
+                               std::to_string(op.seq) + " timed out after " +
+                               std::to_string(timeout_s_.load()) + " s waiting " + what +
+                               (peer >= 0 ? " rank " + std::to_string(peer) : std::string())));
+      return;
+    }
+    if (op.wait == nullptr || op.wait->peer < 0) continue;
+    for (Connection* c : peers_[op.wait->peer]) {
+      Status st = c->check_peer(thorough);
+      if (!st) {
+        fail_all(st.with_context("rank " + std::to_string(rank_) + ": " + op.name + " #" +
+                                 std::to_string(op.seq)));
+        return;
+      }
+    }
+  }
+}
+
+void Engine::block(int max_ms) {
+  driver_sleeping_.store(true);
+  if (!tcp_conns_.empty()) {
+    std::vector<pollfd> fds;
+    fds.push_back({event_fd_, POLLIN, 0});
+    for (Connection* c : tcp_conns_)
+      if (c->wants_write()) fds.push_back({c->poll_fd(), POLLOUT, 0});
+    for (auto& lane : lanes_) {
+      if (lane.ops.empty() || lane.ops.front()->wait == nullptr) continue;
+      const WaitPoint* w = lane.ops.front()->wait;
+      for (int i = 0; i < 2; ++i)
+        if (w->conn[i] != nullptr && w->conn[i]->poll_fd() >= 0)
+          fds.push_back({w->conn[i]->poll_fd(), w->events[i], 0});
+    }
+    if (!advance()) {
+      poll(fds.data(), fds.size(), bell_ != nullptr ? std::min(max_ms, kMixedBlockMs) : max_ms);
+      uint64_t drained;
+      ssize_t ignored = read(event_fd_, &drained, sizeof(drained));
+      (void)ignored;
+    }
+  } else if (bell_ != nullptr) {
+    bell_->sleepers.fetch_add(1, std::memory_order_seq_cst);
+    uint32_t seen = bell_->seq.load(std::memory_order_seq_cst);
+    if (!advance()) futex_wait(&bell_->seq, seen, max_ms, true);
+    bell_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  } else {
+    uint32_t seen = async_posted_.load();
+    if (!advance()) futex_wait(&async_posted_, seen, max_ms, false);
+  }
+  driver_sleeping_.store(false);
+}
+
+template <class Pred>
+void Engine::drive(Pred stop) {
+  auto idle_since = Clock::now();
+  auto last_thorough = idle_since;
+  const auto spin =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::micro>(spin_us_));
+  unsigned spins = 0;
+  for (;;) {
+    bool progressed = advance();
+    if (stop()) return;
+    if (progressed) {
+      spins = 0;
+      idle_since = Clock::now();
+      continue;
+    }
+    // Check the clock only every few spins: it is the costly part of an idle loop.
+    if (++spins < 64) {
+      cpu_relax();
+      continue;
+    }
+    spins = 0;
+    auto now = Clock::now();
+    if (now - idle_since < spin) {
+      sched_yield();  // ranks often outnumber cores: let the peer we wait for run
+      continue;
+    }
+    block(kBlockMs);
+    now = Clock::now();
+    bool thorough = now - last_thorough > std::chrono::milliseconds(kBlockMs);
+    if (thorough) last_thorough = now;
+    check_peers(thorough);
+    if (stop()) return;
+  }
+}
+
+Status Engine::wait(Op& op) {
+  while (!is_done(op)) {
+    if (driver_mu_.try_lock()) {
+      drive([&] { return is_done(op); });
+      driver_mu_.unlock();
+      // Hand the remaining async ops to the progress thread.
+      if (active_.load() > 0) {
+        async_posted_.fetch_add(1);
+        futex_wake_all(&async_posted_, false);
+      }
+      break;
+    }
+    futex_wait(&op.done, 0, 1, false);
+  }
+  return op.status;
+}
+
+void Engine::drain() {
+  // Done means every op completed and every byte they sent left this process
+  // (tcp keeps committed sends in staging slots until the socket takes them).
+  auto idle = [&] {
+    if (active_.load() > 0) return false;
+    if (broken_.load()) return true;
+    for (Connection* c : tcp_conns_)
+      if (c->wants_write()) return false;
+    return true;
+  };
+  while (!idle()) {
+    if (driver_mu_.try_lock()) {
+      drive(idle);
+      driver_mu_.unlock();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+}
+
+void Engine::progress_loop() {
+  uint32_t seen = async_posted_.load();
+  while (!stop_.load()) {
+    uint32_t now = async_posted_.load();
+    if (now == seen && active_.load() == 0) {
+      futex_wait(&async_posted_, now, 100, false);
+      continue;
+    }
+    seen = now;
+    if (active_.load() == 0) continue;
+    std::unique_lock<std::mutex> lock(driver_mu_);
+    drive([&] { return active_.load() == 0 || stop_.load(); });
+  }
+}
+
+void Engine::abort(const Status& why) {
+  {
+    std::lock_guard<std::mutex> lock(post_mu_);
+    if (error_.is_ok()) error_ = why;
+    abort_status_ = why;
+    for (auto& op : posted_) complete(op, why);
+    posted_.clear();
+  }
+  abort_requested_.store(true);
+  wake_driver();
+  // Nobody may be driving: take the driver role briefly to fail queued ops.
+  if (driver_mu_.try_lock()) {
+    abort_requested_.store(false);
+    fail_all(why);
+    driver_mu_.unlock();
+  }
+}
+
+void Engine::fail_all(const Status& why) {
+  std::vector<std::shared_ptr<Op>> queued;
+  {
+    std::lock_guard<std::mutex> lock(post_mu_);
+    if (error_.is_ok()) error_ = why;
+    queued.swap(posted_);
+  }
+  for (auto& op : queued) complete(op, why);
+  broken_.store(true);
+  if (why.code() == BRAID_ERR_ABORTED) {
+    BRAID_INFO("COLL", rank_, "%s", why.message().c_str());
+  } else {
+    BRAID_WARN("COLL", rank_, "%s", why.message().c_str());
+  }
+  if (notify_failure_) notify_failure_(why.message());
+  for (auto& lane : lanes_) {
+    for (auto& op : lane.ops) complete(op, why);
+    lane.ops.clear();
+  }
+}
+
+}  // namespace braid

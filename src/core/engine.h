@@ -1,0 +1,130 @@
+// The progress engine of one communicator: it owns the operations in flight,
+// resumes each when what it waits for is ready, enforces deadlines, notices
+// dead peers, and decides how to wait (spin briefly, then block on the shm
+// doorbell or poll the sockets).
+//
+// Ordering: collectives run one at a time in call order (same order on every
+// rank); sends to a peer run in post order, as do receives from a peer; the
+// three kinds of lanes progress independently, so a pending receive never
+// blocks a collective.
+//
+// Driving: one thread at a time is the "driver" and advances every lane. A
+// blocking call drives on the calling thread (lowest latency); `i`-operations
+// are driven by a progress thread when no caller is driving.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "src/core/config.h"
+#include "src/core/deadline.h"
+#include "src/core/futex.h"
+#include "src/core/status.h"
+#include "src/core/task.h"
+#include "transports/connection.h"
+
+namespace braid {
+
+enum class LaneKind { kCollective, kSend, kRecv };
+
+class Op {
+ public:
+  std::string name;  // "all_reduce", "send", ...
+  uint64_t seq = 0;  // collective sequence number, or message number on its lane
+  LaneKind lane = LaneKind::kCollective;
+  int lane_peer = -1;
+  bool async = false;
+  Task task;
+  std::vector<char> scratch;  // temporary buffers the algorithm owns
+  Status failure;             // set by an algorithm that found a protocol error
+
+  // Engine state (driver thread only, except `done` and `status` after done).
+  bool started = false;
+  bool finished = false;
+  std::coroutine_handle<> leaf;
+  const WaitPoint* wait = nullptr;
+  Deadline deadline;
+  Status status;
+  std::atomic<uint32_t> done{0};
+};
+
+class Engine {
+ public:
+  // `peers[r]` holds the connections to rank r (empty for this rank).
+  Engine(int rank, const Config& config, std::vector<std::vector<Connection*>> peers, Doorbell* bell);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Called when this rank fails, so peers learn it (shm flag, closed sockets).
+  void set_failure_notifier(std::function<void(const std::string&)> notify) {
+    notify_failure_ = std::move(notify);
+  }
+
+  // Queues an op (thread-safe). On a broken communicator it fails at once.
+  void post(const std::shared_ptr<Op>& op);
+  // Waits for the op, driving the engine when no other thread does.
+  Status wait(Op& op);
+  bool is_done(const Op& op) const { return op.done.load(std::memory_order_acquire) != 0; }
+  // Waits until every posted op completed (destroy).
+  void drain();
+  // Fails every op in flight and every later one with `why` (abort, errors).
+  void abort(const Status& why);
+  Status error() const;
+  double timeout_s() const { return timeout_s_.load(); }
+  void set_timeout_s(double s) { timeout_s_.store(s); }
+  uint64_t next_collective_seq() { return coll_seq_.fetch_add(1); }
+
+ private:
+  struct Lane {
+    LaneKind kind;
+    int peer;
+    std::deque<std::shared_ptr<Op>> ops;
+  };
+
+  template <class Pred>
+  void drive(Pred stop);
+  bool advance();
+  bool advance_lane(Lane& lane);
+  void block(int max_ms);
+  void check_peers(bool thorough);
+  void fail_all(const Status& why);
+  void complete(const std::shared_ptr<Op>& op, const Status& st);
+  void progress_loop();
+  void wake_driver();
+  Lane& lane_for(const Op& op);
+
+  const int rank_;
+  const double spin_us_;
+  std::atomic<double> timeout_s_;
+  std::vector<std::vector<Connection*>> peers_;
+  std::vector<Connection*> tcp_conns_;
+  Doorbell* bell_;  // our shm doorbell, or null
+  int event_fd_ = -1;
+  std::function<void(const std::string&)> notify_failure_;
+
+  std::mutex post_mu_;  // guards posted_ and error_
+  std::vector<std::shared_ptr<Op>> posted_;
+  Status error_;
+  std::atomic<bool> broken_{false};
+  std::atomic<bool> abort_requested_{false};
+  Status abort_status_;
+
+  std::mutex driver_mu_;     // held by the driving thread
+  std::vector<Lane> lanes_;  // driver only
+  std::atomic<int> active_{0};
+  std::atomic<bool> driver_sleeping_{false};
+
+  std::atomic<uint64_t> coll_seq_{0};
+  std::atomic<uint32_t> async_posted_{0};
+  std::atomic<bool> stop_{false};
+  std::thread progress_thread_;
+};
+
+}  // namespace braid

@@ -1,0 +1,39 @@
+// Futex wait/wake on a 32-bit word, in private or shared (cross-process) memory.
+#pragma once
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <climits>
+#include <cstdint>
+
+namespace braid {
+
+// Sleeps while *word == expected, at most timeout_ms. Spurious returns are fine.
+inline void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, int timeout_ms, bool shared) {
+  struct timespec ts = {timeout_ms / 1000, (timeout_ms % 1000) * 1000000L};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), shared ? FUTEX_WAIT : FUTEX_WAIT_PRIVATE, expected,
+          &ts, nullptr, 0);
+}
+
+inline void futex_wake_all(std::atomic<uint32_t>* word, bool shared) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), shared ? FUTEX_WAKE : FUTEX_WAKE_PRIVATE, INT_MAX,
+          nullptr, nullptr, 0);
+}
+
+// An event count: waiters sleep until someone rings it. `sleepers` lets the
+// ringer skip the syscall when nobody sleeps (the common, fast case).
+struct Doorbell {
+  std::atomic<uint32_t> seq{0};
+  std::atomic<uint32_t> sleepers{0};
+
+  void ring(bool shared) {
+    seq.fetch_add(1, std::memory_order_seq_cst);
+    if (sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(&seq, shared);
+  }
+};
+
+}  // namespace braid

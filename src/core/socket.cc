@@ -1,0 +1,333 @@
+#include "src/core/socket.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+namespace braid {
+
+uint16_t SockAddr::port() const {
+  if (family() == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(&storage)->sin_port);
+  if (family() == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(&storage)->sin6_port);
+  return 0;
+}
+
+void SockAddr::set_port(uint16_t port) {
+  if (family() == AF_INET) reinterpret_cast<sockaddr_in*>(&storage)->sin_port = htons(port);
+  if (family() == AF_INET6) reinterpret_cast<sockaddr_in6*>(&storage)->sin6_port = htons(port);
+}
+
+bool SockAddr::is_loopback() const {
+  if (family() == AF_INET)
+    return (ntohl(reinterpret_cast<const sockaddr_in*>(&storage)->sin_addr.s_addr) >> 24) == 127;
+  if (family() == AF_INET6)
+    return IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(&storage)->sin6_addr);
+  return false;
+}
+
+std::string SockAddr::str() const {
+  char buf[INET6_ADDRSTRLEN] = {0};
+  if (family() == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&storage)->sin_addr, buf, sizeof(buf));
+    return std::string(buf) + ":" + std::to_string(port());
+  }
+  if (family() == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&storage)->sin6_addr, buf, sizeof(buf));
+    return "[" + std::string(buf) + "]:" + std::to_string(port());
+  }
+  return "<no address>";
+}
+
+void SockAddr::to_wire(uint8_t* out) const {
+  std::memset(out, 0, kWireBytes);
+  uint16_t fam = static_cast<uint16_t>(family());
+  uint16_t p = port();
+  std::memcpy(out, &fam, 2);
+  std::memcpy(out + 2, &p, 2);
+  if (family() == AF_INET) std::memcpy(out + 4, &reinterpret_cast<const sockaddr_in*>(&storage)->sin_addr, 4);
+  if (family() == AF_INET6)
+    std::memcpy(out + 4, &reinterpret_cast<const sockaddr_in6*>(&storage)->sin6_addr, 16);
+}
+
+Status SockAddr::from_wire(const uint8_t* in, SockAddr* out) {
+  uint16_t fam = 0, p = 0;
+  std::memcpy(&fam, in, 2);
+  std::memcpy(&p, in + 2, 2);
+  SockAddr a;
+  if (fam == AF_INET) {
+    auto* s = reinterpret_cast<sockaddr_in*>(&a.storage);
+    s->sin_family = AF_INET;
+    std::memcpy(&s->sin_addr, in + 4, 4);
+    a.len = sizeof(sockaddr_in);
+  } else if (fam == AF_INET6) {
+    auto* s = reinterpret_cast<sockaddr_in6*>(&a.storage);
+    s->sin6_family = AF_INET6;
+    std::memcpy(&s->sin6_addr, in + 4, 16);
+    a.len = sizeof(sockaddr_in6);
+  } else {
+    return Status::invalid_argument("address has unknown family " + std::to_string(fam));
+  }
+  a.set_port(p);
+  *out = a;
+  return Status::ok();
+}
+
+Status SockAddr::parse(const std::string& host, uint16_t port, SockAddr* out) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  if (rc != 0 || res == nullptr)
+    return Status::invalid_argument("cannot resolve host '" + host + "': " + gai_strerror(rc));
+  SockAddr a;
+  std::memcpy(&a.storage, res->ai_addr, res->ai_addrlen);
+  a.len = res->ai_addrlen;
+  freeaddrinfo(res);
+  a.set_port(port);
+  *out = a;
+  return Status::ok();
+}
+
+Status choose_local_address(const std::string& ifname, SockAddr* out) {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return Status::system("getifaddrs", errno);
+  SockAddr found, loopback;
+  bool have = false, have_lo = false;
+  for (ifaddrs* i = list; i != nullptr && !have; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || !(i->ifa_flags & IFF_UP)) continue;
+    int fam = i->ifa_addr->sa_family;
+    if (fam != AF_INET && fam != AF_INET6) continue;
+    SockAddr a;
+    a.len = fam == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+    std::memcpy(&a.storage, i->ifa_addr, a.len);
+    if (!ifname.empty()) {
+      if (std::strncmp(i->ifa_name, ifname.c_str(), ifname.size()) != 0) continue;
+      // Prefer IPv4 on the named interface; take IPv6 only if nothing else.
+      if (fam == AF_INET || !have_lo) {
+        found = a;
+        have = fam == AF_INET;
+        have_lo = true;  // reused as "have any on the named interface"
+      }
+      continue;
+    }
+    if (a.is_loopback() || (i->ifa_flags & IFF_LOOPBACK)) {
+      if (!have_lo && fam == AF_INET) {
+        loopback = a;
+        have_lo = true;
+      }
+      continue;
+    }
+    if (fam == AF_INET) {
+      found = a;
+      have = true;
+    }
+  }
+  freeifaddrs(list);
+  if (!ifname.empty()) {
+    if (!have && !have_lo)
+      return Status::invalid_argument("BRAID_SOCKET_IFNAME='" + ifname + "' matches no interface that is up");
+    *out = found;
+    return Status::ok();
+  }
+  if (have) {
+    *out = found;
+  } else if (have_lo) {
+    *out = loopback;
+  } else {
+    return Status::system("no usable network interface (not even loopback)", ENODEV);
+  }
+  out->set_port(0);
+  return Status::ok();
+}
+
+Status local_address_toward(const SockAddr& remote, SockAddr* out) {
+  int fd = socket(remote.family(), SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status::system("socket", errno);
+  SockAddr target = remote;
+  if (target.port() == 0) target.set_port(9);
+  if (connect(fd, target.sa(), target.len) != 0) {
+    int err = errno;
+    close(fd);
+    return Status::system("finding the interface toward " + remote.str(), err);
+  }
+  SockAddr local;
+  local.len = sizeof(local.storage);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&local.storage), &local.len);
+  close(fd);
+  local.set_port(0);
+  *out = local;
+  return Status::ok();
+}
+
+Status set_nonblocking(int fd, bool nonblocking) {
+  int flags = fcntl(fd, F_GETFL, 0);
+  if (flags < 0) return Status::system("fcntl(F_GETFL)", errno);
+  flags = nonblocking ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK);
+  if (fcntl(fd, F_SETFL, flags) < 0) return Status::system("fcntl(F_SETFL)", errno);
+  return Status::ok();
+}
+
+void set_nodelay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+void close_fd(int* fd) {
+  if (*fd >= 0) close(*fd);
+  *fd = -1;
+}
+
+Status listen_on(const SockAddr& addr, int backlog, int* fd_out, SockAddr* bound) {
+  int fd = socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status::system("socket", errno);
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (bind(fd, addr.sa(), addr.len) != 0) {
+    int err = errno;
+    close(fd);
+    if (err == EADDRINUSE)
+      return Status(BRAID_ERR_SYSTEM,
+                    "cannot listen on " + addr.str() +
+                        ": port in use; choose another port or stop the process holding it");
+    return Status::system("bind to " + addr.str(), err);
+  }
+  if (listen(fd, backlog) != 0) {
+    int err = errno;
+    close(fd);
+    return Status::system("listen on " + addr.str(), err);
+  }
+  SockAddr b;
+  b.len = sizeof(b.storage);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&b.storage), &b.len);
+  Status st = set_nonblocking(fd, true);
+  if (!st) {
+    close(fd);
+    return st;
+  }
+  *fd_out = fd;
+  *bound = b;
+  return Status::ok();
+}
+
+namespace {
+
+Status wait_fd(int fd, short events, Deadline deadline, const char* what) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    int rc = poll(&p, 1, deadline.remaining_ms(100));
+    if (rc > 0) return Status::ok();
+    if (rc < 0 && errno != EINTR) return Status::system(std::string("poll while ") + what, errno);
+    if (deadline.expired()) return Status::timeout(std::string("timed out while ") + what);
+  }
+}
+
+}  // namespace
+
+Status connect_to(const SockAddr& addr, Deadline deadline, int* fd_out) {
+  int delay_ms = 1;
+  for (;;) {
+    int fd = socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return Status::system("socket", errno);
+    int rc = connect(fd, addr.sa(), addr.len);
+    int err = rc == 0 ? 0 : errno;
+    if (err == EINPROGRESS) {
+      Status st = wait_fd(fd, POLLOUT, deadline, ("connecting to " + addr.str()).c_str());
+      if (!st) {
+        close(fd);
+        return st;
+      }
+      socklen_t len = sizeof(err);
+      getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    }
+    if (err == 0) {
+      set_nodelay(fd);
+      Status st = set_nonblocking(fd, false);
+      if (!st) {
+        close(fd);
+        return st;
+      }
+      *fd_out = fd;
+      return Status::ok();
+    }
+    close(fd);
+    // The listener may not be up yet (init_env races rank 0): retry until the deadline.
+    if ((err == ECONNREFUSED || err == ETIMEDOUT || err == ECONNRESET) && !deadline.expired()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+      delay_ms = delay_ms < 100 ? delay_ms * 2 : 100;
+      continue;
+    }
+    if (deadline.expired())
+      return Status::timeout("timed out connecting to " + addr.str() + ": " + std::strerror(err));
+    return Status::system("connecting to " + addr.str(), err);
+  }
+}
+
+Status accept_one(int listen_fd, Deadline deadline, int* fd_out) {
+  for (;;) {
+    int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd >= 0) {
+      set_nodelay(fd);
+      Status st = set_nonblocking(fd, false);
+      if (!st) {
+        close(fd);
+        return st;
+      }
+      *fd_out = fd;
+      return Status::ok();
+    }
+    if (errno == EMFILE || errno == ENFILE)
+      return Status::system("accept: too many open files (raise `ulimit -n`)", errno);
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
+      return Status::system("accept", errno);
+    BRAID_RETURN_IF_ERROR(wait_fd(listen_fd, POLLIN, deadline, "waiting for a connection"));
+  }
+}
+
+Status send_all(int fd, const void* buf, size_t len, Deadline deadline) {
+  const char* p = static_cast<const char*>(buf);
+  while (len > 0) {
+    ssize_t n = send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      p += n;
+      len -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+      BRAID_RETURN_IF_ERROR(wait_fd(fd, POLLOUT, deadline, "sending"));
+      continue;
+    }
+    return Status::remote(std::string("send failed: ") + std::strerror(errno));
+  }
+  return Status::ok();
+}
+
+Status recv_all(int fd, void* buf, size_t len, Deadline deadline) {
+  char* p = static_cast<char*>(buf);
+  while (len > 0) {
+    ssize_t n = recv(fd, p, len, MSG_DONTWAIT);
+    if (n > 0) {
+      p += n;
+      len -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) return Status::remote("connection closed by the other side");
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+      BRAID_RETURN_IF_ERROR(wait_fd(fd, POLLIN, deadline, "receiving"));
+      continue;
+    }
+    return Status::remote(std::string("receive failed: ") + std::strerror(errno));
+  }
+  return Status::ok();
+}
+
+}  // namespace braid

@@ -1,0 +1,55 @@
+// Thin, deadline-bounded helpers over BSD sockets (IPv4 and IPv6).
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "src/core/deadline.h"
+#include "src/core/status.h"
+
+namespace braid {
+
+struct SockAddr {
+  sockaddr_storage storage{};
+  socklen_t len = 0;
+
+  int family() const { return storage.ss_family; }
+  uint16_t port() const;
+  void set_port(uint16_t port);
+  bool is_loopback() const;
+  std::string str() const;  // "1.2.3.4:5" or "[::1]:5"
+  const sockaddr* sa() const { return reinterpret_cast<const sockaddr*>(&storage); }
+
+  // Packs into / unpacks from a fixed 20-byte wire form (family, port, 16 address bytes).
+  static constexpr size_t kWireBytes = 20;
+  void to_wire(uint8_t* out) const;
+  static Status from_wire(const uint8_t* in, SockAddr* out);
+  static Status parse(const std::string& host, uint16_t port, SockAddr* out);  // numeric or resolvable name
+};
+
+// The address to listen on: the first address of interface `ifname` (exact
+// name or prefix) when given, else the first non-loopback IPv4 interface that
+// is up, else loopback.
+Status choose_local_address(const std::string& ifname, SockAddr* out);
+// The local address the kernel would use to reach `remote` (no packet is sent).
+Status local_address_toward(const SockAddr& remote, SockAddr* out);
+
+// A listening, non-blocking socket bound to `addr` (port 0 = any); *bound gets the real port.
+Status listen_on(const SockAddr& addr, int backlog, int* fd, SockAddr* bound);
+// Connects with retries on refusal until the deadline; returns a blocking-mode fd with TCP_NODELAY.
+Status connect_to(const SockAddr& addr, Deadline deadline, int* fd);
+// Accepts one connection, waiting until the deadline.
+Status accept_one(int listen_fd, Deadline deadline, int* fd);
+
+Status send_all(int fd, const void* buf, size_t len, Deadline deadline);
+Status recv_all(int fd, void* buf, size_t len, Deadline deadline);
+
+Status set_nonblocking(int fd, bool nonblocking);
+void set_nodelay(int fd);
+void close_fd(int* fd);
+
+}  // namespace braid

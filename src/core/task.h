@@ -1,0 +1,100 @@
+// Operations are C++20 coroutines: an algorithm reads as straight-line code
+// over the channel primitives, and every place it would wait is a co_await
+// that suspends it instead. The engine resumes it when what it waits for is
+// ready, so many operations progress on one thread without blocking it.
+#pragma once
+
+#include <coroutine>
+#include <exception>
+#include <utility>
+
+namespace braid {
+
+class Op;
+class Connection;
+
+// What a suspended operation is waiting for: a readiness check the engine
+// polls, the connections it waits on (for poll() and liveness checks), and a
+// description for timeouts and dumps.
+struct WaitPoint {
+  bool (*ready)(void* ctx) = nullptr;
+  void* ctx = nullptr;
+  int peer = -1;
+  const char* what = "";
+  Connection* conn[2] = {nullptr, nullptr};
+  short events[2] = {0, 0};  // POLLIN: waiting for a message; POLLOUT: for a free send slot
+};
+
+// The op being resumed on this thread (set by the engine around resume()).
+Op*& current_op();
+void op_suspend(Op* op, std::coroutine_handle<> leaf, const WaitPoint* wait);
+void op_finished(Op* op);
+
+// A lazily started coroutine that can be co_awaited by another Task.
+class [[nodiscard]] Task {
+ public:
+  struct promise_type {
+    std::coroutine_handle<> continuation;
+    Op* top_level_op = nullptr;  // set only on an op's outermost task
+
+    Task get_return_object() { return Task(std::coroutine_handle<promise_type>::from_promise(*this)); }
+    std::suspend_always initial_suspend() noexcept { return {}; }
+    struct FinalAwaiter {
+      bool await_ready() noexcept { return false; }
+      std::coroutine_handle<> await_suspend(std::coroutine_handle<promise_type> h) noexcept {
+        promise_type& p = h.promise();
+        if (p.continuation) return p.continuation;
+        if (p.top_level_op != nullptr) op_finished(p.top_level_op);
+        return std::noop_coroutine();
+      }
+      void await_resume() noexcept {}
+    };
+    FinalAwaiter final_suspend() noexcept { return {}; }
+    void return_void() {}
+    void unhandled_exception() { std::terminate(); }
+  };
+
+  Task() = default;
+  explicit Task(std::coroutine_handle<promise_type> h) : h_(h) {}
+  Task(Task&& o) noexcept : h_(std::exchange(o.h_, nullptr)) {}
+  Task& operator=(Task&& o) noexcept {
+    if (this != &o) {
+      if (h_) h_.destroy();
+      h_ = std::exchange(o.h_, nullptr);
+    }
+    return *this;
+  }
+  Task(const Task&) = delete;
+  Task& operator=(const Task&) = delete;
+  ~Task() {
+    if (h_) h_.destroy();
+  }
+
+  std::coroutine_handle<promise_type> handle() const { return h_; }
+
+  auto operator co_await() && noexcept {
+    struct Awaiter {
+      std::coroutine_handle<promise_type> child;
+      bool await_ready() noexcept { return !child || child.done(); }
+      std::coroutine_handle<> await_suspend(std::coroutine_handle<> parent) noexcept {
+        child.promise().continuation = parent;
+        return child;
+      }
+      void await_resume() noexcept {}
+    };
+    return Awaiter{h_};
+  }
+
+ private:
+  std::coroutine_handle<promise_type> h_;
+};
+
+// co_await until(check, ctx, peer, what): suspends until check(ctx) is true.
+struct Until {
+  WaitPoint wp;
+  bool await_ready() { return wp.ready(wp.ctx); }
+  void await_suspend(std::coroutine_handle<> h) { op_suspend(current_op(), h, &wp); }
+  void await_resume() {}
+};
+
+}  // namespace braid

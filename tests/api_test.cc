@@ -1,0 +1,226 @@
+// The C API on one process: argument checks with the messages they give,
+// handles that outlive their objects, and one-rank collectives.
+#include <braid/braid.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tests/rank_test.h"
+
+namespace {
+
+class OneRank : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    braid_unique_id_t id;
+    BRAID_ASSERT_OK(braid_get_unique_id(&id));
+    BRAID_ASSERT_OK(braid_comm_init_rank(&comm_, 1, id, 0));
+  }
+  void TearDown() override {
+    if (comm_ != nullptr) {
+      BRAID_EXPECT_OK(braid_comm_destroy(comm_));
+    }
+  }
+  // Asserts the call failed with `code` and a message containing `needle`.
+  void expect_error(braid_result_t got, braid_result_t code, const std::string& needle) {
+    EXPECT_EQ(got, code) << braid_get_last_error();
+    EXPECT_NE(std::string(braid_get_last_error()).find(needle), std::string::npos)
+        << "message '" << braid_get_last_error() << "' does not mention '" << needle << "'";
+  }
+  braid_comm_t comm_ = nullptr;
+};
+
+TEST(Api, ErrorStringsAndVersion) {
+  EXPECT_STREQ(braid_get_error_string(BRAID_SUCCESS), "success");
+  EXPECT_STREQ(braid_get_error_string(BRAID_ERR_TIMEOUT), "timed out");
+  EXPECT_STREQ(braid_get_error_string(static_cast<braid_result_t>(999)), "unknown result code");
+  int v = 0;
+  BRAID_EXPECT_OK(braid_get_version(&v));
+  EXPECT_EQ(v, BRAID_VERSION_CODE);
+  EXPECT_EQ(braid_get_version(nullptr), BRAID_ERR_INVALID_ARGUMENT);
+}
+
+TEST(Api, DtypeTable) {
+  const size_t sizes[] = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8};
+  for (int d = 0; d < BRAID_NUM_DTYPES; ++d)
+    EXPECT_EQ(braid_dtype_size(static_cast<braid_dtype_t>(d)), sizes[d]);
+  EXPECT_EQ(braid_dtype_size(static_cast<braid_dtype_t>(77)), 0u);
+  EXPECT_STREQ(braid_dtype_name(BRAID_BFLOAT16), "bfloat16");
+  EXPECT_STREQ(braid_redop_name(BRAID_AVG), "avg");
+}
+
+TEST(Api, InitRejectsBadArguments) {
+  braid_unique_id_t id;
+  BRAID_ASSERT_OK(braid_get_unique_id(&id));
+  braid_comm_t comm;
+  EXPECT_EQ(braid_comm_init_rank(nullptr, 1, id, 0), BRAID_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(braid_comm_init_rank(&comm, 0, id, 0), BRAID_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(braid_get_last_error()).find("nranks=0"), std::string::npos);
+  EXPECT_EQ(braid_comm_init_rank(&comm, 2, id, 2), BRAID_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(braid_get_last_error()).find("rank=2"), std::string::npos);
+  braid_unique_id_t garbage;
+  std::memset(&garbage, 0x5a, sizeof(garbage));
+  EXPECT_EQ(braid_comm_init_rank(&comm, 1, garbage, 0), BRAID_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(braid_get_last_error()).find("not a braid unique id"), std::string::npos);
+  EXPECT_EQ(braid_get_unique_id(nullptr), BRAID_ERR_INVALID_ARGUMENT);
+}
+
+TEST(Api, BadEnvironmentNamesTheVariable) {
+  setenv("BRAID_TIMEOUT", "soon", 1);
+  braid_unique_id_t id;
+  EXPECT_EQ(braid_get_unique_id(&id), BRAID_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(braid_get_last_error()).find("BRAID_TIMEOUT='soon'"), std::string::npos)
+      << braid_get_last_error();
+  unsetenv("BRAID_TIMEOUT");
+  setenv("BRAID_TRANSPORT", "pigeon", 1);
+  EXPECT_EQ(braid_get_unique_id(&id), BRAID_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(braid_get_last_error()).find("BRAID_TRANSPORT"), std::string::npos);
+  unsetenv("BRAID_TRANSPORT");
+  setenv("BRAID_SHM_SLOT_BYTES", "12Q", 1);
+  EXPECT_EQ(braid_get_unique_id(&id), BRAID_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(braid_get_last_error()).find("BRAID_SHM_SLOT_BYTES"), std::string::npos);
+  unsetenv("BRAID_SHM_SLOT_BYTES");
+}
+
+TEST(Api, InitEnvNeedsItsVariables) {
+  unsetenv("MASTER_ADDR");
+  braid_comm_t comm;
+  EXPECT_EQ(braid_comm_init_env(&comm), BRAID_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(braid_get_last_error()).find("MASTER_ADDR"), std::string::npos);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", "29500", 1);
+  setenv("WORLD_SIZE", "2", 1);
+  setenv("RANK", "7", 1);
+  EXPECT_EQ(braid_comm_init_env(&comm), BRAID_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(braid_get_last_error()).find("RANK='7'"), std::string::npos)
+      << braid_get_last_error();
+  for (const char* v : {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"}) unsetenv(v);
+}
+
+TEST_F(OneRank, RankAndSize) {
+  int rank = -1, size = -1;
+  BRAID_EXPECT_OK(braid_comm_rank(comm_, &rank));
+  BRAID_EXPECT_OK(braid_comm_size(comm_, &size));
+  EXPECT_EQ(rank, 0);
+  EXPECT_EQ(size, 1);
+  expect_error(braid_comm_rank(comm_, nullptr), BRAID_ERR_INVALID_ARGUMENT, "rank is NULL");
+}
+
+TEST_F(OneRank, NullBuffersNameTheArgument) {
+  float x[4] = {};
+  expect_error(braid_all_reduce(nullptr, x, 4, BRAID_FLOAT32, BRAID_SUM, comm_, nullptr),
+               BRAID_ERR_INVALID_ARGUMENT, "sendbuf is NULL with count=4");
+  expect_error(braid_all_reduce(x, nullptr, 4, BRAID_FLOAT32, BRAID_SUM, comm_, nullptr),
+               BRAID_ERR_INVALID_ARGUMENT, "recvbuf is NULL");
+  expect_error(braid_all_gather(x, nullptr, 1, BRAID_FLOAT32, comm_, nullptr), BRAID_ERR_INVALID_ARGUMENT,
+               "recvbuf is NULL with sendcount=1");
+  expect_error(braid_broadcast(nullptr, x, 4, BRAID_FLOAT32, 0, comm_, nullptr), BRAID_ERR_INVALID_ARGUMENT,
+               "sendbuf (on the root)");
+  // A zero count needs no buffers.
+  BRAID_EXPECT_OK(braid_all_reduce(nullptr, nullptr, 0, BRAID_FLOAT32, BRAID_SUM, comm_, nullptr));
+}
+
+TEST_F(OneRank, UnknownDtypeAndOp) {
+  float x[4] = {};
+  expect_error(braid_all_reduce(x, x, 4, static_cast<braid_dtype_t>(42), BRAID_SUM, comm_, nullptr),
+               BRAID_ERR_INVALID_ARGUMENT, "dtype=42");
+  expect_error(braid_all_reduce(x, x, 4, static_cast<braid_dtype_t>(-1), BRAID_SUM, comm_, nullptr),
+               BRAID_ERR_INVALID_ARGUMENT, "dtype=-1");
+  expect_error(braid_all_reduce(x, x, 4, BRAID_FLOAT32, static_cast<braid_redop_t>(9), comm_, nullptr),
+               BRAID_ERR_INVALID_ARGUMENT, "op=9");
+  int32_t i[4] = {};
+  expect_error(braid_all_reduce(i, i, 4, BRAID_INT32, BRAID_AVG, comm_, nullptr), BRAID_ERR_INVALID_ARGUMENT,
+               "op=avg is not defined for dtype=int32");
+  expect_error(braid_reduce_scatter(i, i, 1, BRAID_UINT8, BRAID_AVG, comm_, nullptr),
+               BRAID_ERR_INVALID_ARGUMENT, "avg");
+}
+
+TEST_F(OneRank, RootAndPeerOutOfRange) {
+  float x[4] = {};
+  expect_error(braid_broadcast(x, x, 4, BRAID_FLOAT32, 5, comm_, nullptr), BRAID_ERR_INVALID_ARGUMENT,
+               "root=5 is out of range for a communicator of 1 ranks");
+  expect_error(braid_reduce(x, x, 4, BRAID_FLOAT32, BRAID_SUM, -1, comm_, nullptr),
+               BRAID_ERR_INVALID_ARGUMENT, "root=-1");
+  expect_error(braid_send(x, 4, BRAID_FLOAT32, 3, comm_, nullptr), BRAID_ERR_INVALID_ARGUMENT, "peer=3");
+  expect_error(braid_recv(x, 4, BRAID_FLOAT32, -2, comm_, nullptr), BRAID_ERR_INVALID_ARGUMENT, "peer=-2");
+}
+
+TEST_F(OneRank, SendToSelfInAGroup) {
+  int32_t out[5] = {1, 2, 3, 4, 5}, in[5] = {};
+  BRAID_ASSERT_OK(braid_group_start());
+  BRAID_ASSERT_OK(braid_send(out, 5, BRAID_INT32, 0, comm_, nullptr));
+  BRAID_ASSERT_OK(braid_recv(in, 5, BRAID_INT32, 0, comm_, nullptr));
+  BRAID_ASSERT_OK(braid_group_end());
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(in[i], i + 1);
+}
+
+TEST_F(OneRank, CountOverflow) {
+  float x[4] = {};
+  expect_error(braid_all_reduce(x, x, SIZE_MAX / 2, BRAID_FLOAT32, BRAID_SUM, comm_, nullptr),
+               BRAID_ERR_INVALID_ARGUMENT, "overflows");
+  expect_error(braid_all_gather(x, x, SIZE_MAX / 4, BRAID_FLOAT64, comm_, nullptr),
+               BRAID_ERR_INVALID_ARGUMENT, "sendcount=");
+}
+
+TEST_F(OneRank, StreamsAreNotSupportedYet) {
+  float x[4] = {};
+  int fake_stream = 0;
+  expect_error(braid_all_reduce(x, x, 4, BRAID_FLOAT32, BRAID_SUM, comm_, &fake_stream),
+               BRAID_ERR_UNSUPPORTED, "CUDA");
+}
+
+TEST_F(OneRank, UseAfterDestroyIsAnError) {
+  BRAID_ASSERT_OK(braid_comm_destroy(comm_));
+  braid_comm_t stale = comm_;
+  comm_ = nullptr;
+  float x[4] = {};
+  expect_error(braid_all_reduce(x, x, 4, BRAID_FLOAT32, BRAID_SUM, stale, nullptr),
+               BRAID_ERR_INVALID_ARGUMENT, "not a live communicator");
+  expect_error(braid_comm_destroy(stale), BRAID_ERR_INVALID_ARGUMENT, "not a live communicator");
+  expect_error(braid_barrier(nullptr, nullptr), BRAID_ERR_INVALID_ARGUMENT, "comm is NULL");
+  int rank;
+  expect_error(braid_comm_rank(stale, &rank), BRAID_ERR_INVALID_ARGUMENT, "not a live communicator");
+}
+
+TEST_F(OneRank, RequestsAreCheckedAndFreedOnce) {
+  float x[4] = {1, 2, 3, 4}, y[4] = {};
+  expect_error(braid_iall_reduce(x, y, 4, BRAID_FLOAT32, BRAID_SUM, comm_, nullptr, nullptr),
+               BRAID_ERR_INVALID_ARGUMENT, "request is NULL");
+  braid_request_t req = nullptr;
+  BRAID_ASSERT_OK(braid_iall_reduce(x, y, 4, BRAID_FLOAT32, BRAID_SUM, comm_, nullptr, &req));
+  braid_request_t copy = req;
+  BRAID_EXPECT_OK(braid_wait(&req));
+  EXPECT_EQ(req, nullptr);
+  EXPECT_EQ(y[3], 4.0f);
+  expect_error(braid_wait(&copy), BRAID_ERR_INVALID_ARGUMENT, "not a live request");
+  expect_error(braid_group_end(), BRAID_ERR_INVALID_USAGE, "group_end without");
+}
+
+TEST_F(OneRank, CollectivesCopyOnOneRank) {
+  std::vector<double> in = {1.5, -2, 3, 8}, out(4, 0);
+  BRAID_EXPECT_OK(braid_all_reduce(in.data(), out.data(), 4, BRAID_FLOAT64, BRAID_AVG, comm_, nullptr));
+  EXPECT_EQ(out, in);
+  out.assign(4, 0);
+  BRAID_EXPECT_OK(braid_all_gather(in.data(), out.data(), 4, BRAID_FLOAT64, comm_, nullptr));
+  EXPECT_EQ(out, in);
+  out.assign(4, 0);
+  BRAID_EXPECT_OK(braid_all_to_all(in.data(), out.data(), 4, BRAID_FLOAT64, comm_, nullptr));
+  EXPECT_EQ(out, in);
+  BRAID_EXPECT_OK(braid_barrier(comm_, nullptr));
+}
+
+TEST(Api, ReduceLocal) {
+  int8_t a[3] = {100, -100, 5}, b[3] = {100, -100, -7}, d[3];
+  BRAID_ASSERT_OK(braid_reduce_local(d, a, b, 3, BRAID_INT8, BRAID_SUM));
+  EXPECT_EQ(d[0], static_cast<int8_t>(-56));  // wraps
+  EXPECT_EQ(d[1], static_cast<int8_t>(56));
+  EXPECT_EQ(d[2], -2);
+  EXPECT_EQ(braid_reduce_local(nullptr, a, b, 3, BRAID_INT8, BRAID_MAX), BRAID_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(braid_get_last_error()).find("dst is NULL"), std::string::npos);
+}
+
+}  // namespace

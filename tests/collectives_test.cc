@@ -1,0 +1,278 @@
+// Collectives and point-to-point across real forked processes over real shm
+// and tcp: exact results, groups, requests, splits, several communicators.
+// The full dtype x op x root x size matrix lives in check_matrix_test.
+#include <braid/braid.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/rank_test.h"
+
+namespace braid::test {
+namespace {
+
+class Transports : public ::testing::TestWithParam<std::string> {};
+
+std::vector<float> expected_sum(size_t count, int nranks) {
+  std::vector<float> e(count);
+  for (size_t i = 0; i < count; ++i) {
+    float s = 0;
+    for (int r = 0; r < nranks; ++r) s += static_cast<float>((r + 1) * static_cast<int>(i % 97));
+    e[i] = s;
+  }
+  return e;
+}
+
+TEST_P(Transports, AllReduceSizesAndRankCounts) {
+  for (int n : {2, 3, 4}) {
+    run_ranks(n, transport_env(GetParam()), [](braid_comm_t comm, int rank, int nranks) {
+      // 5 elements: direct; 300001: several ring rounds with a ragged tail.
+      for (size_t count : {size_t{1}, size_t{5}, size_t{4099}, size_t{300001}}) {
+        std::vector<float> in(count), out(count, -1);
+        for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((rank + 1) * static_cast<int>(i % 97));
+        BRAID_ASSERT_OK(
+            braid_all_reduce(in.data(), out.data(), count, BRAID_FLOAT32, BRAID_SUM, comm, nullptr));
+        EXPECT_EQ(out, expected_sum(count, nranks)) << "count " << count;
+        BRAID_ASSERT_OK(
+            braid_all_reduce(in.data(), in.data(), count, BRAID_FLOAT32, BRAID_SUM, comm, nullptr));
+        EXPECT_EQ(in, expected_sum(count, nranks)) << "in place, count " << count;
+      }
+    });
+  }
+}
+
+TEST_P(Transports, RingAndDirectAgree) {
+  for (const char* algo : {"ring", "direct"}) {
+    Env env = transport_env(GetParam());
+    env.push_back({"BRAID_ALGO", algo});
+    run_ranks(3, env, [](braid_comm_t comm, int rank, int) {
+      std::vector<int64_t> in(1000), out(1000);
+      for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<int64_t>(i) * (rank == 1 ? -3 : 2);
+      BRAID_ASSERT_OK(
+          braid_all_reduce(in.data(), out.data(), in.size(), BRAID_INT64, BRAID_MIN, comm, nullptr));
+      for (size_t i = 0; i < in.size(); ++i) ASSERT_EQ(out[i], static_cast<int64_t>(i) * -3);
+    });
+  }
+}
+
+TEST_P(Transports, GroupedRingExchangeDoesNotDeadlock) {
+  run_ranks(4, transport_env(GetParam()), [](braid_comm_t comm, int rank, int nranks) {
+    // 4 MiB each way: far more than the slots hold, so ungrouped blocking
+    // sends would deadlock.
+    const size_t count = 1 << 20;
+    std::vector<int32_t> out(count), in(count, -1);
+    for (size_t i = 0; i < count; ++i) out[i] = rank * 1000003 + static_cast<int32_t>(i);
+    const int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
+    BRAID_ASSERT_OK(braid_group_start());
+    BRAID_ASSERT_OK(braid_send(out.data(), count, BRAID_INT32, next, comm, nullptr));
+    BRAID_ASSERT_OK(braid_recv(in.data(), count, BRAID_INT32, prev, comm, nullptr));
+    BRAID_ASSERT_OK(braid_group_end());
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(in[i], prev * 1000003 + static_cast<int32_t>(i));
+  });
+}
+
+TEST_P(Transports, MessagesBetweenTwoRanksMatchInOrder) {
+  run_ranks(2, transport_env(GetParam()), [](braid_comm_t comm, int rank, int) {
+    const int kMessages = 6;
+    std::vector<std::vector<uint8_t>> bufs(kMessages);
+    std::vector<braid_request_t> reqs(kMessages);
+    for (int m = 0; m < kMessages; ++m) {
+      size_t len = static_cast<size_t>(m) * 70001;  // 0 bytes, then up to several slots
+      bufs[m].assign(len, rank == 0 ? static_cast<uint8_t>(m + 1) : 0);
+      if (rank == 0) {
+        BRAID_ASSERT_OK(braid_isend(bufs[m].data(), len, BRAID_UINT8, 1, comm, nullptr, &reqs[m]));
+      } else {
+        BRAID_ASSERT_OK(braid_irecv(bufs[m].data(), len, BRAID_UINT8, 0, comm, nullptr, &reqs[m]));
+      }
+    }
+    // Poll one with braid_test until done, then wait for the rest.
+    int done = 0;
+    while (!done) BRAID_ASSERT_OK(braid_test(&reqs[kMessages - 1], &done));
+    EXPECT_EQ(reqs[kMessages - 1], nullptr);
+    BRAID_ASSERT_OK(braid_wait_all(kMessages, reqs.data()));
+    for (int m = 0; m < kMessages; ++m)
+      for (uint8_t b : bufs[m]) ASSERT_EQ(b, m + 1);
+  });
+}
+
+TEST_P(Transports, PendingReceiveDoesNotBlockCollectives) {
+  run_ranks(2, transport_env(GetParam()), [](braid_comm_t comm, int rank, int) {
+    int64_t msg = rank == 1 ? 42 : 0;
+    braid_request_t req = nullptr;
+    // Rank 0 waits for a message rank 1 sends only after the all_reduce.
+    if (rank == 0) {
+      BRAID_ASSERT_OK(braid_irecv(&msg, 1, BRAID_INT64, 1, comm, nullptr, &req));
+    }
+    int64_t x = rank + 1, sum = 0;
+    BRAID_ASSERT_OK(braid_all_reduce(&x, &sum, 1, BRAID_INT64, BRAID_SUM, comm, nullptr));
+    EXPECT_EQ(sum, 3);
+    if (rank == 1) {
+      BRAID_ASSERT_OK(braid_send(&msg, 1, BRAID_INT64, 0, comm, nullptr));
+    }
+    if (rank == 0) {
+      BRAID_ASSERT_OK(braid_wait(&req));
+      EXPECT_EQ(msg, 42);
+    }
+  });
+}
+
+TEST_P(Transports, ManyNonBlockingCollectivesInFlight) {
+  run_ranks(3, transport_env(GetParam()), [](braid_comm_t comm, int rank, int) {
+    const int kOps = 12;
+    std::vector<std::vector<double>> in(kOps), out(kOps);
+    std::vector<braid_request_t> reqs(kOps);
+    for (int k = 0; k < kOps; ++k) {
+      size_t count = 1 + static_cast<size_t>(k) * 20011;
+      in[k].assign(count, static_cast<double>(rank + k));
+      out[k].assign(count, 0);
+      BRAID_ASSERT_OK(braid_iall_reduce(in[k].data(), out[k].data(), count, BRAID_FLOAT64, BRAID_MAX, comm,
+                                        nullptr, &reqs[k]));
+    }
+    BRAID_ASSERT_OK(braid_wait_all(kOps, reqs.data()));
+    for (int k = 0; k < kOps; ++k)
+      for (double v : out[k]) ASSERT_EQ(v, 2.0 + k);
+  });
+}
+
+TEST_P(Transports, SplitByParity) {
+  run_ranks(5, transport_env(GetParam()), [](braid_comm_t comm, int rank, int) {
+    braid_comm_t half = nullptr;
+    // Reverse order inside each half through the key.
+    BRAID_ASSERT_OK(braid_comm_split(comm, rank % 2, -rank, &half));
+    ASSERT_NE(half, nullptr);
+    int hr = -1, hn = -1;
+    BRAID_ASSERT_OK(braid_comm_rank(half, &hr));
+    BRAID_ASSERT_OK(braid_comm_size(half, &hn));
+    const int members = rank % 2 == 0 ? 3 : 2;  // {0,2,4} and {1,3}
+    EXPECT_EQ(hn, members);
+    int32_t mine = rank, gathered[3] = {-1, -1, -1};
+    BRAID_ASSERT_OK(braid_all_gather(&mine, gathered, 1, BRAID_INT32, half, nullptr));
+    if (rank % 2 == 0) {
+      EXPECT_EQ(hr, (4 - rank) / 2);
+      EXPECT_EQ(gathered[0], 4);
+      EXPECT_EQ(gathered[1], 2);
+      EXPECT_EQ(gathered[2], 0);
+    } else {
+      EXPECT_EQ(hr, (3 - rank) / 2);
+      EXPECT_EQ(gathered[0], 3);
+      EXPECT_EQ(gathered[1], 1);
+    }
+    // The parent still works while the child exists.
+    int32_t total = 0;
+    BRAID_ASSERT_OK(braid_all_reduce(&mine, &total, 1, BRAID_INT32, BRAID_SUM, comm, nullptr));
+    EXPECT_EQ(total, 10);
+    BRAID_ASSERT_OK(braid_comm_destroy(half));
+    braid_comm_t none = reinterpret_cast<braid_comm_t>(1);
+    BRAID_ASSERT_OK(braid_comm_split(comm, rank == 0 ? 0 : BRAID_SPLIT_NOCOLOR, 0, &none));
+    if (rank == 0) {
+      ASSERT_NE(none, nullptr);
+      BRAID_ASSERT_OK(braid_barrier(none, nullptr));
+      BRAID_ASSERT_OK(braid_comm_destroy(none));
+    } else {
+      EXPECT_EQ(none, nullptr);
+    }
+  });
+}
+
+TEST_P(Transports, CommunicatorsUsedFromTheirOwnThreads) {
+  run_ranks(3, transport_env(GetParam()), [](braid_comm_t comm, int rank, int) {
+    braid_comm_t comms[2];
+    BRAID_ASSERT_OK(braid_comm_split(comm, 0, rank, &comms[0]));
+    BRAID_ASSERT_OK(braid_comm_split(comm, 0, -rank, &comms[1]));
+    std::vector<int> failures(2, 0);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 2; ++t) {
+      threads.emplace_back([&, t] {
+        for (int it = 0; it < 50; ++it) {
+          std::vector<int32_t> in(1000 + it * 37, rank + t), out(in.size(), 0);
+          if (braid_all_reduce(in.data(), out.data(), in.size(), BRAID_INT32, BRAID_SUM, comms[t], nullptr) !=
+              BRAID_SUCCESS)
+            ++failures[t];
+          for (int32_t v : out)
+            if (v != 3 + 3 * t) ++failures[t];
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    EXPECT_EQ(failures[0], 0);
+    EXPECT_EQ(failures[1], 0);
+    BRAID_EXPECT_OK(braid_comm_destroy(comms[0]));
+    BRAID_EXPECT_OK(braid_comm_destroy(comms[1]));
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(, Transports, ::testing::Values("shm", "tcp"));
+
+uint16_t free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+TEST(InitEnv, TorchrunEnvironment) {
+  const std::string port = std::to_string(free_port());
+  auto result = launch(
+      3,
+      {{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}, {"WORLD_SIZE", "3"}, {"BRAID_ROOT_PORT", port}},
+      [](braid_comm_t, int rank, int) {
+        braid_comm_t comm = nullptr;
+        BRAID_ASSERT_OK(braid_comm_init_env(&comm));
+        int r = -1;
+        BRAID_ASSERT_OK(braid_comm_rank(comm, &r));
+        EXPECT_EQ(r, rank);
+        float x = 1, sum = 0;
+        BRAID_ASSERT_OK(braid_all_reduce(&x, &sum, 1, BRAID_FLOAT32, BRAID_SUM, comm, nullptr));
+        EXPECT_EQ(sum, 3.0f);
+        BRAID_ASSERT_OK(braid_comm_destroy(comm));
+      },
+      60, /*make_comm=*/false, [](int rank) { setenv("RANK", std::to_string(rank).c_str(), 1); });
+  ASSERT_TRUE(result.ok()) << result.describe();
+}
+
+TEST(SimulatedHosts, TwoHostsMixShmAndTcp) {
+  // Ranks 0,1 on "host-a" and 2,3 on "host-b": shm inside a host, tcp across.
+  auto result = launch(
+      4, {},
+      [](braid_comm_t comm, int rank, int nranks) {
+        for (size_t count : {size_t{3}, size_t{200003}}) {
+          std::vector<int32_t> in(count, rank + 1), out(count, 0);
+          BRAID_ASSERT_OK(
+              braid_all_reduce(in.data(), out.data(), count, BRAID_INT32, BRAID_SUM, comm, nullptr));
+          for (int32_t v : out) ASSERT_EQ(v, nranks * (nranks + 1) / 2);
+        }
+        std::vector<int32_t> all(8, -1);
+        int32_t pair[2] = {rank, -rank};
+        BRAID_ASSERT_OK(braid_all_gather(pair, all.data(), 2, BRAID_INT32, comm, nullptr));
+        for (int r = 0; r < nranks; ++r) {
+          EXPECT_EQ(all[2 * r], r);
+          EXPECT_EQ(all[2 * r + 1], -r);
+        }
+      },
+      120, true, [](int rank) { setenv("BRAID_HOST_ID", rank < 2 ? "host-a" : "host-b", 1); });
+  ASSERT_TRUE(result.ok()) << result.describe();
+}
+
+TEST(SimulatedHosts, ForcedShmAcrossHostsIsRefused) {
+  auto result = launch(
+      2, {{"BRAID_TRANSPORT", "shm"}}, [](braid_comm_t, int, int) {}, 60, true,
+      [](int rank) { setenv("BRAID_HOST_ID", rank == 0 ? "host-a" : "host-b", 1); });
+  // Both ranks fail init (exit 90) with a message naming the variable.
+  ASSERT_EQ(result.ranks.size(), 2u);
+  for (auto& r : result.ranks) EXPECT_EQ(r.exit_code, 90);
+}
+
+}  // namespace
+}  // namespace braid::test

@@ -1,0 +1,1442 @@
+#include "tools/check/collective_check.h"
+
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdarg>
+#include <cstring>
+#include <functional>
+#include <iterator>
+#include <memory>
+#include <new>
+
+namespace braid::check {
+namespace {
+
+// ---------------------------------------------------------------- dtypes ---
+
+constexpr size_t kDtypeSize[BRAID_NUM_DTYPES] = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8};
+constexpr const char* kDtypeNames[BRAID_NUM_DTYPES] = {"int8",   "uint8",   "int32",    "uint32",  "int64",
+                                                       "uint64", "float16", "bfloat16", "float32", "float64"};
+constexpr const char* kOpNames[BRAID_NUM_OPS] = {"sum", "prod", "min", "max", "avg"};
+constexpr const char* kCollNames[static_cast<int>(Collective::kNumCollectives)] = {
+    "all_reduce", "broadcast",  "reduce",  "all_gather", "reduce_scatter", "gather",
+    "scatter",    "all_to_all", "barrier", "send_recv",  "isend_irecv"};
+
+size_t esize(braid_dtype_t dt) {
+  return kDtypeSize[dt];
+}
+bool is_float(braid_dtype_t dt) {
+  return dt >= BRAID_FLOAT16 && dt <= BRAID_FLOAT64;
+}
+bool is_signed_int(braid_dtype_t dt) {
+  return dt == BRAID_INT8 || dt == BRAID_INT32 || dt == BRAID_INT64;
+}
+uint64_t width_mask(size_t es) {
+  return es >= 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * es)) - 1;
+}
+
+bool op_valid(braid_dtype_t dt, braid_redop_t op) {
+  return op != BRAID_AVG || is_float(dt);
+}
+
+bool is_reducing(Collective c) {
+  return c == Collective::kAllReduce || c == Collective::kReduce || c == Collective::kReduceScatter;
+}
+bool is_rooted(Collective c) {
+  return c == Collective::kBroadcast || c == Collective::kReduce || c == Collective::kGather ||
+         c == Collective::kScatter;
+}
+bool is_p2p(Collective c) {
+  return c == Collective::kSendRecv || c == Collective::kIsendIrecv;
+}
+// Whether the largest buffer of the collective holds nranks * count elements.
+bool is_multi(Collective c) {
+  return c == Collective::kAllGather || c == Collective::kReduceScatter || c == Collective::kGather ||
+         c == Collective::kScatter || c == Collective::kAllToAll;
+}
+
+// --------------------------------------- float16 / bfloat16 (independent) ---
+// The reference deliberately does not use braid's own conversions.
+
+float bits_to_f32(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+uint32_t f32_to_bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+float half_to_f32(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t e = (h >> 10) & 0x1f;
+  uint32_t m = h & 0x3ff;
+  if (e == 0) {
+    float v = std::ldexp(static_cast<float>(m), -24);
+    return sign ? -v : v;
+  }
+  if (e == 31) return bits_to_f32(sign | 0x7f800000u | (m << 13));
+  return bits_to_f32(sign | ((e + 112) << 23) | (m << 13));
+}
+
+uint16_t f32_to_half(float f) {  // round to nearest even
+  uint32_t x = f32_to_bits(f);
+  uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  x &= 0x7fffffffu;
+  if (x > 0x7f800000u) return sign | 0x7e00;   // NaN
+  if (x >= 0x477ff000u) return sign | 0x7c00;  // >= 65520 rounds to infinity
+  if (x < 0x38800000u) {                       // below 2^-14: subnormal half or zero
+    float a = bits_to_f32(x) * 16777216.0f;    // exact: scaled by 2^24
+    return sign | static_cast<uint16_t>(std::nearbyint(a));
+  }
+  x += 0xfffu + ((x >> 13) & 1u);
+  x -= 0x38000000u;
+  return sign | static_cast<uint16_t>(x >> 13);
+}
+
+float bf16_to_f32(uint16_t b) {
+  return bits_to_f32(static_cast<uint32_t>(b) << 16);
+}
+
+uint16_t f32_to_bf16(float f) {
+  uint32_t x = f32_to_bits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>(x >> 16);
+}
+
+// Value of an element as a double (floats), or its integer value (ints).
+double bits_to_double(braid_dtype_t dt, uint64_t bits) {
+  switch (dt) {
+    case BRAID_INT8:
+      return static_cast<int8_t>(bits);
+    case BRAID_UINT8:
+      return static_cast<uint8_t>(bits);
+    case BRAID_INT32:
+      return static_cast<int32_t>(bits);
+    case BRAID_UINT32:
+      return static_cast<uint32_t>(bits);
+    case BRAID_INT64:
+      return static_cast<double>(static_cast<int64_t>(bits));
+    case BRAID_UINT64:
+      return static_cast<double>(bits);
+    case BRAID_FLOAT16:
+      return half_to_f32(static_cast<uint16_t>(bits));
+    case BRAID_BFLOAT16:
+      return bf16_to_f32(static_cast<uint16_t>(bits));
+    case BRAID_FLOAT32:
+      return bits_to_f32(static_cast<uint32_t>(bits));
+    case BRAID_FLOAT64: {
+      double d;
+      std::memcpy(&d, &bits, 8);
+      return d;
+    }
+    default:
+      return 0;
+  }
+}
+
+// Float dtypes only; exact for the values the exact modes produce.
+uint64_t double_to_bits(braid_dtype_t dt, double v) {
+  switch (dt) {
+    case BRAID_FLOAT16:
+      return f32_to_half(static_cast<float>(v));
+    case BRAID_BFLOAT16:
+      return f32_to_bf16(static_cast<float>(v));
+    case BRAID_FLOAT32:
+      return f32_to_bits(static_cast<float>(v));
+    case BRAID_FLOAT64: {
+      uint64_t b;
+      std::memcpy(&b, &v, 8);
+      return b;
+    }
+    default:
+      return 0;
+  }
+}
+
+// Largest integer L such that every integer in [-L, L] is exact in the dtype.
+int64_t exact_int_limit(braid_dtype_t dt) {
+  switch (dt) {
+    case BRAID_FLOAT16:
+      return 2048;
+    case BRAID_BFLOAT16:
+      return 256;
+    case BRAID_FLOAT32:
+      return int64_t{1} << 24;
+    default:
+      return int64_t{1} << 53;
+  }
+}
+// Unit roundoff and smallest positive (subnormal) value.
+double unit_roundoff(braid_dtype_t dt) {
+  switch (dt) {
+    case BRAID_FLOAT16:
+      return std::ldexp(1.0, -11);
+    case BRAID_BFLOAT16:
+      return std::ldexp(1.0, -8);
+    case BRAID_FLOAT32:
+      return std::ldexp(1.0, -24);
+    default:
+      return std::ldexp(1.0, -53);
+  }
+}
+double tiny_value(braid_dtype_t dt) {
+  switch (dt) {
+    case BRAID_FLOAT16:
+      return std::ldexp(1.0, -24);
+    case BRAID_BFLOAT16:
+      return std::ldexp(1.0, -133);
+    case BRAID_FLOAT32:
+      return std::ldexp(1.0, -149);
+    default:
+      return std::ldexp(1.0, -1074);
+  }
+}
+
+// Random bits -> a finite, normal, non-zero float of the dtype.
+uint64_t sanitize_float(braid_dtype_t dt, uint64_t b) {
+  int ebits = 0, mbits = 0;
+  switch (dt) {
+    case BRAID_FLOAT16:
+      ebits = 5, mbits = 10;
+      break;
+    case BRAID_BFLOAT16:
+      ebits = 8, mbits = 7;
+      break;
+    case BRAID_FLOAT32:
+      ebits = 8, mbits = 23;
+      break;
+    default:
+      ebits = 11, mbits = 52;
+      break;
+  }
+  uint64_t emask = ((uint64_t{1} << ebits) - 1) << mbits;
+  uint64_t e = b & emask;
+  if (e == emask) b &= ~(uint64_t{1} << (mbits + ebits - 1));  // Inf/NaN -> exponent 0111..1
+  if (e == 0) b |= uint64_t{1} << mbits;                       // zero/subnormal -> exponent 1
+  return b;
+}
+
+std::string format_elem(braid_dtype_t dt, uint64_t bits) {
+  char buf[96];
+  size_t es = esize(dt);
+  bits &= width_mask(es);
+  if (is_float(dt)) {
+    std::snprintf(buf, sizeof buf, "0x%0*" PRIx64 " (%.17g)", static_cast<int>(2 * es), bits,
+                  bits_to_double(dt, bits));
+  } else if (is_signed_int(dt)) {
+    int64_t v = static_cast<int64_t>(bits << (64 - 8 * es)) >> (64 - 8 * es);
+    std::snprintf(buf, sizeof buf, "0x%0*" PRIx64 " (%" PRId64 ")", static_cast<int>(2 * es), bits, v);
+  } else {
+    std::snprintf(buf, sizeof buf, "0x%0*" PRIx64 " (%" PRIu64 ")", static_cast<int>(2 * es), bits, bits);
+  }
+  return buf;
+}
+
+// ------------------------------------------------------------------- data ---
+
+uint64_t mix64(uint64_t x) {  // splitmix64 finaliser
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+enum class Mode {
+  kBits,       // data movement: arbitrary bit patterns
+  kIntWrap,    // integer sum/min/max: full-width random values (sums wrap)
+  kIntOdd,     // integer prod: odd full-width values (products wrap, never vanish)
+  kSumExact,   // float sum: small integers, every partial sum exact
+  kAvgExact,   // float avg: per index q + d_r with sum_r d_r = 0, so the average is q
+  kProdExact,  // float prod: +-1, +-2, +-0.5, at most four 2s and four 0.5s per index
+  kMinMax,     // float min/max: finite normal non-zero random values
+  kRandom,     // float sum/avg: uniform [-1, 1) rounded to the dtype; tolerance
+};
+
+const char* mode_name(Mode m) {
+  switch (m) {
+    case Mode::kBits:
+      return "bits";
+    case Mode::kIntWrap:
+      return "wrap";
+    case Mode::kIntOdd:
+      return "odd";
+    case Mode::kSumExact:
+    case Mode::kAvgExact:
+    case Mode::kProdExact:
+      return "exact";
+    case Mode::kMinMax:
+      return "finite";
+    case Mode::kRandom:
+      return "random";
+  }
+  return "?";
+}
+
+Mode primary_mode(Collective c, braid_dtype_t dt, int op) {
+  if (!is_reducing(c) || op < 0) return Mode::kBits;
+  if (!is_float(dt)) return op == BRAID_PROD ? Mode::kIntOdd : Mode::kIntWrap;
+  switch (op) {
+    case BRAID_SUM:
+      return Mode::kSumExact;
+    case BRAID_AVG:
+      return Mode::kAvgExact;
+    case BRAID_PROD:
+      return Mode::kProdExact;
+    default:
+      return Mode::kMinMax;
+  }
+}
+
+// The input of every rank: a pure function of (seed, rank, index).
+class Gen {
+ public:
+  Gen(braid_dtype_t dt, Mode mode, uint64_t seed, int nranks)
+      : dt_(dt), mode_(mode), n_(nranks), mask_(width_mask(esize(dt))) {
+    keys_.resize(nranks + 1);
+    for (int r = 0; r <= nranks; ++r) keys_[r] = mix64(seed ^ mix64(0x5bd1e995u + static_cast<uint64_t>(r)));
+    int64_t limit = exact_int_limit(dt);
+    int64_t amax = dt == BRAID_FLOAT16 || dt == BRAID_BFLOAT16 ? 8 : dt == BRAID_FLOAT32 ? 4096 : 1 << 20;
+    if (mode == Mode::kSumExact) {
+      if (limit / n_ >= 1) {
+        a_ = std::min<int64_t>(amax, limit / n_);
+        active_ = n_;
+      } else {  // more ranks than exact integers: only `limit` ranks contribute to each index
+        a_ = 1;
+        active_ = limit;
+      }
+    } else if (mode == Mode::kAvgExact) {
+      // |partial sums| <= n*A + ceil(n/2)*C <= limit.
+      int64_t half = (n_ + 1) / 2;
+      a_ = std::min<int64_t>(amax, limit / (2 * int64_t{n_}));
+      c_ = std::min<int64_t>(amax, limit / (2 * half));
+    } else if (mode == Mode::kProdExact) {
+      period_ = std::max(1, (n_ + 3) / 4);
+    }
+  }
+
+  braid_dtype_t dtype() const { return dt_; }
+  Mode mode() const { return mode_; }
+  int nranks() const { return n_; }
+  bool tolerant() const { return mode_ == Mode::kRandom; }
+
+  uint64_t hash(int rank, uint64_t idx) const { return mix64(keys_[rank] + idx * 0xd1b54a32d192ed03ull); }
+
+  uint64_t bits(int rank, uint64_t idx) const {
+    uint64_t h = hash(rank, idx);
+    switch (mode_) {
+      case Mode::kBits:
+      case Mode::kIntWrap:
+        return h & mask_;
+      case Mode::kIntOdd:
+        return (h | 1) & mask_;
+      case Mode::kMinMax:
+        return sanitize_float(dt_, h & mask_);
+      case Mode::kSumExact: {
+        bool active =
+            active_ >= n_ || static_cast<int64_t>((static_cast<uint64_t>(rank) + idx) % n_) < active_;
+        int64_t v = active ? static_cast<int64_t>(h % static_cast<uint64_t>(2 * a_ + 1)) - a_ : 0;
+        return double_to_bits(dt_, static_cast<double>(v));
+      }
+      case Mode::kAvgExact: {
+        // q depends on the index only (key n_), c on the index and the rank pair.
+        uint64_t hq = hash(n_, idx);
+        int64_t q = static_cast<int64_t>(hq % static_cast<uint64_t>(2 * a_ + 1)) - a_;
+        int64_t d = 0;
+        if (!(n_ % 2 == 1 && rank == n_ - 1)) {
+          int64_t c =
+              static_cast<int64_t>(hash(rank & ~1, idx ^ 0xa5a5a5a5u) % static_cast<uint64_t>(c_ + 1));
+          d = rank % 2 == 0 ? c : -c;
+        }
+        return double_to_bits(dt_, static_cast<double>(q + d));
+      }
+      case Mode::kProdExact: {
+        uint64_t slot = (static_cast<uint64_t>(rank) + idx) % static_cast<uint64_t>(period_);
+        double mag = slot == 0 ? 2.0 : (slot == 1 ? 0.5 : 1.0);
+        return double_to_bits(dt_, (h & 1) ? -mag : mag);
+      }
+      case Mode::kRandom: {
+        double u = static_cast<double>(h >> 11) * std::ldexp(1.0, -52) - 1.0;
+        return double_to_bits(dt_, u);
+      }
+    }
+    return 0;
+  }
+
+  double value(int rank, uint64_t idx) const { return bits_to_double(dt_, bits(rank, idx)); }
+
+ private:
+  braid_dtype_t dt_;
+  Mode mode_;
+  int n_;
+  uint64_t mask_;
+  std::vector<uint64_t> keys_;
+  int64_t a_ = 0, c_ = 0, active_ = 0;
+  int period_ = 1;
+};
+
+struct Expect {
+  uint64_t bits = 0;
+  double value = 0;  // tolerant mode: the exact value
+  double tol = -1;   // < 0: compare bits exactly
+};
+
+// Reduction of every rank's element idx, as the library must compute it.
+Expect reduce_ref(const Gen& g, braid_redop_t op, uint64_t idx) {
+  braid_dtype_t dt = g.dtype();
+  int n = g.nranks();
+  Expect e;
+  if (!is_float(dt)) {
+    size_t es = esize(dt);
+    uint64_t mask = width_mask(es);
+    unsigned shift = static_cast<unsigned>(64 - 8 * es);
+    uint64_t acc = g.bits(0, idx);
+    for (int r = 1; r < n; ++r) {
+      uint64_t b = g.bits(r, idx);
+      switch (op) {
+        case BRAID_SUM:
+          acc = (acc + b) & mask;
+          break;
+        case BRAID_PROD:
+          acc = (acc * b) & mask;
+          break;
+        case BRAID_MIN:
+        case BRAID_MAX: {
+          bool less;
+          if (is_signed_int(dt))
+            less =
+                (static_cast<int64_t>(b << shift) >> shift) < (static_cast<int64_t>(acc << shift) >> shift);
+          else
+            less = b < acc;
+          if ((op == BRAID_MIN) == less) acc = b;
+          break;
+        }
+        default:
+          break;
+      }
+    }
+    e.bits = acc;
+    return e;
+  }
+  if (op == BRAID_MIN || op == BRAID_MAX) {
+    uint64_t best = g.bits(0, idx);
+    double bv = bits_to_double(dt, best);
+    for (int r = 1; r < n; ++r) {
+      uint64_t b = g.bits(r, idx);
+      double v = bits_to_double(dt, b);
+      if (op == BRAID_MIN ? v < bv : v > bv) best = b, bv = v;
+    }
+    e.bits = best;
+    return e;
+  }
+  if (op == BRAID_PROD) {
+    double p = 1;
+    for (int r = 0; r < n; ++r) p *= g.value(r, idx);
+    e.bits = double_to_bits(dt, p);
+    return e;
+  }
+  // SUM / AVG
+  double s = 0, sabs = 0;
+  for (int r = 0; r < n; ++r) {
+    double v = g.value(r, idx);
+    s += v;
+    sabs += std::fabs(v);
+  }
+  double res = op == BRAID_AVG ? s / n : s;
+  if (!g.tolerant()) {
+    e.bits = double_to_bits(dt, res);  // exact by construction
+    return e;
+  }
+  // Each of the n-1 additions (done in the dtype when partial sums travel
+  // between ranks) errs by at most u * sum|x|; the final rounding (and the
+  // division for avg) by u * |result|. Factor 2 for safety.
+  double u = unit_roundoff(dt);
+  double tol = 2.0 * u * std::max(n - 1, 1) * sabs + 2.0 * tiny_value(dt);
+  if (op == BRAID_AVG)
+    tol = tol / n + 2.0 * u * std::fabs(res);
+  else
+    tol += 2.0 * u * std::fabs(res);
+  e.value = res;
+  e.bits = double_to_bits(dt, res);
+  e.tol = tol;
+  return e;
+}
+
+// ---------------------------------------------------------------- buffers ---
+
+// One allocation: [front guard][data: elems elements][back guard], every byte
+// initialised (junk or input) and snapshotted before the call.
+class Buffer {
+ public:
+  Buffer(const char* name, size_t elems, size_t es, size_t guard, size_t misalign, uint64_t junk_key)
+      : name_(name), elems_(elems), es_(es) {
+    front_ = guard + misalign;
+    total_ = front_ + elems * es + guard;
+    base_ = static_cast<uint8_t*>(::operator new(total_, std::align_val_t(64)));
+    uint64_t k = junk_key;
+    for (size_t i = 0; i < total_; i += 8) {
+      uint64_t w = mix64(k + i);
+      std::memcpy(base_ + i, &w, std::min<size_t>(8, total_ - i));
+    }
+  }
+  ~Buffer() { ::operator delete(base_, std::align_val_t(64)); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  const char* name() const { return name_; }
+  uint8_t* data() { return base_ + front_; }
+  uint8_t* at(size_t elem) { return data() + elem * es_; }
+  size_t elems() const { return elems_; }
+  void set(size_t i, uint64_t bits) { std::memcpy(data() + i * es_, &bits, es_); }  // little endian
+  uint64_t get(size_t i) const {
+    uint64_t b = 0;
+    std::memcpy(&b, base_ + front_ + i * es_, es_);
+    return b;
+  }
+  void snapshot() { snap_.assign(base_, base_ + total_); }
+
+  // First byte in [lo, hi) (offsets into the allocation) that differs from the snapshot, or -1.
+  int64_t first_change(size_t lo, size_t hi) const {
+    if (lo >= hi || std::memcmp(base_ + lo, snap_.data() + lo, hi - lo) == 0) return -1;
+    for (size_t i = lo; i < hi; ++i)
+      if (base_[i] != snap_[i]) return static_cast<int64_t>(i);
+    return -1;
+  }
+  uint8_t byte(size_t off) const { return base_[off]; }
+  uint8_t snap_byte(size_t off) const { return snap_[off]; }
+  size_t front() const { return front_; }
+  size_t total() const { return total_; }
+
+ private:
+  const char* name_;
+  size_t elems_, es_;
+  size_t front_ = 0, total_ = 0;
+  uint8_t* base_ = nullptr;
+  std::vector<uint8_t> snap_;
+};
+
+struct Output {
+  Buffer* buf;
+  size_t begin;  // element index in buf
+  size_t count;
+  std::function<Expect(size_t k)> expect;  // k in [0, count)
+};
+
+// ------------------------------------------------------------------ check ---
+
+struct Desc {
+  Collective coll = Collective::kAllReduce;
+  braid_dtype_t dt = BRAID_INT8;
+  int op = -1;
+  int root = -1;
+  size_t count = 0;
+  bool in_place = false;
+  bool blocking = true;
+  Mode mode = Mode::kBits;
+  int wait_style = 0;   // i-forms: 0 braid_wait, 1 braid_test loop, 2 braid_wait_all
+  size_t misalign = 0;  // bytes added to the front guard (one element, or 0)
+  bool order = false;   // p2p: post receives first
+  uint64_t seed = 0;
+  uint64_t seq = 0;  // position in the matrix, the same on every rank
+};
+
+std::string describe(const Desc& d) {
+  std::string s = kCollNames[static_cast<int>(d.coll)];
+  if (d.coll == Collective::kBarrier) {
+    s += d.blocking ? " blocking" : " i-form";
+    if (!d.blocking) s += d.wait_style == 1 ? "(test)" : "(wait)";
+    return s;
+  }
+  char buf[256];
+  std::snprintf(
+      buf, sizeof buf, " %s op=%s root=%s count=%zu %s %s", kDtypeNames[d.dt],
+      d.op >= 0 ? kOpNames[d.op] : "-", d.root >= 0 ? std::to_string(d.root).c_str() : "-", d.count,
+      is_p2p(d.coll) ? (d.order ? "recv-first" : "send-first") : (d.in_place ? "in-place" : "out-of-place"),
+      d.blocking ? "blocking"
+                 : (d.wait_style == 1   ? "i-form(test)"
+                    : d.wait_style == 2 ? "i-form(wait_all)"
+                                        : "i-form(wait)"));
+  s += buf;
+  s += " data=";
+  s += mode_name(d.mode);
+  if (d.misalign) s += " misaligned";
+  return s;
+}
+
+struct Result {
+  bool api_error = false;
+  std::string api_msg;
+  int64_t wrong = 0;
+  int64_t compared = 0;
+  bool have_first = false;
+  std::string first_where;  // "recvbuf[5]"
+  Expect first_expect;
+  uint64_t first_got = 0;
+  bool outside = false;
+  std::string outside_msg;
+  bool failed() const { return api_error || wrong > 0 || outside; }
+};
+
+const char* result_name(braid_result_t r) {
+  switch (r) {
+    case BRAID_SUCCESS:
+      return "BRAID_SUCCESS";
+    case BRAID_ERR_INVALID_ARGUMENT:
+      return "BRAID_ERR_INVALID_ARGUMENT";
+    case BRAID_ERR_INVALID_USAGE:
+      return "BRAID_ERR_INVALID_USAGE";
+    case BRAID_ERR_SYSTEM:
+      return "BRAID_ERR_SYSTEM";
+    case BRAID_ERR_INTERNAL:
+      return "BRAID_ERR_INTERNAL";
+    case BRAID_ERR_REMOTE:
+      return "BRAID_ERR_REMOTE";
+    case BRAID_ERR_TIMEOUT:
+      return "BRAID_ERR_TIMEOUT";
+    case BRAID_ERR_ABORTED:
+      return "BRAID_ERR_ABORTED";
+    case BRAID_ERR_MISMATCH:
+      return "BRAID_ERR_MISMATCH";
+    case BRAID_ERR_UNSUPPORTED:
+      return "BRAID_ERR_UNSUPPORTED";
+    case BRAID_ERR_IN_PROGRESS:
+      return "BRAID_ERR_IN_PROGRESS";
+  }
+  return "BRAID_ERR_?";
+}
+
+class Runner {
+ public:
+  Runner(braid_comm_t comm, const CheckOptions& opts) : comm_(comm), o_(opts) {
+    log_ = o_.log ? o_.log : stderr;
+  }
+
+  CheckReport run();
+
+ private:
+  void say(const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+  bool api(braid_result_t r, const char* fn, Result& res);
+  void complete(std::vector<braid_request_t>& reqs, int style, Result& res);
+  void run_group(Collective c, braid_dtype_t dt, size_t count);
+  void run_barrier_group();
+  void run_check(const Desc& d);
+  void execute(const Desc& d, Result& res);
+  void verify(Buffer& b, const Output* out, braid_dtype_t dt, Result& res);
+  bool finish_group(const std::string& label, std::chrono::steady_clock::time_point started);
+  std::unique_ptr<Buffer> make(const Desc& d, const char* name, size_t elems, int salt);
+  uint64_t next_seq() { return seq_++; }
+
+  braid_comm_t comm_;
+  const CheckOptions& o_;
+  FILE* log_;
+  int rank_ = 0, n_ = 1;
+  CheckReport rep_;
+  uint64_t seq_ = 0;
+  int lines_ = 0;
+  bool broken_ = false;
+  // Current group.
+  std::vector<uint8_t> g_flags_;
+  int64_t g_checks_ = 0, g_failed_ = 0, g_wrong_ = 0, g_api_ = 0, g_injected_ = 0;
+};
+
+void Runner::say(const char* fmt, ...) {
+  char buf[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  int len = std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  if (len < 0) return;
+  size_t n = std::min(static_cast<size_t>(len), sizeof buf - 2);
+  if (buf[n - 1] != '\n') buf[n++] = '\n';
+  // One write per line, so that lines of concurrent ranks do not interleave.
+  std::fflush(log_);
+  size_t off = 0;
+  while (off < n) {
+    ssize_t w = ::write(fileno(log_), buf + off, n - off);
+    if (w <= 0) break;
+    off += static_cast<size_t>(w);
+  }
+}
+
+bool Runner::api(braid_result_t r, const char* fn, Result& res) {
+  if (r == BRAID_SUCCESS) return true;
+  ++rep_.api_errors;
+  ++g_api_;
+  const char* msg = braid_comm_get_last_error(comm_);
+  std::string m =
+      std::string(fn) + " returned " + result_name(r) + ": " + (msg && *msg ? msg : "(no message)");
+  if (!res.api_error) {
+    res.api_error = true;
+    res.api_msg = m;
+  } else {
+    res.api_msg += "; " + m;
+  }
+  braid_result_t async = BRAID_SUCCESS;
+  if (braid_comm_get_async_error(comm_, &async) != BRAID_SUCCESS || async != BRAID_SUCCESS) broken_ = true;
+  return false;
+}
+
+// Completes every non-null request in reqs with the given style.
+void Runner::complete(std::vector<braid_request_t>& reqs, int style, Result& res) {
+  if (style == 2) {
+    std::vector<braid_request_t> live;
+    for (auto r : reqs)
+      if (r) live.push_back(r);
+    if (!live.empty()) api(braid_wait_all(static_cast<int>(live.size()), live.data()), "braid_wait_all", res);
+    for (auto& r : reqs) r = nullptr;
+    return;
+  }
+  if (style == 0) {
+    for (auto& r : reqs)
+      if (r) api(braid_wait(&r), "braid_wait", res);
+    return;
+  }
+  // braid_test loop over all requests: spin briefly, then sleep a little
+  // (ranks may outnumber cores).
+  double limit = o_.op_timeout_s > 0 ? o_.op_timeout_s : 600.0;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit);
+  for (int iter = 0;; ++iter) {
+    bool pending = false;
+    for (auto& r : reqs) {
+      if (!r) continue;
+      int done = 0;
+      braid_result_t rc = braid_test(&r, &done);
+      if (done) {
+        api(rc, "braid_test", res);
+        if (r != nullptr) {
+          api(BRAID_ERR_INTERNAL, "braid_test (request not set to NULL on completion)", res);
+          r = nullptr;
+        }
+      } else if (rc != BRAID_SUCCESS) {
+        api(rc, "braid_test (not done)", res);
+        braid_request_free(r);
+        r = nullptr;
+      } else {
+        pending = true;
+      }
+    }
+    if (!pending) return;
+    if (std::chrono::steady_clock::now() > deadline) {
+      res.api_error = true;
+      res.api_msg += "braid_test loop: not done after " + std::to_string(limit) + " s";
+      ++rep_.api_errors;
+      ++g_api_;
+      broken_ = true;
+      for (auto& r : reqs)
+        if (r) braid_request_free(r), r = nullptr;
+      return;
+    }
+    if (iter > 64) {
+      struct timespec ts = {0, 20 * 1000};
+      nanosleep(&ts, nullptr);
+    }
+  }
+}
+
+std::unique_ptr<Buffer> Runner::make(const Desc& d, const char* name, size_t elems, int salt) {
+  uint64_t key =
+      mix64(d.seed ^ mix64(0x6a756e6bull + static_cast<uint64_t>(rank_) * 131 + static_cast<uint64_t>(salt)));
+  return std::make_unique<Buffer>(name, elems, esize(d.dt), o_.guard_bytes, d.misalign, key);
+}
+
+void Runner::verify(Buffer& b, const Output* out, braid_dtype_t dt, Result& res) {
+  size_t es = esize(dt);
+  size_t lo = out ? b.front() + out->begin * es : b.total();
+  size_t hi = out ? lo + out->count * es : b.total();
+  if (!out) lo = hi = b.total();
+  int64_t at = b.first_change(0, lo);
+  if (at < 0) at = b.first_change(hi, b.total());
+  if (at >= 0 && !res.outside) {
+    res.outside = true;
+    int64_t rel = at - static_cast<int64_t>(b.front());
+    int64_t data_bytes = static_cast<int64_t>(b.elems() * es);
+    char buf[256];
+    const char* where = rel < 0             ? "in the guard before the buffer"
+                        : rel >= data_bytes ? "in the guard after the buffer"
+                                            : "inside the buffer, outside the output";
+    std::snprintf(buf, sizeof buf,
+                  "%s byte %+" PRId64 " (%s; output is elements [%zu, %zu) of %zu) changed 0x%02x -> 0x%02x",
+                  b.name(), rel, where, out ? out->begin : 0, out ? out->begin + out->count : 0, b.elems(),
+                  b.snap_byte(static_cast<size_t>(at)), b.byte(static_cast<size_t>(at)));
+    res.outside_msg = buf;
+  }
+  if (!out) return;
+  for (size_t k = 0; k < out->count; ++k) {
+    Expect e = out->expect(k);
+    uint64_t got = b.get(out->begin + k);
+    bool ok;
+    if (e.tol < 0) {
+      ok = got == (e.bits & width_mask(es));
+    } else {
+      double v = bits_to_double(dt, got);
+      ok = std::isfinite(v) && std::fabs(v - e.value) <= e.tol;
+    }
+    ++res.compared;
+    if (ok) continue;
+    if (!res.have_first) {
+      res.have_first = true;
+      res.first_where = std::string(b.name()) + "[" + std::to_string(out->begin + k) + "]";
+      res.first_expect = e;
+      res.first_got = got;
+    }
+    ++res.wrong;
+  }
+}
+
+void Runner::execute(const Desc& d, Result& res) {
+  const int n = n_, rank = rank_;
+  const size_t c = d.count, nc = static_cast<size_t>(n) * d.count;
+  const braid_dtype_t dt = d.dt;
+  const braid_redop_t op = static_cast<braid_redop_t>(d.op < 0 ? 0 : d.op);
+  const int root = d.root;
+  const bool ip = d.in_place;
+  Gen g(dt, d.mode, d.seed, n);
+  std::vector<std::unique_ptr<Buffer>> bufs;
+  std::vector<Output> outs;  // at most one per buffer
+  auto fill = [&](Buffer* b, size_t begin, size_t cnt, int src, uint64_t idx0) {
+    for (size_t k = 0; k < cnt; ++k) b->set(begin + k, g.bits(src, idx0 + k));
+  };
+  auto add = [&](std::unique_ptr<Buffer> b) {
+    Buffer* p = b.get();
+    bufs.push_back(std::move(b));
+    return p;
+  };
+  auto move_expect = [&g](int src, uint64_t idx0) {
+    return [&g, src, idx0](size_t k) {
+      Expect e;
+      e.bits = g.bits(src, idx0 + k);
+      return e;
+    };
+  };
+  auto red_expect = [&g, op](uint64_t idx0) {
+    return [&g, op, idx0](size_t k) { return reduce_ref(g, op, idx0 + k); };
+  };
+  // Unused buffers of non-roots: a real (checked-untouched) buffer for the
+  // blocking form, NULL for the i-form (both allowed by the API).
+  const bool null_unused = !d.blocking;
+  const bool is_root = rank == root;
+  std::vector<braid_request_t> reqs;
+  braid_request_t req = nullptr;
+  braid_result_t r = BRAID_SUCCESS;
+  const char* fn = "";
+
+  switch (d.coll) {
+    case Collective::kAllReduce: {
+      Buffer* s = add(make(d, ip ? "buf" : "sendbuf", c, 1));
+      fill(s, 0, c, rank, 0);
+      Buffer* rb = ip ? s : add(make(d, "recvbuf", c, 2));
+      outs.push_back({rb, 0, c, red_expect(0)});
+      for (auto& b : bufs) b->snapshot();
+      fn = d.blocking ? "braid_all_reduce" : "braid_iall_reduce";
+      r = d.blocking ? braid_all_reduce(s->data(), rb->data(), c, dt, op, comm_, nullptr)
+                     : braid_iall_reduce(s->data(), rb->data(), c, dt, op, comm_, nullptr, &req);
+      break;
+    }
+    case Collective::kBroadcast: {
+      Buffer* s = nullptr;
+      Buffer* rb = nullptr;
+      if (ip) {
+        s = rb = add(make(d, "buf", c, 1));
+        if (is_root) fill(s, 0, c, rank, 0);
+      } else {
+        if (is_root || !null_unused) s = add(make(d, "sendbuf", c, 1));
+        if (is_root) fill(s, 0, c, rank, 0);
+        rb = add(make(d, "recvbuf", c, 2));
+      }
+      outs.push_back({rb, 0, c, move_expect(root, 0)});
+      for (auto& b : bufs) b->snapshot();
+      void* sp = s ? s->data() : nullptr;
+      fn = d.blocking ? "braid_broadcast" : "braid_ibroadcast";
+      r = d.blocking ? braid_broadcast(sp, rb->data(), c, dt, root, comm_, nullptr)
+                     : braid_ibroadcast(sp, rb->data(), c, dt, root, comm_, nullptr, &req);
+      break;
+    }
+    case Collective::kReduce: {
+      Buffer* s = add(make(d, ip ? "buf" : "sendbuf", c, 1));
+      fill(s, 0, c, rank, 0);
+      Buffer* rb = ip ? s : nullptr;
+      if (!ip && (is_root || !null_unused)) rb = add(make(d, "recvbuf", c, 2));
+      if (is_root) outs.push_back({rb, 0, c, red_expect(0)});
+      for (auto& b : bufs) b->snapshot();
+      void* rp = rb ? rb->data() : nullptr;
+      fn = d.blocking ? "braid_reduce" : "braid_ireduce";
+      r = d.blocking ? braid_reduce(s->data(), rp, c, dt, op, root, comm_, nullptr)
+                     : braid_ireduce(s->data(), rp, c, dt, op, root, comm_, nullptr, &req);
+      break;
+    }
+    case Collective::kAllGather: {
+      Buffer* rb = add(make(d, "recvbuf", nc, 2));
+      Buffer* s = rb;
+      if (ip) {
+        fill(rb, rank * c, c, rank, 0);
+      } else {
+        s = add(make(d, "sendbuf", c, 1));
+        fill(s, 0, c, rank, 0);
+      }
+      outs.push_back({rb, 0, nc, [&g, c](size_t k) {
+                        Expect e;
+                        e.bits = g.bits(static_cast<int>(k / c), k % c);
+                        return e;
+                      }});
+      for (auto& b : bufs) b->snapshot();
+      void* sp = ip ? rb->at(rank * c) : s->data();
+      fn = d.blocking ? "braid_all_gather" : "braid_iall_gather";
+      r = d.blocking ? braid_all_gather(sp, rb->data(), c, dt, comm_, nullptr)
+                     : braid_iall_gather(sp, rb->data(), c, dt, comm_, nullptr, &req);
+      break;
+    }
+    case Collective::kReduceScatter: {
+      Buffer* s = add(make(d, ip ? "buf" : "sendbuf", nc, 1));
+      fill(s, 0, nc, rank, 0);
+      Buffer* rb = ip ? s : add(make(d, "recvbuf", c, 2));
+      size_t begin = ip ? rank * c : 0;
+      outs.push_back({rb, begin, c, red_expect(rank * c)});
+      for (auto& b : bufs) b->snapshot();
+      void* rp = rb->at(begin);
+      fn = d.blocking ? "braid_reduce_scatter" : "braid_ireduce_scatter";
+      r = d.blocking ? braid_reduce_scatter(s->data(), rp, c, dt, op, comm_, nullptr)
+                     : braid_ireduce_scatter(s->data(), rp, c, dt, op, comm_, nullptr, &req);
+      break;
+    }
+    case Collective::kGather: {
+      Buffer* s = nullptr;
+      Buffer* rb = nullptr;
+      if (ip) {
+        rb = s = add(make(d, "buf", nc, 2));
+        fill(rb, rank * c, c, rank, 0);
+      } else {
+        s = add(make(d, "sendbuf", c, 1));
+        fill(s, 0, c, rank, 0);
+        if (is_root || !null_unused) rb = add(make(d, "recvbuf", nc, 2));
+      }
+      if (is_root)
+        outs.push_back({rb, 0, nc, [&g, c](size_t k) {
+                          Expect e;
+                          e.bits = g.bits(static_cast<int>(k / c), k % c);
+                          return e;
+                        }});
+      for (auto& b : bufs) b->snapshot();
+      void* sp = ip ? rb->at(rank * c) : s->data();
+      void* rp = rb ? rb->data() : nullptr;
+      fn = d.blocking ? "braid_gather" : "braid_igather";
+      r = d.blocking ? braid_gather(sp, rp, c, dt, root, comm_, nullptr)
+                     : braid_igather(sp, rp, c, dt, root, comm_, nullptr, &req);
+      break;
+    }
+    case Collective::kScatter: {
+      Buffer* s = nullptr;
+      Buffer* rb = nullptr;
+      size_t begin = 0;
+      if (ip) {
+        s = rb = add(make(d, "buf", nc, 1));
+        if (is_root) fill(s, 0, nc, rank, 0);
+        begin = rank * c;
+      } else {
+        if (is_root || !null_unused) s = add(make(d, "sendbuf", nc, 1));
+        if (is_root) fill(s, 0, nc, rank, 0);
+        rb = add(make(d, "recvbuf", c, 2));
+      }
+      outs.push_back({rb, begin, c, move_expect(root, rank * c)});
+      for (auto& b : bufs) b->snapshot();
+      void* sp = s ? s->data() : nullptr;
+      void* rp = rb->at(begin);
+      fn = d.blocking ? "braid_scatter" : "braid_iscatter";
+      r = d.blocking ? braid_scatter(sp, rp, c, dt, root, comm_, nullptr)
+                     : braid_iscatter(sp, rp, c, dt, root, comm_, nullptr, &req);
+      break;
+    }
+    case Collective::kAllToAll: {
+      Buffer* s = add(make(d, ip ? "buf" : "sendbuf", nc, 1));
+      fill(s, 0, nc, rank, 0);
+      Buffer* rb = ip ? s : add(make(d, "recvbuf", nc, 2));
+      outs.push_back({rb, 0, nc, [&g, c, rank](size_t k) {
+                        Expect e;
+                        e.bits = g.bits(static_cast<int>(k / c), rank * c + k % c);
+                        return e;
+                      }});
+      for (auto& b : bufs) b->snapshot();
+      fn = d.blocking ? "braid_all_to_all" : "braid_iall_to_all";
+      r = d.blocking ? braid_all_to_all(s->data(), rb->data(), c, dt, comm_, nullptr)
+                     : braid_iall_to_all(s->data(), rb->data(), c, dt, comm_, nullptr, &req);
+      break;
+    }
+    case Collective::kSendRecv: {
+      int right = (rank + 1) % n, left = (rank + n - 1) % n;
+      Buffer* s = add(make(d, "sendbuf", c, 1));
+      fill(s, 0, c, rank, 0);
+      Buffer* rb = add(make(d, "recvbuf", c, 2));
+      outs.push_back({rb, 0, c, move_expect(left, 0)});
+      for (auto& b : bufs) b->snapshot();
+      if (!api(braid_group_start(), "braid_group_start", res)) break;
+      reqs.assign(2, nullptr);
+      for (int step = 0; step < 2; ++step) {
+        bool do_recv = (step == 0) == d.order;
+        if (do_recv) {
+          if (d.blocking)
+            api(braid_recv(rb->data(), c, dt, left, comm_, nullptr), "braid_recv (in group)", res);
+          else
+            api(braid_irecv(rb->data(), c, dt, left, comm_, nullptr, &reqs[0]), "braid_irecv (in group)",
+                res);
+        } else {
+          if (d.blocking)
+            api(braid_send(s->data(), c, dt, right, comm_, nullptr), "braid_send (in group)", res);
+          else
+            api(braid_isend(s->data(), c, dt, right, comm_, nullptr, &reqs[1]), "braid_isend (in group)",
+                res);
+        }
+      }
+      api(braid_group_end(), "braid_group_end", res);
+      if (!d.blocking) complete(reqs, d.wait_style, res);
+      break;
+    }
+    case Collective::kIsendIrecv: {
+      int right = (rank + 1) % n, left = (rank + n - 1) % n;
+      size_t c2 = c / 2 + 1;  // a second message of another size: matching must follow post order
+      Buffer* s1 = add(make(d, "sendbuf1", c, 1));
+      Buffer* s2 = add(make(d, "sendbuf2", c2, 3));
+      fill(s1, 0, c, rank, 0);
+      fill(s2, 0, c2, rank, c);
+      Buffer* r1 = add(make(d, "recvbuf1", c, 2));
+      Buffer* r2 = add(make(d, "recvbuf2", c2, 4));
+      outs.push_back({r1, 0, c, move_expect(left, 0)});
+      outs.push_back({r2, 0, c2, move_expect(left, c)});
+      for (auto& b : bufs) b->snapshot();
+      if (d.blocking) {
+        // Deadlock-free even with rendezvous sends: odd ranks receive first.
+        bool recv_first = rank % 2 == 1;
+        for (int step = 0; step < 2; ++step) {
+          if ((step == 0) == recv_first) {
+            if (!api(braid_recv(r1->data(), c, dt, left, comm_, nullptr), "braid_recv", res)) break;
+            if (!api(braid_recv(r2->data(), c2, dt, left, comm_, nullptr), "braid_recv", res)) break;
+          } else {
+            if (!api(braid_send(s1->data(), c, dt, right, comm_, nullptr), "braid_send", res)) break;
+            if (!api(braid_send(s2->data(), c2, dt, right, comm_, nullptr), "braid_send", res)) break;
+          }
+        }
+      } else {
+        reqs.assign(4, nullptr);
+        for (int step = 0; step < 2; ++step) {
+          if ((step == 0) == d.order) {
+            api(braid_irecv(r1->data(), c, dt, left, comm_, nullptr, &reqs[0]), "braid_irecv", res);
+            api(braid_irecv(r2->data(), c2, dt, left, comm_, nullptr, &reqs[1]), "braid_irecv", res);
+          } else {
+            api(braid_isend(s1->data(), c, dt, right, comm_, nullptr, &reqs[2]), "braid_isend", res);
+            api(braid_isend(s2->data(), c2, dt, right, comm_, nullptr, &reqs[3]), "braid_isend", res);
+          }
+        }
+        complete(reqs, d.wait_style, res);
+      }
+      break;
+    }
+    case Collective::kBarrier: {
+      fn = d.blocking ? "braid_barrier" : "braid_ibarrier";
+      r = d.blocking ? braid_barrier(comm_, nullptr) : braid_ibarrier(comm_, nullptr, &req);
+      break;
+    }
+    default:
+      break;
+  }
+
+  if (*fn) {  // a single collective call
+    if (api(r, fn, res) && !d.blocking) {
+      if (req == nullptr) {
+        api(BRAID_ERR_INTERNAL, (std::string(fn) + " returned success but no request").c_str(), res);
+      } else {
+        reqs.assign(1, req);
+        complete(reqs, d.wait_style, res);
+      }
+    }
+  }
+  if (res.api_error) return;  // the data means nothing after a failed call
+  if (o_.inject_fault_every > 0 && d.seq % o_.inject_fault_every == 0 && !bufs.empty() &&
+      rank == static_cast<int>((d.seq / o_.inject_fault_every) % n)) {
+    // Flip a high bit of one output element (far outside any tolerance), or
+    // a byte of the guard after the first buffer when this rank has no output.
+    const Output* o = nullptr;
+    for (auto& out : outs)
+      if (out.count > 0) o = &out;
+    if (o != nullptr) {
+      o->buf->at(o->begin + o->count / 2)[esize(dt) - 1] ^= 0x40;
+      ++rep_.injected;
+      ++g_injected_;
+    } else if (o_.guard_bytes >= 4) {
+      bufs[0]->data()[bufs[0]->elems() * esize(dt) + 3] ^= 0x5a;
+      ++rep_.injected;
+      ++g_injected_;
+    }
+  }
+  for (auto& b : bufs) {
+    const Output* out = nullptr;
+    for (auto& o : outs)
+      if (o.buf == b.get()) out = &o;
+    verify(*b, out, dt, res);
+  }
+}
+
+void Runner::run_check(const Desc& d) {
+  ++rep_.checks;
+  ++g_checks_;
+  Result res;
+  execute(d, res);
+  bool failed = res.failed();
+  g_flags_.push_back(failed ? 1 : 0);
+  if (!failed) {
+    if (o_.verbose >= 2) say("braid-check: rank %d: ok   %s", rank_, describe(d).c_str());
+    return;
+  }
+  ++rep_.failed;
+  ++g_failed_;
+  rep_.wrong_elements += res.wrong;
+  g_wrong_ += res.wrong;
+  if (res.outside) ++rep_.outside_writes;
+  if (lines_ >= o_.max_failure_lines) {
+    if (lines_ == o_.max_failure_lines)
+      say("braid-check: rank %d: more failures; not printing them (max %d lines)", rank_,
+          o_.max_failure_lines);
+    ++lines_;
+    return;
+  }
+  ++lines_;
+  std::string what = describe(d);
+  if (res.api_error) {
+    say("braid-check: rank %d: FAIL %s: %s", rank_, what.c_str(), res.api_msg.c_str());
+    return;
+  }
+  std::string detail;
+  if (res.wrong > 0) {
+    const Expect& e = res.first_expect;
+    detail = std::to_string(res.wrong) + " of " + std::to_string(res.compared) + " elements wrong, first " +
+             res.first_where + ": expected " + format_elem(d.dt, e.bits);
+    if (e.tol >= 0) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, " (exact %.17g, tolerance %.3g)", e.value, e.tol);
+      detail += buf;
+    }
+    detail += " got " + format_elem(d.dt, res.first_got);
+  }
+  if (res.outside) {
+    if (!detail.empty()) detail += "; ";
+    detail += "wrote outside the output: " + res.outside_msg;
+  }
+  say("braid-check: rank %d: FAIL %s: %s", rank_, what.c_str(), detail.c_str());
+}
+
+void Runner::run_group(Collective c, braid_dtype_t dt, size_t count) {
+  std::vector<int> ops;
+  if (is_reducing(c)) {
+    if (o_.ops.empty()) {
+      for (int op = 0; op < BRAID_NUM_OPS; ++op)
+        if (op_valid(dt, static_cast<braid_redop_t>(op))) ops.push_back(op);
+    } else {
+      for (braid_redop_t op : o_.ops)
+        if (op >= 0 && op < BRAID_NUM_OPS && op_valid(dt, op)) ops.push_back(op);
+    }
+  } else {
+    ops.push_back(-1);
+  }
+  std::vector<int> roots;
+  if (is_rooted(c)) {
+    if (o_.roots.empty()) {
+      for (int r = 0; r < n_; ++r) roots.push_back(r);
+    } else {
+      for (int r : o_.roots)
+        if (r >= 0 && r < n_ && std::find(roots.begin(), roots.end(), r) == roots.end()) roots.push_back(r);
+    }
+  } else {
+    roots.push_back(-1);
+  }
+  std::vector<bool> places;
+  if (is_p2p(c)) {
+    places = {false};
+  } else {
+    if (o_.out_of_place) places.push_back(false);
+    if (o_.in_place) places.push_back(true);
+  }
+  std::vector<bool> forms;
+  if (o_.blocking && !(c == Collective::kIsendIrecv && n_ < 2))
+    forms.push_back(true);  // self send would block
+  if (o_.nonblocking) forms.push_back(false);
+
+  size_t es = esize(dt);
+  size_t biggest = count * es * (is_multi(c) ? static_cast<size_t>(n_) : 1);
+  for (int op : ops) {
+    std::vector<Mode> modes = {primary_mode(c, dt, op)};
+    if (is_reducing(c) && is_float(dt) && o_.random_floats && (op == BRAID_SUM || op == BRAID_AVG))
+      modes.push_back(Mode::kRandom);
+    for (Mode mode : modes) {
+      for (int root : roots) {
+        for (bool ip : places) {
+          for (bool blocking : forms) {
+            uint64_t seq = next_seq();
+            Desc d;
+            d.coll = c;
+            d.dt = dt;
+            d.op = op;
+            d.root = root;
+            d.count = count;
+            d.in_place = ip;
+            d.blocking = blocking;
+            d.mode = mode;
+            d.wait_style = static_cast<int>(seq % 3);
+            d.misalign = mix64(seq ^ 0x6d6973616c69676eull) % 4 == 0 ? es : 0;
+            d.order = (mix64(seq ^ 0x6f72646572ull) & 1) != 0;
+            d.seed = mix64(o_.seed * 0x9e3779b97f4a7c15ull + seq);
+            d.seq = seq;
+            if (o_.max_buffer_bytes > 0 && biggest > o_.max_buffer_bytes) {
+              ++rep_.skipped;
+              continue;
+            }
+            if (broken_) return;
+            run_check(d);
+          }
+        }
+      }
+    }
+  }
+}
+
+void Runner::run_barrier_group() {
+  for (int i = 0; i < 6; ++i) {
+    Desc d;
+    d.coll = Collective::kBarrier;
+    d.blocking = i % 2 == 0;
+    if (d.blocking ? !o_.blocking : !o_.nonblocking) continue;
+    uint64_t seq = next_seq();
+    d.seq = seq;
+    d.wait_style = static_cast<int>(seq % 3);
+    if (broken_) return;
+    run_check(d);
+  }
+}
+
+// All ranks sum their group counts (braid on braid) and learn which checks
+// failed anywhere. Returns false when the run must stop (on every rank alike).
+bool Runner::finish_group(const std::string& label, std::chrono::steady_clock::time_point started) {
+  int64_t local[6] = {g_checks_, g_failed_, g_wrong_, g_api_, broken_ ? 1 : 0, g_injected_};
+  int64_t global[6] = {0, 0, 0, 0, 0, 0};
+  Result res;
+  bool ok = api(braid_all_reduce(local, global, 6, BRAID_INT64, BRAID_SUM, comm_, nullptr),
+                "braid_all_reduce (group counts)", res);
+  std::vector<uint8_t> any(g_flags_.size(), 0);
+  if (ok && !g_flags_.empty())
+    ok = api(braid_all_reduce(g_flags_.data(), any.data(), g_flags_.size(), BRAID_UINT8, BRAID_MAX, comm_,
+                              nullptr),
+             "braid_all_reduce (group failure flags)", res);
+  int64_t distinct = 0;
+  for (uint8_t f : any) distinct += f != 0;
+  bool stop = false;
+  if (!ok) {
+    rep_.agreement_ok = false;
+    say("braid-check: rank %d: %s: agreement failed: %s", rank_, label.c_str(), res.api_msg.c_str());
+    stop = true;
+    distinct = g_failed_;
+    global[1] = g_failed_, global[2] = g_wrong_, global[3] = g_api_, global[5] = g_injected_;
+  } else {
+    bool consistent = global[0] == g_checks_ * n_ && distinct <= global[1] &&
+                      (distinct > 0) == (global[1] > 0) && (g_failed_ == 0 || distinct >= 1);
+    for (size_t i = 0; i < any.size() && consistent; ++i)
+      if (g_flags_[i] && !any[i]) consistent = false;
+    if (!consistent) {
+      rep_.agreement_ok = false;
+      say("braid-check: rank %d: %s: the count all-reduces disagree: checks %" PRId64 " (expected %" PRId64
+          "), failed %" PRId64 " summed vs %" PRId64 " distinct (local %" PRId64 ")",
+          rank_, label.c_str(), global[0], g_checks_ * n_, global[1], distinct, g_failed_);
+    }
+    if (global[4] > 0) stop = true;
+  }
+  rep_.total_checks += g_checks_;
+  rep_.total_failed += distinct;
+  rep_.total_wrong_elements += global[2];
+  rep_.total_api_errors += global[3];
+  rep_.total_injected += global[5];
+  if (o_.verbose >= 1 && rank_ == 0)
+    say("braid-check: %-44s %5" PRId64 " checks, %" PRId64 " failed (%.3f s)", label.c_str(), g_checks_,
+        distinct, std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  g_flags_.clear();
+  g_checks_ = g_failed_ = g_wrong_ = g_api_ = g_injected_ = 0;
+  if (stop) {
+    rep_.stopped_early = true;
+    if (rank_ == 0) say("braid-check: stopping: the communicator is broken (%s)", label.c_str());
+  }
+  return !stop;
+}
+
+CheckReport Runner::run() {
+  auto t0 = std::chrono::steady_clock::now();
+  Result res;
+  if (!api(braid_comm_rank(comm_, &rank_), "braid_comm_rank", res) ||
+      !api(braid_comm_size(comm_, &n_), "braid_comm_size", res) || n_ < 1) {
+    say("braid-check: cannot query the communicator: %s", res.api_msg.c_str());
+    rep_.agreement_ok = false;
+    rep_.stopped_early = true;
+    return rep_;
+  }
+  rep_.rank = rank_;
+  rep_.nranks = n_;
+  if (o_.op_timeout_s > 0 &&
+      !api(braid_comm_set_timeout(comm_, o_.op_timeout_s), "braid_comm_set_timeout", res))
+    say("braid-check: rank %d: %s", rank_, res.api_msg.c_str());
+
+  std::vector<Collective> colls = o_.collectives.empty() ? all_collectives() : o_.collectives;
+  std::vector<braid_dtype_t> dts = o_.dtypes.empty() ? all_dtypes() : o_.dtypes;
+  std::vector<size_t> counts = o_.counts.empty() ? default_counts() : o_.counts;
+  bool go = true;
+  for (Collective c : colls) {
+    if (!go) break;
+    if (c == Collective::kBarrier) {
+      auto g0 = std::chrono::steady_clock::now();
+      run_barrier_group();
+      go = finish_group("barrier", g0);
+      continue;
+    }
+    for (braid_dtype_t dt : dts) {
+      if (!go) break;
+      if (dt < 0 || dt >= BRAID_NUM_DTYPES) continue;
+      for (size_t count : counts) {
+        auto g0 = std::chrono::steady_clock::now();
+        run_group(c, dt, count);
+        char label[128];
+        std::snprintf(label, sizeof label, "%s %s count=%zu", kCollNames[static_cast<int>(c)],
+                      kDtypeNames[dt], count);
+        go = finish_group(label, g0);
+        if (!go) break;
+      }
+    }
+  }
+  rep_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return rep_;
+}
+
+struct Alias {
+  int value;
+  const char* names[4];
+};
+
+bool lookup(std::string_view s, const Alias* table, size_t n, int* out) {
+  for (size_t i = 0; i < n; ++i) {
+    for (const char* name : table[i].names) {
+      if (name != nullptr && s == name) {
+        *out = table[i].value;
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+const char* collective_name(Collective c) {
+  int i = static_cast<int>(c);
+  return i >= 0 && i < static_cast<int>(Collective::kNumCollectives) ? kCollNames[i] : "?";
+}
+
+bool parse_collective(std::string_view s, Collective* out) {
+  static constexpr Alias kAliases[] = {
+      {static_cast<int>(Collective::kAllReduce), {"all_reduce", "allreduce"}},
+      {static_cast<int>(Collective::kBroadcast), {"broadcast", "bcast"}},
+      {static_cast<int>(Collective::kReduce), {"reduce"}},
+      {static_cast<int>(Collective::kAllGather), {"all_gather", "allgather"}},
+      {static_cast<int>(Collective::kReduceScatter), {"reduce_scatter", "reducescatter"}},
+      {static_cast<int>(Collective::kGather), {"gather"}},
+      {static_cast<int>(Collective::kScatter), {"scatter"}},
+      {static_cast<int>(Collective::kAllToAll), {"all_to_all", "alltoall"}},
+      {static_cast<int>(Collective::kBarrier), {"barrier"}},
+      {static_cast<int>(Collective::kSendRecv), {"send_recv", "sendrecv"}},
+      {static_cast<int>(Collective::kIsendIrecv), {"isend_irecv", "isendirecv"}},
+  };
+  int v = 0;
+  if (!lookup(s, kAliases, std::size(kAliases), &v)) return false;
+  *out = static_cast<Collective>(v);
+  return true;
+}
+
+bool parse_dtype(std::string_view s, braid_dtype_t* out) {
+  static constexpr Alias kAliases[] = {
+      {BRAID_INT8, {"int8", "i8"}},
+      {BRAID_UINT8, {"uint8", "u8"}},
+      {BRAID_INT32, {"int32", "i32", "int"}},
+      {BRAID_UINT32, {"uint32", "u32"}},
+      {BRAID_INT64, {"int64", "i64"}},
+      {BRAID_UINT64, {"uint64", "u64"}},
+      {BRAID_FLOAT16, {"float16", "fp16", "f16", "half"}},
+      {BRAID_BFLOAT16, {"bfloat16", "bf16"}},
+      {BRAID_FLOAT32, {"float32", "fp32", "f32", "float"}},
+      {BRAID_FLOAT64, {"float64", "fp64", "f64", "double"}},
+  };
+  int v = 0;
+  if (!lookup(s, kAliases, std::size(kAliases), &v)) return false;
+  *out = static_cast<braid_dtype_t>(v);
+  return true;
+}
+
+bool parse_redop(std::string_view s, braid_redop_t* out) {
+  for (int i = 0; i < BRAID_NUM_OPS; ++i) {
+    if (s == kOpNames[i]) {
+      *out = static_cast<braid_redop_t>(i);
+      return true;
+    }
+  }
+  return false;
+}
+
+const char* dtype_label(braid_dtype_t dt) {
+  return dt >= 0 && dt < BRAID_NUM_DTYPES ? kDtypeNames[dt] : "?";
+}
+const char* redop_label(braid_redop_t op) {
+  return op >= 0 && op < BRAID_NUM_OPS ? kOpNames[op] : "?";
+}
+
+std::vector<Collective> all_collectives() {
+  std::vector<Collective> v;
+  for (int i = 0; i < static_cast<int>(Collective::kNumCollectives); ++i)
+    v.push_back(static_cast<Collective>(i));
+  return v;
+}
+
+std::vector<braid_dtype_t> all_dtypes() {
+  std::vector<braid_dtype_t> v;
+  for (int i = 0; i < BRAID_NUM_DTYPES; ++i) v.push_back(static_cast<braid_dtype_t>(i));
+  return v;
+}
+
+std::vector<size_t> default_counts() {
+  return {0, 1, 2, 7, 31, 1024 + 3, 65536 + 17, (size_t{1} << 20) + 1};
+}
+std::vector<size_t> quick_counts() {
+  return {0, 1, 7, 1000, 70000};
+}
+
+CheckOptions quick_options() {
+  CheckOptions o;
+  o.counts = quick_counts();
+  return o;
+}
+
+std::string CheckReport::summary() const {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%" PRId64 " checks, %" PRId64 " failed, %" PRId64 " wrong elements",
+                total_checks, total_failed, total_wrong_elements);
+  std::string s = buf;
+  if (total_api_errors > 0) s += ", " + std::to_string(total_api_errors) + " API errors";
+  if (skipped > 0) s += ", " + std::to_string(skipped) + " skipped (too large)";
+  if (!agreement_ok) s += ", ranks disagree";
+  if (stopped_early) s += ", stopped early";
+  if (total_injected > 0) s += ", " + std::to_string(total_injected) + " faults injected";
+  return s;
+}
+
+CheckReport run_check_matrix(braid_comm_t comm, const CheckOptions& opts) {
+  Runner runner(comm, opts);
+  return runner.run();
+}
+
+}  // namespace braid::check

@@ -1,0 +1,45 @@
+// A Connection moves messages one way each between this rank and one peer,
+// through a bounded set of slots (flow control is "no free slot"). Every
+// algorithm is written over this interface, so it runs over every transport:
+//   sender:   send_slot() -> fill up to slot_bytes() -> commit_send(n)
+//   receiver: recv_ready(&data, &n) -> read or reduce from data -> release_recv()
+// A slot may live in the peer's memory (shm), so a reduction can write its
+// result straight into the next hop's slot without an extra copy.
+// All calls are non-blocking; the engine decides when to wait and how.
+#pragma once
+
+#include <cstddef>
+
+#include "src/core/status.h"
+
+namespace braid {
+
+class Connection {
+ public:
+  virtual ~Connection() = default;
+
+  virtual const char* kind() const = 0;  // "shm", "tcp"
+  virtual size_t slot_bytes() const = 0;
+
+  // A free slot to fill, or nullptr while every slot is in flight.
+  virtual void* send_slot() = 0;
+  virtual void commit_send(size_t bytes) = 0;
+
+  // The oldest message that arrived and is not released yet.
+  virtual bool recv_ready(const void** data, size_t* bytes) = 0;
+  virtual void release_recv() = 0;
+
+  // Moves bytes for transports that need the CPU to (tcp). An error means the
+  // connection is dead; it names the peer and the cause.
+  virtual Status progress() = 0;
+  // Cheap liveness check used while blocked on this peer (peer process gone,
+  // peer marked itself failed). `thorough` also makes syscalls.
+  virtual Status check_peer(bool thorough) = 0;
+  // A file descriptor to poll for readiness, or -1 (shm wakes by doorbell).
+  virtual int poll_fd() const { return -1; }
+  virtual bool wants_write() const { return false; }
+  // Makes the peer notice that this side failed (close, flag).
+  virtual void shutdown() {}
+};
+
+}  // namespace braid

@@ -1,0 +1,279 @@
+#include "transports/shm/shm_transport.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <new>
+
+#include "src/core/logging.h"
+
+namespace braid {
+namespace {
+
+constexpr uint64_t kSegmentMagic = 0x67657344494152ull;  // "BRAIDseg"
+constexpr size_t kCacheLine = 64;
+
+struct alignas(kCacheLine) SegmentHeader {
+  uint64_t magic;
+  int32_t pid;
+  int32_t rank;
+  alignas(kCacheLine) Doorbell bell;
+  alignas(kCacheLine) std::atomic<uint32_t> failed;
+  char reason[512];
+};
+
+struct alignas(kCacheLine) FifoControl {
+  std::atomic<uint64_t> consumed;  // messages the receiver released
+};
+
+struct alignas(kCacheLine) SlotHeader {
+  std::atomic<uint64_t> seq;  // message number + 1 once the payload is valid
+  uint64_t bytes;
+};
+
+size_t round_up(size_t x, size_t a) {
+  return (x + a - 1) / a * a;
+}
+
+struct Layout {
+  size_t slot_stride;  // SlotHeader + payload
+  size_t fifo_bytes;
+  size_t header_bytes;
+  size_t total(size_t nfifos) const { return header_bytes + nfifos * fifo_bytes; }
+  static Layout make(const Config& c) {
+    Layout l;
+    l.slot_stride = sizeof(SlotHeader) + round_up(c.shm_slot_bytes, kCacheLine);
+    l.fifo_bytes = sizeof(FifoControl) + static_cast<size_t>(c.shm_slots) * l.slot_stride;
+    l.header_bytes = round_up(sizeof(SegmentHeader), 4096);
+    return l;
+  }
+};
+
+std::string segment_name(const JobToken& token, int rank) {
+  return "/braid-" + token_hex(token, 8) + "-" + std::to_string(rank);
+}
+
+}  // namespace
+
+struct ShmTransport::Mapping {
+  void* base = nullptr;
+  size_t bytes = 0;
+  int rank = -1;
+  ~Mapping() {
+    if (base != nullptr) munmap(base, bytes);
+  }
+  SegmentHeader* header() const { return static_cast<SegmentHeader*>(base); }
+};
+
+namespace {
+
+class ShmConnection : public Connection {
+ public:
+  ShmConnection(ShmTransport::Mapping* mine, ShmTransport::Mapping* theirs, size_t recv_fifo,
+                size_t send_fifo, const Layout& layout, const Config& config, int peer)
+      : layout_(layout),
+        slots_(static_cast<uint64_t>(config.shm_slots)),
+        slot_bytes_(config.shm_slot_bytes),
+        mine_(mine->header()),
+        theirs_(theirs->header()),
+        peer_(peer) {
+    recv_ = static_cast<char*>(mine->base) + layout.header_bytes + recv_fifo * layout.fifo_bytes;
+    send_ = static_cast<char*>(theirs->base) + layout.header_bytes + send_fifo * layout.fifo_bytes;
+    peer_pid_ = theirs_->pid;
+  }
+
+  const char* kind() const override { return "shm"; }
+  size_t slot_bytes() const override { return slot_bytes_; }
+
+  void* send_slot() override {
+    uint64_t consumed = control(send_)->consumed.load(std::memory_order_acquire);
+    if (sent_ - consumed >= slots_) return nullptr;
+    return payload(send_, sent_ % slots_);
+  }
+  void commit_send(size_t bytes) override {
+    SlotHeader* s = slot(send_, sent_ % slots_);
+    s->bytes = bytes;
+    s->seq.store(sent_ + 1, std::memory_order_release);
+    ++sent_;
+    theirs_->bell.ring(true);
+  }
+  bool recv_ready(const void** data, size_t* bytes) override {
+    SlotHeader* s = slot(recv_, received_ % slots_);
+    if (s->seq.load(std::memory_order_acquire) != received_ + 1) return false;
+    *data = payload(recv_, received_ % slots_);
+    *bytes = s->bytes;
+    return true;
+  }
+  void release_recv() override {
+    ++received_;
+    control(recv_)->consumed.store(received_, std::memory_order_release);
+    theirs_->bell.ring(true);
+  }
+  Status progress() override { return Status::ok(); }
+  Status check_peer(bool thorough) override {
+    if (theirs_->failed.load(std::memory_order_acquire) != 0) {
+      char reason[sizeof(theirs_->reason)];
+      std::memcpy(reason, theirs_->reason, sizeof(reason));
+      reason[sizeof(reason) - 1] = '\0';
+      return Status::remote("rank " + std::to_string(peer_) + " (pid " + std::to_string(peer_pid_) +
+                            ", this host) failed: " + reason);
+    }
+    if (thorough && kill(peer_pid_, 0) != 0 && errno == ESRCH)
+      return Status::remote("rank " + std::to_string(peer_) + " (pid " + std::to_string(peer_pid_) +
+                            ", this host) died");
+    return Status::ok();
+  }
+
+ private:
+  FifoControl* control(char* fifo) const { return reinterpret_cast<FifoControl*>(fifo); }
+  SlotHeader* slot(char* fifo, uint64_t i) const {
+    return reinterpret_cast<SlotHeader*>(fifo + sizeof(FifoControl) + i * layout_.slot_stride);
+  }
+  char* payload(char* fifo, uint64_t i) const {
+    return reinterpret_cast<char*>(slot(fifo, i)) + sizeof(SlotHeader);
+  }
+
+  Layout layout_;
+  uint64_t slots_;
+  size_t slot_bytes_;
+  SegmentHeader* mine_;
+  SegmentHeader* theirs_;
+  char* recv_ = nullptr;
+  char* send_ = nullptr;
+  uint64_t sent_ = 0;
+  uint64_t received_ = 0;
+  int peer_;
+  int peer_pid_ = 0;
+};
+
+Status map_segment(const std::string& name, size_t bytes, bool create, void** base) {
+  int fd = shm_open(name.c_str(), create ? (O_CREAT | O_EXCL | O_RDWR) : O_RDWR, 0600);
+  if (fd < 0) return Status::system("shm_open(" + name + ")", errno);
+  if (create) {
+    // posix_fallocate makes a full /dev/shm fail here, not with SIGBUS later.
+    int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+    if (err != 0) {
+      close(fd);
+      shm_unlink(name.c_str());
+      if (err == ENOSPC)
+        return Status(BRAID_ERR_SYSTEM,
+                      "shared memory segment " + name + " of " + std::to_string(bytes) +
+                          " bytes does not fit in /dev/shm (full or too small); free space there, "
+                          "lower BRAID_SHM_SLOT_BYTES, or use BRAID_TRANSPORT=tcp");
+      return Status::system("sizing shared memory segment " + name, err);
+    }
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int err = errno;
+  close(fd);
+  if (p == MAP_FAILED) return Status::system("mmap of " + name, err);
+  *base = p;
+  return Status::ok();
+}
+
+}  // namespace
+
+Status ShmTransport::setup(Bootstrap& bootstrap, const std::vector<int>& host_group, int nchannels,
+                           const Config& config, std::unique_ptr<ShmTransport>* out) {
+  std::unique_ptr<ShmTransport> t(new ShmTransport());
+  const int me = bootstrap.rank();
+  const Layout layout = Layout::make(config);
+  const size_t npeers = host_group.size() - 1;
+  const size_t bytes = layout.total(npeers * static_cast<size_t>(nchannels));
+  const std::string my_name = segment_name(bootstrap.token(), me);
+  const Deadline deadline = Deadline::after_seconds(config.timeout_s);
+  Status st;
+  if (npeers > 0) {
+    auto m = std::make_unique<Mapping>();
+    m->bytes = bytes;
+    m->rank = me;
+    st = map_segment(my_name, bytes, true, &m->base);
+    if (st) {
+      auto* h = new (m->base) SegmentHeader();
+      h->magic = kSegmentMagic;
+      h->pid = static_cast<int32_t>(getpid());
+      h->rank = me;
+      h->failed.store(0);
+      std::memset(h->reason, 0, sizeof(h->reason));
+      t->maps_.push_back(std::move(m));
+    }
+  }
+  // Every rank takes part in the barriers, so a failure anywhere is seen everywhere.
+  uint8_t ok = st ? 1 : 0;
+  std::vector<uint8_t> oks;
+  BRAID_RETURN_IF_ERROR(bootstrap.all_gather(&ok, 1, &oks, deadline));
+  if (!st) return st;
+  for (size_t r = 0; r < oks.size(); ++r)
+    if (!oks[r])
+      return Status::remote("rank " + std::to_string(r) + " could not create its shared memory segment");
+  for (int peer : host_group) {
+    if (peer == me) continue;
+    auto m = std::make_unique<Mapping>();
+    m->bytes = bytes;
+    m->rank = peer;
+    st = map_segment(segment_name(bootstrap.token(), peer), bytes, false, &m->base);
+    if (!st) break;
+    if (m->header()->magic != kSegmentMagic) {
+      st = Status::internal("shared memory segment of rank " + std::to_string(peer) + " has a bad header");
+      break;
+    }
+    t->maps_.push_back(std::move(m));
+  }
+  ok = st ? 1 : 0;
+  Status barrier = bootstrap.all_gather(&ok, 1, &oks, deadline);
+  if (npeers > 0) shm_unlink(my_name.c_str());
+  BRAID_RETURN_IF_ERROR(barrier);
+  if (!st) return st;
+  for (size_t r = 0; r < oks.size(); ++r)
+    if (!oks[r])
+      return Status::remote("rank " + std::to_string(r) + " could not map a shared memory segment");
+
+  // FIFO index of sender `s` inside receiver `r`'s segment.
+  auto fifo_index = [&](int channel, int receiver, int sender) {
+    size_t pos =
+        static_cast<size_t>(std::find(host_group.begin(), host_group.end(), sender) - host_group.begin());
+    if (sender > receiver) --pos;
+    return static_cast<size_t>(channel) * npeers + pos;
+  };
+  for (size_t i = 1; i < t->maps_.size(); ++i) {
+    int peer = t->maps_[i]->rank;
+    for (int c = 0; c < nchannels; ++c) {
+      t->conns_.push_back(std::make_unique<ShmConnection>(t->maps_[0].get(), t->maps_[i].get(),
+                                                          fifo_index(c, me, peer), fifo_index(c, peer, me),
+                                                          layout, config, peer));
+      t->conn_peer_.push_back(peer);
+      t->conn_channel_.push_back(c);
+    }
+  }
+  *out = std::move(t);
+  return Status::ok();
+}
+
+ShmTransport::~ShmTransport() = default;
+
+Connection* ShmTransport::connection(int channel, int peer) {
+  for (size_t i = 0; i < conns_.size(); ++i)
+    if (conn_peer_[i] == peer && conn_channel_[i] == channel) return conns_[i].get();
+  return nullptr;
+}
+
+Doorbell* ShmTransport::doorbell() {
+  return maps_.empty() ? nullptr : &maps_[0]->header()->bell;
+}
+
+void ShmTransport::mark_failed(const std::string& reason) {
+  if (maps_.empty()) return;
+  SegmentHeader* h = maps_[0]->header();
+  std::strncpy(h->reason, reason.c_str(), sizeof(h->reason) - 1);
+  h->failed.store(1, std::memory_order_release);
+  for (auto& m : maps_) m->header()->bell.ring(true);
+}
+
+}  // namespace braid
