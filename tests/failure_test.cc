@@ -105,7 +105,8 @@ TEST_P(FailureTransports, MismatchedCountsAreReported) {
     std::vector<float> buf(20, 1.0f);
     size_t count = rank == 0 ? 10 : 20;
     EXPECT_EQ(braid_all_reduce(buf.data(), buf.data(), count, BRAID_FLOAT32, BRAID_SUM, comm, nullptr),
-              BRAID_ERR_MISMATCH);
+              BRAID_ERR_MISMATCH)
+        << braid_comm_get_last_error(comm);
     EXPECT_TRUE(contains(braid_comm_get_last_error(comm), "expected")) << braid_comm_get_last_error(comm);
   });
 }

@@ -38,8 +38,9 @@ class Connection {
   // A file descriptor to poll for readiness, or -1 (shm wakes by doorbell).
   virtual int poll_fd() const { return -1; }
   virtual bool wants_write() const { return false; }
-  // Makes the peer notice that this side failed (close, flag).
-  virtual void shutdown() {}
+  // Tells the peer this side failed and why (after what was already sent),
+  // then stops sending. The peer reports the same code.
+  virtual void shutdown(const Status& /*why*/) {}
 };
 
 }  // namespace braid

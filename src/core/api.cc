@@ -118,17 +118,28 @@ GroupState& group() {
 
 // ---- argument checks ----
 
-Status check_dtype(braid_dtype_t dtype) {
-  if (static_cast<int>(dtype) < 0 || dtype >= BRAID_NUM_DTYPES)
-    return Status::invalid_argument("dtype=" + std::to_string(static_cast<int>(dtype)) +
+// The raw value a C caller passed for an enum. Read through memcpy: in C++ a
+// value outside the enumerators' range is undefined behaviour to load, and C
+// callers may pass anything.
+template <class E>
+int raw_value(const E& e) {
+  static_assert(sizeof(E) == sizeof(int));
+  int v;
+  std::memcpy(&v, &e, sizeof(v));
+  return v;
+}
+
+Status check_dtype(const braid_dtype_t& dtype) {
+  if (raw_value(dtype) < 0 || raw_value(dtype) >= BRAID_NUM_DTYPES)
+    return Status::invalid_argument("dtype=" + std::to_string(raw_value(dtype)) +
                                     " is not a braid_dtype_t (valid: 0.." +
                                     std::to_string(BRAID_NUM_DTYPES - 1) + ")");
   return Status::ok();
 }
 
-Status check_redop(braid_redop_t op, braid_dtype_t dtype) {
-  if (static_cast<int>(op) < 0 || op >= BRAID_NUM_OPS)
-    return Status::invalid_argument("op=" + std::to_string(static_cast<int>(op)) +
+Status check_redop(const braid_redop_t& op, braid_dtype_t dtype) {
+  if (raw_value(op) < 0 || raw_value(op) >= BRAID_NUM_OPS)
+    return Status::invalid_argument("op=" + std::to_string(raw_value(op)) +
                                     " is not a braid_redop_t (valid: 0.." +
                                     std::to_string(BRAID_NUM_OPS - 1) + ")");
   if (!kernels::redop_supported(dtype, op))
@@ -319,35 +330,22 @@ BRAID_API braid_result_t braid_get_version(int* version) {
 }
 
 BRAID_API size_t braid_dtype_size(braid_dtype_t dtype) {
-  switch (dtype) {
-    case BRAID_INT8:
-    case BRAID_UINT8:
-      return 1;
-    case BRAID_FLOAT16:
-    case BRAID_BFLOAT16:
-      return 2;
-    case BRAID_INT32:
-    case BRAID_UINT32:
-    case BRAID_FLOAT32:
-      return 4;
-    case BRAID_INT64:
-    case BRAID_UINT64:
-    case BRAID_FLOAT64:
-      return 8;
-    default:
-      return 0;
-  }
+  static const size_t kSizes[] = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8};
+  int v = raw_value(dtype);
+  return (v >= 0 && v < BRAID_NUM_DTYPES) ? kSizes[v] : 0;
 }
 
 BRAID_API const char* braid_dtype_name(braid_dtype_t dtype) {
   static const char* kNames[] = {"int8",   "uint8",   "int32",    "uint32",  "int64",
                                  "uint64", "float16", "bfloat16", "float32", "float64"};
-  return (static_cast<int>(dtype) >= 0 && dtype < BRAID_NUM_DTYPES) ? kNames[dtype] : "unknown";
+  int v = raw_value(dtype);
+  return (v >= 0 && v < BRAID_NUM_DTYPES) ? kNames[v] : "unknown";
 }
 
 BRAID_API const char* braid_redop_name(braid_redop_t op) {
   static const char* kNames[] = {"sum", "prod", "min", "max", "avg"};
-  return (static_cast<int>(op) >= 0 && op < BRAID_NUM_OPS) ? kNames[op] : "unknown";
+  int v = raw_value(op);
+  return (v >= 0 && v < BRAID_NUM_OPS) ? kNames[v] : "unknown";
 }
 
 // ---- communicators ----

@@ -152,10 +152,10 @@ Status Communicator::setup_transports() {
   }
   engine_ = std::make_unique<Engine>(rank_, config_, peers, shm_->doorbell());
   ShmTransport* shm = shm_.get();
-  engine_->set_failure_notifier([shm, peers](const std::string& why) {
+  engine_->set_failure_notifier([shm, peers](const Status& why) {
     shm->mark_failed(why);
     for (auto& list : peers)
-      for (Connection* c : list) c->shutdown();
+      for (Connection* c : list) c->shutdown(why);
   });
   // Nobody may send before every rank has its engine (and its slots) ready.
   return bootstrap_->barrier(deadline);

@@ -186,14 +186,17 @@ void Engine::check_peers(bool thorough) {
                                (peer >= 0 ? " rank " + std::to_string(peer) : std::string())));
       return;
     }
-    if (op.wait == nullptr || op.wait->peer < 0) continue;
-    for (Connection* c : peers_[op.wait->peer]) {
+    if (op.wait == nullptr) continue;
+    for (Connection* c : op.wait->conn) {
+      if (c == nullptr) continue;
       Status st = c->check_peer(thorough);
-      if (!st) {
-        fail_all(st.with_context("rank " + std::to_string(rank_) + ": " + op.name + " #" +
-                                 std::to_string(op.seq)));
-        return;
-      }
+      if (st) continue;
+      // The peer may have sent its last messages (or the cause) just before:
+      // take what is there first, and judge again on the next idle round.
+      if (advance()) return;
+      fail_all(
+          st.with_context("rank " + std::to_string(rank_) + ": " + op.name + " #" + std::to_string(op.seq)));
+      return;
     }
   }
 }
@@ -257,6 +260,13 @@ void Engine::drive(Pred stop) {
       continue;
     }
     block(kBlockMs);
+    // Take whatever arrived before asking whether peers are alive: a peer
+    // that finished and left may have sent exactly what we wait for.
+    if (advance()) {
+      idle_since = Clock::now();
+      if (stop()) return;
+      continue;
+    }
     now = Clock::now();
     bool thorough = now - last_thorough > std::chrono::milliseconds(kBlockMs);
     if (thorough) last_thorough = now;
@@ -292,13 +302,14 @@ void Engine::drain() {
       if (c->wants_write()) return false;
     return true;
   };
-  while (!idle()) {
+  // idle() reads driver-owned state: evaluate it only while driving.
+  for (;;) {
     if (driver_mu_.try_lock()) {
       drive(idle);
       driver_mu_.unlock();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      return;
     }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
 }
 
@@ -349,7 +360,7 @@ void Engine::fail_all(const Status& why) {
   } else {
     BRAID_WARN("COLL", rank_, "%s", why.message().c_str());
   }
-  if (notify_failure_) notify_failure_(why.message());
+  if (notify_failure_) notify_failure_(why);
   for (auto& lane : lanes_) {
     for (auto& op : lane.ops) complete(op, why);
     lane.ops.clear();

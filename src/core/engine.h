@@ -63,7 +63,7 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   // Called when this rank fails, so peers learn it (shm flag, closed sockets).
-  void set_failure_notifier(std::function<void(const std::string&)> notify) {
+  void set_failure_notifier(std::function<void(const Status&)> notify) {
     notify_failure_ = std::move(notify);
   }
 
@@ -107,7 +107,7 @@ class Engine {
   std::vector<Connection*> tcp_conns_;
   Doorbell* bell_;  // our shm doorbell, or null
   int event_fd_ = -1;
-  std::function<void(const std::string&)> notify_failure_;
+  std::function<void(const Status&)> notify_failure_;
 
   std::mutex post_mu_;  // guards posted_ and error_
   std::vector<std::shared_ptr<Op>> posted_;

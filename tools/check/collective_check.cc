@@ -331,49 +331,68 @@ class Gen {
   uint64_t hash(int rank, uint64_t idx) const { return mix64(keys_[rank] + idx * 0xd1b54a32d192ed03ull); }
 
   uint64_t bits(int rank, uint64_t idx) const {
-    uint64_t h = hash(rank, idx);
     switch (mode_) {
       case Mode::kBits:
       case Mode::kIntWrap:
-        return h & mask_;
+        return hash(rank, idx) & mask_;
       case Mode::kIntOdd:
-        return (h | 1) & mask_;
+        return (hash(rank, idx) | 1) & mask_;
       case Mode::kMinMax:
-        return sanitize_float(dt_, h & mask_);
-      case Mode::kSumExact: {
-        bool active =
-            active_ >= n_ || static_cast<int64_t>((static_cast<uint64_t>(rank) + idx) % n_) < active_;
-        int64_t v = active ? static_cast<int64_t>(h % static_cast<uint64_t>(2 * a_ + 1)) - a_ : 0;
-        return double_to_bits(dt_, static_cast<double>(v));
-      }
-      case Mode::kAvgExact: {
-        // q depends on the index only (key n_), c on the index and the rank pair.
-        uint64_t hq = hash(n_, idx);
-        int64_t q = static_cast<int64_t>(hq % static_cast<uint64_t>(2 * a_ + 1)) - a_;
-        int64_t d = 0;
-        if (!(n_ % 2 == 1 && rank == n_ - 1)) {
-          int64_t c =
-              static_cast<int64_t>(hash(rank & ~1, idx ^ 0xa5a5a5a5u) % static_cast<uint64_t>(c_ + 1));
-          d = rank % 2 == 0 ? c : -c;
-        }
-        return double_to_bits(dt_, static_cast<double>(q + d));
-      }
-      case Mode::kProdExact: {
-        uint64_t slot = (static_cast<uint64_t>(rank) + idx) % static_cast<uint64_t>(period_);
-        double mag = slot == 0 ? 2.0 : (slot == 1 ? 0.5 : 1.0);
-        return double_to_bits(dt_, (h & 1) ? -mag : mag);
-      }
+        return sanitize_float(dt_, hash(rank, idx) & mask_);
+      case Mode::kSumExact:
+      case Mode::kAvgExact:
+      case Mode::kProdExact:
+        return double_to_bits(dt_, exact_value(rank, idx));
       case Mode::kRandom: {
-        double u = static_cast<double>(h >> 11) * std::ldexp(1.0, -52) - 1.0;
+        double u = static_cast<double>(hash(rank, idx) >> 11) * 0x1p-52 - 1.0;
         return double_to_bits(dt_, u);
       }
     }
     return 0;
   }
 
-  double value(int rank, uint64_t idx) const { return bits_to_double(dt_, bits(rank, idx)); }
+  // The value of a float element (exact modes without a round trip through the dtype).
+  double value(int rank, uint64_t idx) const {
+    if (mode_ == Mode::kSumExact || mode_ == Mode::kAvgExact || mode_ == Mode::kProdExact)
+      return exact_value(rank, idx);
+    return bits_to_double(dt_, bits(rank, idx));
+  }
 
  private:
+  // An integer in [0, n), from the high bits of h.
+  static uint64_t below(uint64_t h, uint64_t n) {
+    return static_cast<uint64_t>((static_cast<unsigned __int128>(h) * n) >> 64);
+  }
+
+  double exact_value(int rank, uint64_t idx) const {
+    uint64_t h = hash(rank, idx);
+    switch (mode_) {
+      case Mode::kSumExact: {
+        bool active =
+            active_ >= n_ || static_cast<int64_t>((static_cast<uint64_t>(rank) + idx) % n_) < active_;
+        return active ? static_cast<double>(static_cast<int64_t>(below(h, 2 * a_ + 1)) - a_) : 0.0;
+      }
+      case Mode::kAvgExact: {
+        // q depends on the index only (key n_), c on the index and the rank pair.
+        int64_t q = static_cast<int64_t>(below(hash(n_, idx), 2 * a_ + 1)) - a_;
+        int64_t d = 0;
+        if (!(n_ % 2 == 1 && rank == n_ - 1)) {
+          int64_t c = static_cast<int64_t>(below(hash(rank & ~1, idx ^ 0xa5a5a5a5u), c_ + 1));
+          d = rank % 2 == 0 ? c : -c;
+        }
+        return static_cast<double>(q + d);
+      }
+      case Mode::kProdExact: {
+        uint64_t slot =
+            period_ == 1 ? 0 : (static_cast<uint64_t>(rank) + idx) % static_cast<uint64_t>(period_);
+        double mag = slot == 0 ? 2.0 : (slot == 1 ? 0.5 : 1.0);
+        return (h & 1) ? -mag : mag;
+      }
+      default:
+        return 0;
+    }
+  }
+
   braid_dtype_t dt_;
   Mode mode_;
   int n_;
@@ -532,6 +551,18 @@ struct Output {
 
 // ------------------------------------------------------------------ check ---
 
+// Data shared by the checks of one (collective, dtype, count, op, data mode)
+// block, which differ only in root, placement and form: the generator, this
+// rank's input and the reduction reference (computed once per block).
+struct Block {
+  Block(braid_dtype_t dt, Mode mode, uint64_t seed, int nranks) : gen(dt, mode, seed, nranks) {}
+  Gen gen;
+  std::vector<uint8_t> input;  // this rank's elements 0, 1, ... in the dtype
+  bool ref_ready = false;
+  uint64_t ref_idx0 = 0;
+  std::vector<Expect> ref;
+};
+
 struct Desc {
   Collective coll = Collective::kAllReduce;
   braid_dtype_t dt = BRAID_INT8;
@@ -544,8 +575,8 @@ struct Desc {
   int wait_style = 0;   // i-forms: 0 braid_wait, 1 braid_test loop, 2 braid_wait_all
   size_t misalign = 0;  // bytes added to the front guard (one element, or 0)
   bool order = false;   // p2p: post receives first
-  uint64_t seed = 0;
-  uint64_t seq = 0;  // position in the matrix, the same on every rank
+  uint64_t seed = 0;    // junk patterns of this check (inputs come from the Block)
+  uint64_t seq = 0;     // position in the matrix, the same on every rank
 };
 
 std::string describe(const Desc& d) {
@@ -556,14 +587,16 @@ std::string describe(const Desc& d) {
     return s;
   }
   char buf[256];
-  std::snprintf(
-      buf, sizeof buf, " %s op=%s root=%s count=%zu %s %s", kDtypeNames[d.dt],
-      d.op >= 0 ? kOpNames[d.op] : "-", d.root >= 0 ? std::to_string(d.root).c_str() : "-", d.count,
-      is_p2p(d.coll) ? (d.order ? "recv-first" : "send-first") : (d.in_place ? "in-place" : "out-of-place"),
-      d.blocking ? "blocking"
-                 : (d.wait_style == 1   ? "i-form(test)"
-                    : d.wait_style == 2 ? "i-form(wait_all)"
-                                        : "i-form(wait)"));
+  std::snprintf(buf, sizeof buf, " %s op=%s root=%s count=%zu %s %s", kDtypeNames[d.dt],
+                d.op >= 0 ? kOpNames[d.op] : "-", d.root >= 0 ? std::to_string(d.root).c_str() : "-", d.count,
+                d.coll == Collective::kIsendIrecv && d.blocking ? "odd-ranks-recv-first"
+                : is_p2p(d.coll)                                ? (d.order ? "recv-first" : "send-first")
+                : d.in_place                                    ? "in-place"
+                                                                : "out-of-place",
+                d.blocking ? "blocking"
+                           : (d.wait_style == 1   ? "i-form(test)"
+                              : d.wait_style == 2 ? "i-form(wait_all)"
+                                                  : "i-form(wait)"));
   s += buf;
   s += " data=";
   s += mode_name(d.mode);
@@ -624,11 +657,12 @@ class Runner {
  private:
   void say(const char* fmt, ...) __attribute__((format(printf, 2, 3)));
   bool api(braid_result_t r, const char* fn, Result& res);
+  void misuse(const std::string& what, Result& res);
   void complete(std::vector<braid_request_t>& reqs, int style, Result& res);
   void run_group(Collective c, braid_dtype_t dt, size_t count);
   void run_barrier_group();
-  void run_check(const Desc& d);
-  void execute(const Desc& d, Result& res);
+  void run_check(const Desc& d, Block* blk);
+  void execute(const Desc& d, Result& res, Block* blk);
   void verify(Buffer& b, const Output* out, braid_dtype_t dt, Result& res);
   bool finish_group(const std::string& label, std::chrono::steady_clock::time_point started);
   std::unique_ptr<Buffer> make(const Desc& d, const char* name, size_t elems, int salt);
@@ -655,7 +689,7 @@ void Runner::say(const char* fmt, ...) {
   va_end(ap);
   if (len < 0) return;
   size_t n = std::min(static_cast<size_t>(len), sizeof buf - 2);
-  if (buf[n - 1] != '\n') buf[n++] = '\n';
+  if (n == 0 || buf[n - 1] != '\n') buf[n++] = '\n';
   // One write per line, so that lines of concurrent ranks do not interleave.
   std::fflush(log_);
   size_t off = 0;
@@ -682,6 +716,15 @@ bool Runner::api(braid_result_t r, const char* fn, Result& res) {
   braid_result_t async = BRAID_SUCCESS;
   if (braid_comm_get_async_error(comm_, &async) != BRAID_SUCCESS || async != BRAID_SUCCESS) broken_ = true;
   return false;
+}
+
+// A call that returned success but broke the API contract.
+void Runner::misuse(const std::string& what, Result& res) {
+  ++rep_.api_errors;
+  ++g_api_;
+  if (!res.api_msg.empty()) res.api_msg += "; ";
+  res.api_error = true;
+  res.api_msg += what;
 }
 
 // Completes every non-null request in reqs with the given style.
@@ -712,7 +755,7 @@ void Runner::complete(std::vector<braid_request_t>& reqs, int style, Result& res
       if (done) {
         api(rc, "braid_test", res);
         if (r != nullptr) {
-          api(BRAID_ERR_INTERNAL, "braid_test (request not set to NULL on completion)", res);
+          misuse("braid_test reported done but did not set *request to NULL", res);
           r = nullptr;
         }
       } else if (rc != BRAID_SUCCESS) {
@@ -725,10 +768,7 @@ void Runner::complete(std::vector<braid_request_t>& reqs, int style, Result& res
     }
     if (!pending) return;
     if (std::chrono::steady_clock::now() > deadline) {
-      res.api_error = true;
-      res.api_msg += "braid_test loop: not done after " + std::to_string(limit) + " s";
-      ++rep_.api_errors;
-      ++g_api_;
+      misuse("braid_test loop: not done after " + std::to_string(limit) + " s", res);
       broken_ = true;
       for (auto& r : reqs)
         if (r) braid_request_free(r), r = nullptr;
@@ -762,10 +802,14 @@ void Runner::verify(Buffer& b, const Output* out, braid_dtype_t dt, Result& res)
     const char* where = rel < 0             ? "in the guard before the buffer"
                         : rel >= data_bytes ? "in the guard after the buffer"
                                             : "inside the buffer, outside the output";
-    std::snprintf(buf, sizeof buf,
-                  "%s byte %+" PRId64 " (%s; output is elements [%zu, %zu) of %zu) changed 0x%02x -> 0x%02x",
-                  b.name(), rel, where, out ? out->begin : 0, out ? out->begin + out->count : 0, b.elems(),
-                  b.snap_byte(static_cast<size_t>(at)), b.byte(static_cast<size_t>(at)));
+    char range[96];
+    if (out)
+      std::snprintf(range, sizeof range, "output is elements [%zu, %zu) of %zu", out->begin,
+                    out->begin + out->count, b.elems());
+    else
+      std::snprintf(range, sizeof range, "no output in this buffer; %zu elements", b.elems());
+    std::snprintf(buf, sizeof buf, "%s byte %+" PRId64 " (%s; %s) changed 0x%02x -> 0x%02x", b.name(), rel,
+                  where, range, b.snap_byte(static_cast<size_t>(at)), b.byte(static_cast<size_t>(at)));
     res.outside_msg = buf;
   }
   if (!out) return;
@@ -791,17 +835,24 @@ void Runner::verify(Buffer& b, const Output* out, braid_dtype_t dt, Result& res)
   }
 }
 
-void Runner::execute(const Desc& d, Result& res) {
+void Runner::execute(const Desc& d, Result& res, Block* blk_in) {
   const int n = n_, rank = rank_;
   const size_t c = d.count, nc = static_cast<size_t>(n) * d.count;
   const braid_dtype_t dt = d.dt;
   const braid_redop_t op = static_cast<braid_redop_t>(d.op < 0 ? 0 : d.op);
   const int root = d.root;
   const bool ip = d.in_place;
-  Gen g(dt, d.mode, d.seed, n);
+  Block empty(dt, d.mode, d.seed, n);  // barrier: no data
+  Block& blk = blk_in ? *blk_in : empty;
+  const Gen& g = blk.gen;
   std::vector<std::unique_ptr<Buffer>> bufs;
   std::vector<Output> outs;  // at most one per buffer
+  const size_t es = esize(dt);
   auto fill = [&](Buffer* b, size_t begin, size_t cnt, int src, uint64_t idx0) {
+    if (src == rank && (idx0 + cnt) * es <= blk.input.size()) {
+      if (cnt > 0) std::memcpy(b->at(begin), blk.input.data() + idx0 * es, cnt * es);
+      return;
+    }
     for (size_t k = 0; k < cnt; ++k) b->set(begin + k, g.bits(src, idx0 + k));
   };
   auto add = [&](std::unique_ptr<Buffer> b) {
@@ -816,8 +867,14 @@ void Runner::execute(const Desc& d, Result& res) {
       return e;
     };
   };
-  auto red_expect = [&g, op](uint64_t idx0) {
-    return [&g, op, idx0](size_t k) { return reduce_ref(g, op, idx0 + k); };
+  auto red_expect = [&blk, op](uint64_t idx0, size_t cnt) {
+    if (!blk.ref_ready || blk.ref_idx0 != idx0 || blk.ref.size() != cnt) {
+      blk.ref.resize(cnt);
+      for (size_t k = 0; k < cnt; ++k) blk.ref[k] = reduce_ref(blk.gen, op, idx0 + k);
+      blk.ref_ready = true;
+      blk.ref_idx0 = idx0;
+    }
+    return [&blk](size_t k) { return blk.ref[k]; };
   };
   // Unused buffers of non-roots: a real (checked-untouched) buffer for the
   // blocking form, NULL for the i-form (both allowed by the API).
@@ -833,7 +890,7 @@ void Runner::execute(const Desc& d, Result& res) {
       Buffer* s = add(make(d, ip ? "buf" : "sendbuf", c, 1));
       fill(s, 0, c, rank, 0);
       Buffer* rb = ip ? s : add(make(d, "recvbuf", c, 2));
-      outs.push_back({rb, 0, c, red_expect(0)});
+      outs.push_back({rb, 0, c, red_expect(0, c)});
       for (auto& b : bufs) b->snapshot();
       fn = d.blocking ? "braid_all_reduce" : "braid_iall_reduce";
       r = d.blocking ? braid_all_reduce(s->data(), rb->data(), c, dt, op, comm_, nullptr)
@@ -864,7 +921,7 @@ void Runner::execute(const Desc& d, Result& res) {
       fill(s, 0, c, rank, 0);
       Buffer* rb = ip ? s : nullptr;
       if (!ip && (is_root || !null_unused)) rb = add(make(d, "recvbuf", c, 2));
-      if (is_root) outs.push_back({rb, 0, c, red_expect(0)});
+      if (is_root) outs.push_back({rb, 0, c, red_expect(0, c)});
       for (auto& b : bufs) b->snapshot();
       void* rp = rb ? rb->data() : nullptr;
       fn = d.blocking ? "braid_reduce" : "braid_ireduce";
@@ -898,7 +955,7 @@ void Runner::execute(const Desc& d, Result& res) {
       fill(s, 0, nc, rank, 0);
       Buffer* rb = ip ? s : add(make(d, "recvbuf", c, 2));
       size_t begin = ip ? rank * c : 0;
-      outs.push_back({rb, begin, c, red_expect(rank * c)});
+      outs.push_back({rb, begin, c, red_expect(rank * c, c)});
       for (auto& b : bufs) b->snapshot();
       void* rp = rb->at(begin);
       fn = d.blocking ? "braid_reduce_scatter" : "braid_ireduce_scatter";
@@ -1048,7 +1105,7 @@ void Runner::execute(const Desc& d, Result& res) {
   if (*fn) {  // a single collective call
     if (api(r, fn, res) && !d.blocking) {
       if (req == nullptr) {
-        api(BRAID_ERR_INTERNAL, (std::string(fn) + " returned success but no request").c_str(), res);
+        misuse(std::string(fn) + " returned BRAID_SUCCESS but no request", res);
       } else {
         reqs.assign(1, req);
         complete(reqs, d.wait_style, res);
@@ -1081,11 +1138,11 @@ void Runner::execute(const Desc& d, Result& res) {
   }
 }
 
-void Runner::run_check(const Desc& d) {
+void Runner::run_check(const Desc& d, Block* blk) {
   ++rep_.checks;
   ++g_checks_;
   Result res;
-  execute(d, res);
+  execute(d, res, blk);
   bool failed = res.failed();
   g_flags_.push_back(failed ? 1 : 0);
   if (!failed) {
@@ -1172,6 +1229,19 @@ void Runner::run_group(Collective c, braid_dtype_t dt, size_t count) {
     if (is_reducing(c) && is_float(dt) && o_.random_floats && (op == BRAID_SUM || op == BRAID_AVG))
       modes.push_back(Mode::kRandom);
     for (Mode mode : modes) {
+      bool skip = o_.max_buffer_bytes > 0 && biggest > o_.max_buffer_bytes;
+      std::unique_ptr<Block> blk;
+      if (!skip) {
+        blk = std::make_unique<Block>(dt, mode,
+                                      mix64(o_.seed * 0x9e3779b97f4a7c15ull ^ mix64(seq_ + 0x626c6b)), n_);
+        size_t elems =
+            is_p2p(c) ? count + count / 2 + 1 : count * (is_multi(c) ? static_cast<size_t>(n_) : 1);
+        blk->input.resize(elems * es);
+        for (size_t i = 0; i < elems; ++i) {
+          uint64_t b = blk->gen.bits(rank_, i);
+          std::memcpy(blk->input.data() + i * es, &b, es);
+        }
+      }
       for (int root : roots) {
         for (bool ip : places) {
           for (bool blocking : forms) {
@@ -1190,12 +1260,12 @@ void Runner::run_group(Collective c, braid_dtype_t dt, size_t count) {
             d.order = (mix64(seq ^ 0x6f72646572ull) & 1) != 0;
             d.seed = mix64(o_.seed * 0x9e3779b97f4a7c15ull + seq);
             d.seq = seq;
-            if (o_.max_buffer_bytes > 0 && biggest > o_.max_buffer_bytes) {
+            if (skip) {
               ++rep_.skipped;
               continue;
             }
             if (broken_) return;
-            run_check(d);
+            run_check(d, blk.get());
           }
         }
       }
@@ -1213,7 +1283,7 @@ void Runner::run_barrier_group() {
     d.seq = seq;
     d.wait_style = static_cast<int>(seq % 3);
     if (broken_) return;
-    run_check(d);
+    run_check(d, nullptr);
   }
 }
 

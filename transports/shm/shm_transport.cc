@@ -25,7 +25,7 @@ struct alignas(kCacheLine) SegmentHeader {
   int32_t pid;
   int32_t rank;
   alignas(kCacheLine) Doorbell bell;
-  alignas(kCacheLine) std::atomic<uint32_t> failed;
+  alignas(kCacheLine) std::atomic<uint32_t> failed;  // 0, or the braid_result_t that failed this rank
   char reason[512];
 };
 
@@ -118,12 +118,14 @@ class ShmConnection : public Connection {
   }
   Status progress() override { return Status::ok(); }
   Status check_peer(bool thorough) override {
-    if (theirs_->failed.load(std::memory_order_acquire) != 0) {
+    if (uint32_t code = theirs_->failed.load(std::memory_order_acquire); code != 0) {
       char reason[sizeof(theirs_->reason)];
       std::memcpy(reason, theirs_->reason, sizeof(reason));
       reason[sizeof(reason) - 1] = '\0';
-      return Status::remote("rank " + std::to_string(peer_) + " (pid " + std::to_string(peer_pid_) +
-                            ", this host) failed: " + reason);
+      // Report the peer's own code: a mismatch it found is a mismatch here too.
+      return Status(static_cast<braid_result_t>(code), "rank " + std::to_string(peer_) + " (pid " +
+                                                           std::to_string(peer_pid_) +
+                                                           ", this host) failed: " + reason);
     }
     if (thorough && kill(peer_pid_, 0) != 0 && errno == ESRCH)
       return Status::remote("rank " + std::to_string(peer_) + " (pid " + std::to_string(peer_pid_) +
@@ -268,11 +270,11 @@ Doorbell* ShmTransport::doorbell() {
   return maps_.empty() ? nullptr : &maps_[0]->header()->bell;
 }
 
-void ShmTransport::mark_failed(const std::string& reason) {
-  if (maps_.empty()) return;
+void ShmTransport::mark_failed(const Status& why) {
+  if (maps_.empty() || why.is_ok()) return;
   SegmentHeader* h = maps_[0]->header();
-  std::strncpy(h->reason, reason.c_str(), sizeof(h->reason) - 1);
-  h->failed.store(1, std::memory_order_release);
+  std::strncpy(h->reason, why.message().c_str(), sizeof(h->reason) - 1);
+  h->failed.store(static_cast<uint32_t>(why.code()), std::memory_order_release);
   for (auto& m : maps_) m->header()->bell.ring(true);
 }
 

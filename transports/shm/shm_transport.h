@@ -32,7 +32,7 @@ class ShmTransport {
   // Rung by local peers whenever they post to or release one of our FIFOs.
   Doorbell* doorbell();
   // Tells local peers this rank failed, with the reason they should report.
-  void mark_failed(const std::string& reason);
+  void mark_failed(const Status& why);
 
   struct Mapping;
 

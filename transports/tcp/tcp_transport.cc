@@ -13,6 +13,9 @@ namespace braid {
 namespace {
 
 constexpr uint32_t kFrameMagic = 0x46444242;  // "BBDF"
+// The last frame a failing rank sends: its braid_result_t and message.
+constexpr uint32_t kAbortMagic = 0x41444242;  // "BBDA"
+constexpr uint32_t kMaxAbortBytes = 1024;
 
 struct FrameHeader {
   uint32_t magic;
@@ -92,7 +95,7 @@ class TcpConnection : public Connection {
         ++written_;
       }
     }
-    while (filled_ - released_ < nslots_) {
+    while (!eof_ && filled_ - released_ < nslots_) {
       uint64_t i = filled_ % nslots_;
       ssize_t r;
       if (header_got_ < sizeof(FrameHeader)) {
@@ -101,6 +104,10 @@ class TcpConnection : public Connection {
         if (r > 0) {
           header_got_ += static_cast<size_t>(r);
           if (header_got_ == sizeof(FrameHeader)) {
+            if (header_.magic == kAbortMagic && header_.bytes >= 4 && header_.bytes <= kMaxAbortBytes) {
+              BRAID_RETURN_IF_ERROR(read_abort_frame());
+              break;
+            }
             if (header_.magic != kFrameMagic || header_.bytes > slot_bytes_) {
               error_ = Status::remote(
                   "rank " + std::to_string(peer_) + " sent a malformed frame header (bad magic or length " +
@@ -129,9 +136,10 @@ class TcpConnection : public Connection {
         }
       }
       if (r == 0) {
-        error_ = Status::remote("rank " + std::to_string(peer_) +
-                                " closed its tcp connection (process exited or failed)");
-        return error_;
+        // End of stream is an error only once the messages before it are
+        // consumed (check_peer): they may carry the cause the peer saw.
+        eof_ = true;
+        break;
       }
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
       return fail("receiving from", errno);
@@ -139,12 +147,55 @@ class TcpConnection : public Connection {
     return Status::ok();
   }
 
-  Status check_peer(bool) override { return progress(); }
-  void shutdown() override {
-    if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+  // The end of the stream (or the peer's abort frame) is an error only once
+  // the messages before it are consumed: they may show the cause here too.
+  Status check_peer(bool) override {
+    BRAID_RETURN_IF_ERROR(progress());
+    if (filled_ != released_) return Status::ok();
+    if (!peer_failure_.is_ok()) return peer_failure_;
+    if (eof_)
+      return Status::remote("rank " + std::to_string(peer_) +
+                            " closed its tcp connection (process exited or failed)");
+    return Status::ok();
+  }
+  // After what is queued, send an abort frame with the cause (best effort: a
+  // full socket skips it), then half-close so the peer reads both.
+  void shutdown(const Status& why) override {
+    if (fd_ < 0 || shut_) return;
+    shut_ = true;
+    (void)progress();
+    if (written_ == committed_ && error_.is_ok() && !why.is_ok()) {
+      std::string text = why.message().substr(0, kMaxAbortBytes - 4);
+      uint32_t code = static_cast<uint32_t>(why.code());
+      FrameHeader h{kAbortMagic, static_cast<uint32_t>(4 + text.size())};
+      std::string frame(reinterpret_cast<const char*>(&h), sizeof(h));
+      frame.append(reinterpret_cast<const char*>(&code), 4);
+      frame += text;
+      (void)send_all(fd_, frame.data(), frame.size(), Deadline::after_seconds(0.05));
+    }
+    ::shutdown(fd_, SHUT_WR);
   }
 
  private:
+  // Reads the rest of an abort frame (small; waits briefly for it).
+  Status read_abort_frame() {
+    std::vector<char> body(header_.bytes);
+    Status st = recv_all(fd_, body.data(), body.size(), Deadline::after_seconds(1));
+    if (!st) {
+      error_ = st.with_context("rank " + std::to_string(peer_) + " sent a truncated abort frame");
+      return error_;
+    }
+    uint32_t code = 0;
+    std::memcpy(&code, body.data(), 4);
+    if (code == 0 || code > BRAID_ERR_IN_PROGRESS) code = BRAID_ERR_REMOTE;
+    peer_failure_ =
+        Status(static_cast<braid_result_t>(code),
+               "rank " + std::to_string(peer_) + " failed: " + std::string(body.data() + 4, body.size() - 4));
+    eof_ = true;  // nothing valid follows an abort frame
+    header_got_ = 0;
+    return Status::ok();
+  }
+
   Status fail(const char* what, int err) {
     error_ = Status::remote(std::string("tcp connection ") + what + " rank " + std::to_string(peer_) +
                             " failed: " + std::strerror(err));
@@ -156,6 +207,9 @@ class TcpConnection : public Connection {
   size_t slot_bytes_;
   uint64_t nslots_;
   Status error_;
+  bool eof_ = false;
+  bool shut_ = false;
+  Status peer_failure_;  // from the peer's abort frame
   std::vector<char> send_buf_;
   std::vector<size_t> send_len_;
   uint64_t committed_ = 0, written_ = 0;

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Sanitizer builds: ASan+UBSan and TSan, each running the unit and
+# multi-process suites (the long correctness matrix stays in the plain build).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/install-deps.sh
+export BRAID_SOCKET_IFNAME=${BRAID_SOCKET_IFNAME:-lo}
+for san in ${BRAID_SANITIZERS:-address thread}; do
+  dir=build-$san
+  [ -f "$dir/build.ninja" ] || cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DBRAID_SANITIZE="$san" -DBRAID_BUILD_BENCH=OFF -DBRAID_BUILD_TOOLS=ON
+  cmake --build "$dir" -j "${BRAID_BUILD_JOBS:-$(nproc)}" --target kernels_test api_test collectives_test failure_test
+  (cd "$dir" && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+     TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+     ctest --output-on-failure --timeout 900 -R '^(kernels|api|collectives|failure)_test$')
+done
