@@ -49,16 +49,27 @@ TEST_P(Transports, AllReduceSizesAndRankCounts) {
   }
 }
 
-TEST_P(Transports, RingAndDirectAgree) {
-  for (const char* algo : {"ring", "direct"}) {
+TEST_P(Transports, EveryAllReduceAlgorithmAgrees) {
+  // peer_read reads peers' buffers with process_vm_readv on shm; over tcp
+  // it falls back to the ring. Direct beyond one slot falls back too.
+  for (const char* algo : {"ring", "direct", "peer_read"}) {
     Env env = transport_env(GetParam());
     env.push_back({"BRAID_ALGO", algo});
-    run_ranks(3, env, [](braid_comm_t comm, int rank, int) {
-      std::vector<int64_t> in(1000), out(1000);
-      for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<int64_t>(i) * (rank == 1 ? -3 : 2);
-      BRAID_ASSERT_OK(
-          braid_all_reduce(in.data(), out.data(), in.size(), BRAID_INT64, BRAID_MIN, comm, nullptr));
-      for (size_t i = 0; i < in.size(); ++i) ASSERT_EQ(out[i], static_cast<int64_t>(i) * -3);
+    run_ranks(3, env, [algo](braid_comm_t comm, int rank, int) {
+      for (size_t count : {size_t{1000}, size_t{100003}}) {
+        std::vector<int64_t> in(count), out(count);
+        for (size_t i = 0; i < count; ++i) in[i] = static_cast<int64_t>(i) * (rank == 1 ? -3 : 2);
+        BRAID_ASSERT_OK(
+            braid_all_reduce(in.data(), out.data(), count, BRAID_INT64, BRAID_MIN, comm, nullptr));
+        for (size_t i = 0; i < count; ++i)
+          ASSERT_EQ(out[i], static_cast<int64_t>(i) * -3) << algo << " " << count;
+        BRAID_ASSERT_OK(braid_all_reduce(in.data(), in.data(), count, BRAID_INT64, BRAID_SUM, comm, nullptr));
+        for (size_t i = 0; i < count; ++i)
+          ASSERT_EQ(in[i], static_cast<int64_t>(i) * 1) << algo << " in place";
+        std::vector<double> f(count, 0.5 + rank);
+        BRAID_ASSERT_OK(braid_all_reduce(f.data(), f.data(), count, BRAID_FLOAT64, BRAID_AVG, comm, nullptr));
+        for (double v : f) ASSERT_EQ(v, 1.5) << algo << " avg";
+      }
     });
   }
 }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "src/core/status.h"
 
@@ -38,6 +39,14 @@ class Connection {
   // A file descriptor to poll for readiness, or -1 (shm wakes by doorbell).
   virtual int poll_fd() const { return -1; }
   virtual bool wants_write() const { return false; }
+  // Zero-copy path: copies `bytes` from the peer process's address `remote`
+  // into `dst` without the peer's help (shm: cross-memory attach). Only valid
+  // where supports_peer_reads() is true.
+  virtual bool supports_peer_reads() const { return false; }
+  virtual Status read_peer(void* /*dst*/, uint64_t /*remote*/, size_t /*bytes*/) {
+    return Status::unsupported("this transport cannot read a peer's memory");
+  }
+
   // Tells the peer this side failed and why (after what was already sent),
   // then stops sending. The peer reports the same code.
   virtual void shutdown(const Status& /*why*/) {}

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/reduce_kernels.h"
 
@@ -30,15 +31,31 @@ struct Split {
 
 }  // namespace
 
-AllReduceKind choose_all_reduce(const Config& config, size_t bytes, size_t piece_bytes) {
-  // Direct sends the whole buffer to every peer before receiving, so it is
-  // only correct while the buffer fits one slot; a forced `direct` beyond
-  // that runs the ring.
-  if (bytes > piece_bytes) return AllReduceKind::kRing;
-  if (config.all_reduce_algo == AllReduceAlgo::kRing) return AllReduceKind::kRing;
-  if (config.all_reduce_algo == AllReduceAlgo::kDirect) return AllReduceKind::kDirect;
+AllReduceKind choose_all_reduce(const Config& config, size_t bytes, size_t piece_bytes, bool peer_reads) {
+  switch (config.all_reduce_algo) {
+    case AllReduceAlgo::kRing:
+      return AllReduceKind::kRing;
+    // Direct sends the whole buffer to every peer before receiving, so it is
+    // only correct while the buffer fits one slot; beyond that, the ring.
+    case AllReduceAlgo::kDirect:
+      return bytes <= piece_bytes ? AllReduceKind::kDirect : AllReduceKind::kRing;
+    case AllReduceAlgo::kPeerRead:
+      return peer_reads ? AllReduceKind::kPeerRead : AllReduceKind::kRing;
+    case AllReduceAlgo::kAuto:
+      break;
+  }
   // Direct: one step, (n-1) copies per rank; cheapest while the buffer is small.
-  return bytes <= config.direct_max_bytes ? AllReduceKind::kDirect : AllReduceKind::kRing;
+  if (bytes <= config.direct_max_bytes && bytes <= piece_bytes) return AllReduceKind::kDirect;
+  // Reading peers' buffers moves each byte the fewest times, once the few
+  // small synchronising messages it needs are cheap next to the copy.
+  if (peer_reads && bytes >= config.peer_read_min_bytes) return AllReduceKind::kPeerRead;
+  return AllReduceKind::kRing;
+}
+
+bool channel_reads_peers(const Channel& ch) {
+  for (int p = 0; p < ch.nranks; ++p)
+    if (p != ch.rank && !ch.to(p)->supports_peer_reads()) return false;
+  return ch.nranks > 1;
 }
 
 Task ring_all_reduce(const Channel& ch, CollArgs a) {
@@ -98,6 +115,64 @@ Task direct_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
     }
   }
   finish_avg(a, a.recvbuf, a.count, n);
+}
+
+Task peer_read_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
+  const int n = ch.nranks, r = ch.rank;
+  const size_t esize = braid_dtype_size(a.dtype);
+  const size_t chunk = std::max<size_t>(1, ch.piece_bytes / esize);  // elements per read
+  char* out = static_cast<char*>(a.recvbuf);
+  const char* in = static_cast<const char*>(a.sendbuf);
+  char* tmp = scratch;                   // a peer's chunk
+  char* mine = scratch + chunk * esize;  // our own chunk, when in place
+  struct Addresses {
+    uint64_t send, recv;
+  } my_addr{reinterpret_cast<uint64_t>(a.sendbuf), reinterpret_cast<uint64_t>(a.recvbuf)};
+  std::vector<Addresses> addr(n);
+  addr[r] = my_addr;
+  for (int s = 1; s < n; ++s)
+    co_await exchange(ch, mod(r + s, n), &my_addr, sizeof(my_addr), mod(r - s, n), &addr[mod(r - s, n)],
+                      sizeof(Addresses));
+
+  // 1. Reduce our slice, reading every rank's input in rank order (the same
+  //    order everywhere, so every rank ends with identical bits).
+  Split slice(a.count, static_cast<size_t>(n));
+  const size_t begin = slice.begin(static_cast<size_t>(r)), end = begin + slice.size(static_cast<size_t>(r));
+  for (size_t e = begin; e < end; e += chunk) {
+    const size_t len = std::min(chunk, end - e), bytes = len * esize, off = e * esize;
+    const char* own = in + off;
+    if (in == out && r != 0) {
+      std::memcpy(mine, own, bytes);  // out is about to take rank 0's data
+      own = mine;
+    }
+    for (int p = 0; p < n; ++p) {
+      const char* src = own;
+      if (p != r) {
+        char* dst = p == 0 ? out + off : tmp;
+        Status st = ch.to(p)->read_peer(dst, addr[p].send + off, bytes);
+        if (!st) co_await FailOp{st};
+        src = dst;
+      }
+      if (p == 0) {
+        copy_if_distinct(out + off, src, bytes);
+      } else {
+        kernels::reduce(a.dtype, a.op, out + off, out + off, src, len);
+      }
+    }
+  }
+  finish_avg(a, out + begin * esize, end - begin, n);
+  // 2. Everyone's slice is final once every rank has said so.
+  for (int s = 1; s < n; ++s) co_await exchange(ch, mod(r + s, n), nullptr, 0, mod(r - s, n), nullptr, 0);
+  // 3. Copy the other slices from their owners' outputs.
+  for (int s = 1; s < n; ++s) {
+    const size_t p = static_cast<size_t>(mod(r + s, n));
+    const size_t off = slice.begin(p) * esize, bytes = slice.size(p) * esize;
+    if (bytes == 0) continue;
+    Status st = ch.to(static_cast<int>(p))->read_peer(out + off, addr[p].recv + off, bytes);
+    if (!st) co_await FailOp{st};
+  }
+  // 4. Nobody may reuse its buffers while another rank still reads them.
+  for (int s = 1; s < n; ++s) co_await exchange(ch, mod(r + s, n), nullptr, 0, mod(r - s, n), nullptr, 0);
 }
 
 Task chain_broadcast(const Channel& ch, CollArgs a) {

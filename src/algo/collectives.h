@@ -22,11 +22,15 @@ struct CollArgs {
 };
 
 // The all_reduce algorithm for this size (BRAID_ALGO overrides).
-enum class AllReduceKind { kRing, kDirect };
-AllReduceKind choose_all_reduce(const Config& config, size_t bytes, size_t piece_bytes);
+enum class AllReduceKind { kRing, kDirect, kPeerRead };
+// `peer_reads`: every connection of the channel can read peers' memory.
+AllReduceKind choose_all_reduce(const Config& config, size_t bytes, size_t piece_bytes, bool peer_reads);
+bool channel_reads_peers(const Channel& ch);
 
 Task ring_all_reduce(const Channel& ch, CollArgs a);
 Task direct_all_reduce(const Channel& ch, CollArgs a, char* scratch);
+// scratch: 2 * piece_bytes.
+Task peer_read_all_reduce(const Channel& ch, CollArgs a, char* scratch);
 Task chain_broadcast(const Channel& ch, CollArgs a);
 Task chain_reduce(const Channel& ch, CollArgs a);
 Task ring_all_gather(const Channel& ch, CollArgs a);

@@ -54,32 +54,25 @@ Until wait_both(BothWait* w, int from) {
       both_check, w, from, "for a message and a free slot, from", {w->r.conn, w->s.conn}, {POLLIN, POLLOUT}}};
 }
 
-bool never(void*) {
-  return false;
-}
-
-// Records a protocol error on the current op and suspends it for good; the
-// engine fails the communicator with it.
-struct Fail {
-  Status why;
-  WaitPoint wp{never, nullptr, -1, "after a protocol error", {nullptr, nullptr}, {0, 0}};
-  bool await_ready() { return false; }
-  void await_suspend(std::coroutine_handle<> h) {
-    current_op()->failure = why;
-    op_suspend(current_op(), h, &wp);
-  }
-  void await_resume() {}
-};
-
-Fail size_mismatch(int from, size_t got, size_t want) {
+FailOp size_mismatch(int from, size_t got, size_t want) {
   Op* op = current_op();
-  return Fail{Status(BRAID_ERR_MISMATCH, op->name + " #" + std::to_string(op->seq) + ": rank " +
-                                             std::to_string(from) + " sent a piece of " +
-                                             std::to_string(got) + " bytes where " + std::to_string(want) +
-                                             " were expected (do all ranks pass the same count and dtype?)")};
+  return FailOp{
+      Status(BRAID_ERR_MISMATCH, op->name + " #" + std::to_string(op->seq) + ": rank " +
+                                     std::to_string(from) + " sent a piece of " + std::to_string(got) +
+                                     " bytes where " + std::to_string(want) +
+                                     " were expected (do all ranks pass the same count and dtype?)")};
 }
 
 }  // namespace
+
+bool FailOp::never(void*) {
+  return false;
+}
+
+void FailOp::await_suspend(std::coroutine_handle<> h) {
+  current_op()->failure = why;
+  op_suspend(current_op(), h, &wp);
+}
 
 Task send_piece(const Channel& ch, int to, const void* src, size_t bytes) {
   SendWait w{ch.to(to)};

@@ -26,6 +26,9 @@ struct PeerInfo {
   uint64_t tcp_slot_bytes;
   int32_t shm_slots;
   int32_t tcp_slots;
+  int32_t all_reduce_algo;
+  uint64_t direct_max_bytes;
+  uint64_t peer_read_min_bytes;
 };
 
 Status check_same(const std::vector<PeerInfo>& infos, const char* var, auto field) {
@@ -94,6 +97,9 @@ Status Communicator::setup_transports() {
   mine.tcp_slot_bytes = config_.tcp_slot_bytes;
   mine.shm_slots = config_.shm_slots;
   mine.tcp_slots = config_.tcp_slots;
+  mine.all_reduce_algo = static_cast<int32_t>(config_.all_reduce_algo);
+  mine.direct_max_bytes = config_.direct_max_bytes;
+  mine.peer_read_min_bytes = config_.peer_read_min_bytes;
   std::vector<uint8_t> raw;
   BRAID_RETURN_IF_ERROR(bootstrap_->all_gather(&mine, sizeof(mine), &raw, deadline));
   std::vector<PeerInfo> infos(nranks_);
@@ -105,6 +111,12 @@ Status Communicator::setup_transports() {
   BRAID_RETURN_IF_ERROR(
       check_same(infos, "BRAID_TCP_SLOT_BYTES", [](const PeerInfo& p) { return p.tcp_slot_bytes; }));
   BRAID_RETURN_IF_ERROR(check_same(infos, "BRAID_TCP_SLOTS", [](const PeerInfo& p) { return p.tcp_slots; }));
+  // Every rank must pick the same algorithm for the same call.
+  BRAID_RETURN_IF_ERROR(check_same(infos, "BRAID_ALGO", [](const PeerInfo& p) { return p.all_reduce_algo; }));
+  BRAID_RETURN_IF_ERROR(
+      check_same(infos, "BRAID_DIRECT_MAX_BYTES", [](const PeerInfo& p) { return p.direct_max_bytes; }));
+  BRAID_RETURN_IF_ERROR(check_same(infos, "BRAID_PEER_READ_MIN_BYTES",
+                                   [](const PeerInfo& p) { return p.peer_read_min_bytes; }));
 
   std::vector<int> host_group, tcp_peers;
   for (int r = 0; r < nranks_; ++r) {
@@ -150,6 +162,7 @@ Status Communicator::setup_transports() {
       peers[r].push_back(conn);
     }
   }
+  peer_reads_ = channel_reads_peers(coll_channel_);
   engine_ = std::make_unique<Engine>(rank_, config_, peers, shm_->doorbell());
   ShmTransport* shm = shm_.get();
   engine_->set_failure_notifier([shm, peers](const Status& why) {
@@ -295,18 +308,25 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
     const char* out = static_cast<const char*>(a.recvbuf);
     bool overlap = in < out + out_bytes && out < in + in_bytes;
     if (overlap && in != canonical_in) {
-      op->scratch.assign(in, in + in_bytes);
-      a.sendbuf = op->scratch.data();
+      op->input_copy.assign(in, in + in_bytes);
+      a.sendbuf = op->input_copy.data();
     }
   }
   switch (kind) {
     case OpKind::kAllReduce:
-      if (choose_all_reduce(config_, a.count * esize, coll_channel_.piece_bytes) == AllReduceKind::kDirect) {
-        // In place, every rank but 0 must keep its input while it accumulates.
-        if (a.sendbuf == a.recvbuf && rank_ != 0) op->scratch.resize(a.count * esize);
-        op->task = direct_all_reduce(coll_channel_, a, op->scratch.data());
-      } else {
-        op->task = ring_all_reduce(coll_channel_, a);
+      switch (choose_all_reduce(config_, a.count * esize, coll_channel_.piece_bytes, peer_reads_)) {
+        case AllReduceKind::kDirect:
+          // In place, every rank but 0 must keep its input while it accumulates.
+          if (a.sendbuf == a.recvbuf && rank_ != 0) op->work.resize(a.count * esize);
+          op->task = direct_all_reduce(coll_channel_, a, op->work.data());
+          break;
+        case AllReduceKind::kPeerRead:
+          op->work.resize(2 * coll_channel_.piece_bytes);
+          op->task = peer_read_all_reduce(coll_channel_, a, op->work.data());
+          break;
+        case AllReduceKind::kRing:
+          op->task = ring_all_reduce(coll_channel_, a);
+          break;
       }
       break;
     case OpKind::kBroadcast:

@@ -72,6 +72,7 @@ class Communicator {
   std::vector<std::unique_ptr<Connection>> self_conns_;  // send/recv to self, per channel
   Channel coll_channel_;                                 // channel 0: collectives
   Channel p2p_channel_;                                  // channel 1: point-to-point
+  bool peer_reads_ = false;  // every collective connection can read peers\' memory
   std::unique_ptr<Engine> engine_;
   std::mutex error_mu_;
   std::string last_error_;

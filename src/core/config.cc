@@ -121,6 +121,11 @@ Status Config::from_env(Config* out) {
   long slots = c.shm_slots;
   BRAID_RETURN_IF_ERROR(env_int("BRAID_SHM_SLOTS", 2, 64, &slots, &present));
   c.shm_slots = static_cast<int>(slots);
+  long reads = 1;
+  BRAID_RETURN_IF_ERROR(env_int("BRAID_SHM_PEER_READS", 0, 1, &reads, &present));
+  c.shm_peer_reads = reads != 0;
+  BRAID_RETURN_IF_ERROR(
+      env_size("BRAID_PEER_READ_MIN_BYTES", 0, size_t{1} << 40, &c.peer_read_min_bytes, &present));
   BRAID_RETURN_IF_ERROR(env_size("BRAID_TCP_SLOT_BYTES", 4096, 64u << 20, &c.tcp_slot_bytes, &present));
   slots = c.tcp_slots;
   BRAID_RETURN_IF_ERROR(env_int("BRAID_TCP_SLOTS", 2, 64, &slots, &present));
@@ -133,8 +138,10 @@ Status Config::from_env(Config* out) {
       c.all_reduce_algo = AllReduceAlgo::kRing;
     else if (!std::strcmp(a, "direct"))
       c.all_reduce_algo = AllReduceAlgo::kDirect;
+    else if (!std::strcmp(a, "peer_read"))
+      c.all_reduce_algo = AllReduceAlgo::kPeerRead;
     else
-      return bad("BRAID_ALGO", a, "auto, ring or direct");
+      return bad("BRAID_ALGO", a, "auto, ring, direct or peer_read");
   }
   BRAID_RETURN_IF_ERROR(env_size("BRAID_DIRECT_MAX_BYTES", 0, 1u << 30, &c.direct_max_bytes, &present));
   *out = c;

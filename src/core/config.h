@@ -10,7 +10,7 @@
 namespace braid {
 
 enum class TransportChoice { kAuto, kShm, kTcp };
-enum class AllReduceAlgo { kAuto, kRing, kDirect };
+enum class AllReduceAlgo { kAuto, kRing, kDirect, kPeerRead };
 
 struct Config {
   double timeout_s = 600.0;                              // BRAID_TIMEOUT
@@ -19,10 +19,12 @@ struct Config {
   std::string host_id;                                   // BRAID_HOST_ID (default: hostname + boot id)
   size_t shm_slot_bytes = 256 * 1024;                    // BRAID_SHM_SLOT_BYTES
   int shm_slots = 4;                                     // BRAID_SHM_SLOTS
+  bool shm_peer_reads = true;                            // BRAID_SHM_PEER_READS=0: no process_vm_readv
+  size_t peer_read_min_bytes = 256 * 1024;               // BRAID_PEER_READ_MIN_BYTES
   size_t tcp_slot_bytes = 512 * 1024;                    // BRAID_TCP_SLOT_BYTES
   int tcp_slots = 4;                                     // BRAID_TCP_SLOTS
   double spin_us = 30.0;                                 // BRAID_SPIN_US: spin this long before blocking
-  AllReduceAlgo all_reduce_algo = AllReduceAlgo::kAuto;  // BRAID_ALGO=ring|direct
+  AllReduceAlgo all_reduce_algo = AllReduceAlgo::kAuto;  // BRAID_ALGO=ring|direct|peer_read
   size_t direct_max_bytes = 16 * 1024;                   // BRAID_DIRECT_MAX_BYTES
 
   static Status from_env(Config* out);

@@ -41,8 +41,9 @@ class Op {
   int lane_peer = -1;
   bool async = false;
   Task task;
-  std::vector<char> scratch;  // temporary buffers the algorithm owns
-  Status failure;             // set by an algorithm that found a protocol error
+  std::vector<char> input_copy;  // the input, when it overlapped the output badly
+  std::vector<char> work;        // temporary buffers the algorithm owns
+  Status failure;                // set by an algorithm that found a protocol error
 
   // Engine state (driver thread only, except `done` and `status` after done).
   bool started = false;

@@ -30,9 +30,15 @@ struct Doorbell {
   std::atomic<uint32_t> seq{0};
   std::atomic<uint32_t> sleepers{0};
 
+  // The ringer publishes its data first; the fence orders that store before
+  // the sleepers load (a waiter increments sleepers before its last check),
+  // so either the waiter sees the data or we see the waiter. Only then is the
+  // shared cache line written and the syscall made.
   void ring(bool shared) {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (sleepers.load(std::memory_order_relaxed) == 0) return;
     seq.fetch_add(1, std::memory_order_seq_cst);
-    if (sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(&seq, shared);
+    futex_wake_all(&seq, shared);
   }
 };
 

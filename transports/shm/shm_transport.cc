@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,10 +22,15 @@ namespace {
 constexpr uint64_t kSegmentMagic = 0x67657344494152ull;  // "BRAIDseg"
 constexpr size_t kCacheLine = 64;
 
+// A value in each process that peers read once at setup to learn whether
+// cross-memory attach (process_vm_readv) is permitted between them.
+const uint64_t kPeerReadProbe = 0x6272616964636d61ull;
+
 struct alignas(kCacheLine) SegmentHeader {
   uint64_t magic;
   int32_t pid;
   int32_t rank;
+  uint64_t probe_addr;  // &kPeerReadProbe in the owner's address space
   alignas(kCacheLine) Doorbell bell;
   alignas(kCacheLine) std::atomic<uint32_t> failed;  // 0, or the braid_result_t that failed this rank
   char reason[512];
@@ -117,6 +124,27 @@ class ShmConnection : public Connection {
     theirs_->bell.ring(true);
   }
   Status progress() override { return Status::ok(); }
+  bool supports_peer_reads() const override { return peer_reads_; }
+  Status read_peer(void* dst, uint64_t remote, size_t bytes) override {
+    char* d = static_cast<char*>(dst);
+    while (bytes > 0) {
+      iovec local{d, bytes}, far{reinterpret_cast<void*>(remote), bytes};
+      ssize_t n = process_vm_readv(peer_pid_, &local, 1, &far, 1, 0);
+      if (n <= 0) {
+        if (n < 0 && errno == EINTR) continue;
+        int err = n < 0 ? errno : EFAULT;
+        return Status(err == ESRCH ? BRAID_ERR_REMOTE : BRAID_ERR_SYSTEM,
+                      "reading " + std::to_string(bytes) + " bytes from rank " + std::to_string(peer_) +
+                          " (pid " + std::to_string(peer_pid_) +
+                          ") with process_vm_readv: " + std::strerror(err));
+      }
+      d += n;
+      remote += static_cast<uint64_t>(n);
+      bytes -= static_cast<size_t>(n);
+    }
+    return Status::ok();
+  }
+  void enable_peer_reads() { peer_reads_ = true; }
   Status check_peer(bool thorough) override {
     if (uint32_t code = theirs_->failed.load(std::memory_order_acquire); code != 0) {
       char reason[sizeof(theirs_->reason)];
@@ -153,7 +181,17 @@ class ShmConnection : public Connection {
   uint64_t received_ = 0;
   int peer_;
   int peer_pid_ = 0;
+  bool peer_reads_ = false;
 };
+
+// Whether process_vm_readv can read `peer`'s probe value (permissions,
+// seccomp and Yama can each forbid it).
+bool probe_peer_reads(const SegmentHeader* peer) {
+  uint64_t got = 0;
+  iovec local{&got, sizeof(got)}, far{reinterpret_cast<void*>(peer->probe_addr), sizeof(got)};
+  return process_vm_readv(peer->pid, &local, 1, &far, 1, 0) == static_cast<ssize_t>(sizeof(got)) &&
+         got == kPeerReadProbe;
+}
 
 Status map_segment(const std::string& name, size_t bytes, bool create, void** base) {
   int fd = shm_open(name.c_str(), create ? (O_CREAT | O_EXCL | O_RDWR) : O_RDWR, 0600);
@@ -202,11 +240,15 @@ Status ShmTransport::setup(Bootstrap& bootstrap, const std::vector<int>& host_gr
       h->magic = kSegmentMagic;
       h->pid = static_cast<int32_t>(getpid());
       h->rank = me;
+      h->probe_addr = reinterpret_cast<uint64_t>(&kPeerReadProbe);
       h->failed.store(0);
       std::memset(h->reason, 0, sizeof(h->reason));
       t->maps_.push_back(std::move(m));
     }
   }
+  // Let local peers read our memory with process_vm_readv where Yama would
+  // otherwise allow only our ancestors to (harmless where Yama is absent).
+  prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
   // Every rank takes part in the barriers, so a failure anywhere is seen everywhere.
   uint8_t ok = st ? 1 : 0;
   std::vector<uint8_t> oks;
@@ -228,14 +270,20 @@ Status ShmTransport::setup(Bootstrap& bootstrap, const std::vector<int>& host_gr
     }
     t->maps_.push_back(std::move(m));
   }
-  ok = st ? 1 : 0;
+  bool reads_ok = config.shm_peer_reads;
+  for (size_t i = 1; st && reads_ok && i < t->maps_.size(); ++i)
+    reads_ok = probe_peer_reads(t->maps_[i]->header());
+  ok = static_cast<uint8_t>((st ? 1 : 0) | (reads_ok ? 2 : 0));
   Status barrier = bootstrap.all_gather(&ok, 1, &oks, deadline);
   if (npeers > 0) shm_unlink(my_name.c_str());
   BRAID_RETURN_IF_ERROR(barrier);
   if (!st) return st;
-  for (size_t r = 0; r < oks.size(); ++r)
-    if (!oks[r])
+  bool all_reads = true;
+  for (size_t r = 0; r < oks.size(); ++r) {
+    if (!(oks[r] & 1))
       return Status::remote("rank " + std::to_string(r) + " could not map a shared memory segment");
+    all_reads = all_reads && (oks[r] & 2);
+  }
 
   // FIFO index of sender `s` inside receiver `r`'s segment.
   auto fifo_index = [&](int channel, int receiver, int sender) {
@@ -247,9 +295,12 @@ Status ShmTransport::setup(Bootstrap& bootstrap, const std::vector<int>& host_gr
   for (size_t i = 1; i < t->maps_.size(); ++i) {
     int peer = t->maps_[i]->rank;
     for (int c = 0; c < nchannels; ++c) {
-      t->conns_.push_back(std::make_unique<ShmConnection>(t->maps_[0].get(), t->maps_[i].get(),
-                                                          fifo_index(c, me, peer), fifo_index(c, peer, me),
-                                                          layout, config, peer));
+      auto conn =
+          std::make_unique<ShmConnection>(t->maps_[0].get(), t->maps_[i].get(), fifo_index(c, me, peer),
+                                          fifo_index(c, peer, me), layout, config, peer);
+      // Every rank decides alike, so algorithms that read peers agree.
+      if (all_reads) conn->enable_peer_reads();
+      t->conns_.push_back(std::move(conn));
       t->conn_peer_.push_back(peer);
       t->conn_channel_.push_back(c);
     }
