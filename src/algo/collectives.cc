@@ -52,6 +52,12 @@ AllReduceKind choose_all_reduce(const Config& config, size_t bytes, size_t piece
   return AllReduceKind::kRing;
 }
 
+bool use_peer_reads(const Config& config, size_t bytes, bool peer_reads) {
+  if (!peer_reads) return false;
+  if (config.all_reduce_algo == AllReduceAlgo::kPeerRead) return true;
+  return config.all_reduce_algo == AllReduceAlgo::kAuto && bytes >= config.peer_read_min_bytes;
+}
+
 bool channel_reads_peers(const Channel& ch) {
   for (int p = 0; p < ch.nranks; ++p)
     if (p != ch.rank && !ch.to(p)->supports_peer_reads()) return false;
@@ -117,31 +123,53 @@ Task direct_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
   finish_avg(a, a.recvbuf, a.count, n);
 }
 
-Task peer_read_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
+// ---- algorithms that read peers' buffers directly (shm: process_vm_readv) ----
+
+namespace {
+
+struct PeerBuffers {
+  uint64_t send, recv;  // addresses in the peer's process
+};
+
+// Every rank learns every rank's buffer addresses.
+Task exchange_buffers(const Channel& ch, const CollArgs& a, std::vector<PeerBuffers>* all) {
+  const int n = ch.nranks, r = ch.rank;
+  const PeerBuffers mine{reinterpret_cast<uint64_t>(a.sendbuf), reinterpret_cast<uint64_t>(a.recvbuf)};
+  all->assign(n, PeerBuffers{});
+  (*all)[r] = mine;
+  for (int s = 1; s < n; ++s)
+    co_await exchange(ch, mod(r + s, n), &mine, sizeof(mine), mod(r - s, n), &(*all)[mod(r - s, n)],
+                      sizeof(PeerBuffers));
+}
+
+// Returns once every rank has reached the same point (empty messages with
+// every peer): phases that read peers' buffers are ordered by it.
+Task sync_all(const Channel& ch) {
+  const int n = ch.nranks, r = ch.rank;
+  for (int s = 1; s < n; ++s) co_await exchange(ch, mod(r + s, n), nullptr, 0, mod(r - s, n), nullptr, 0);
+}
+
+Task read_from(const Channel& ch, int peer, void* dst, uint64_t remote, size_t bytes) {
+  if (bytes == 0) co_return;
+  Status st = ch.to(peer)->read_peer(dst, remote, bytes);
+  if (!st) co_await FailOp{st};
+}
+
+// out[0, count) = the reduction, in rank order, of every rank's `count`
+// elements at byte offset `in_off` of its sendbuf (ours at `own_in`). Rank
+// order is the same everywhere, so results are bit-identical on all ranks.
+// scratch: 2 * piece_bytes.
+Task reduce_reading_peers(const Channel& ch, const CollArgs& a, const std::vector<PeerBuffers>& addr,
+                          const char* own_in, size_t in_off, char* out, size_t count, char* scratch) {
   const int n = ch.nranks, r = ch.rank;
   const size_t esize = braid_dtype_size(a.dtype);
   const size_t chunk = std::max<size_t>(1, ch.piece_bytes / esize);  // elements per read
-  char* out = static_cast<char*>(a.recvbuf);
-  const char* in = static_cast<const char*>(a.sendbuf);
-  char* tmp = scratch;                   // a peer's chunk
-  char* mine = scratch + chunk * esize;  // our own chunk, when in place
-  struct Addresses {
-    uint64_t send, recv;
-  } my_addr{reinterpret_cast<uint64_t>(a.sendbuf), reinterpret_cast<uint64_t>(a.recvbuf)};
-  std::vector<Addresses> addr(n);
-  addr[r] = my_addr;
-  for (int s = 1; s < n; ++s)
-    co_await exchange(ch, mod(r + s, n), &my_addr, sizeof(my_addr), mod(r - s, n), &addr[mod(r - s, n)],
-                      sizeof(Addresses));
-
-  // 1. Reduce our slice, reading every rank's input in rank order (the same
-  //    order everywhere, so every rank ends with identical bits).
-  Split slice(a.count, static_cast<size_t>(n));
-  const size_t begin = slice.begin(static_cast<size_t>(r)), end = begin + slice.size(static_cast<size_t>(r));
-  for (size_t e = begin; e < end; e += chunk) {
-    const size_t len = std::min(chunk, end - e), bytes = len * esize, off = e * esize;
-    const char* own = in + off;
-    if (in == out && r != 0) {
+  char* tmp = scratch;                                               // a peer's chunk
+  char* mine = scratch + chunk * esize;                              // our own chunk, when out overwrites it
+  for (size_t e = 0; e < count; e += chunk) {
+    const size_t len = std::min(chunk, count - e), bytes = len * esize, off = e * esize;
+    const char* own = own_in + off;
+    if (own == out + off && r != 0) {
       std::memcpy(mine, own, bytes);  // out is about to take rank 0's data
       own = mine;
     }
@@ -149,8 +177,7 @@ Task peer_read_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
       const char* src = own;
       if (p != r) {
         char* dst = p == 0 ? out + off : tmp;
-        Status st = ch.to(p)->read_peer(dst, addr[p].send + off, bytes);
-        if (!st) co_await FailOp{st};
+        co_await read_from(ch, p, dst, addr[p].send + in_off + off, bytes);
         src = dst;
       }
       if (p == 0) {
@@ -160,19 +187,68 @@ Task peer_read_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
       }
     }
   }
-  finish_avg(a, out + begin * esize, end - begin, n);
-  // 2. Everyone's slice is final once every rank has said so.
-  for (int s = 1; s < n; ++s) co_await exchange(ch, mod(r + s, n), nullptr, 0, mod(r - s, n), nullptr, 0);
-  // 3. Copy the other slices from their owners' outputs.
+}
+
+}  // namespace
+
+Task peer_read_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
+  const int n = ch.nranks, r = ch.rank;
+  const size_t esize = braid_dtype_size(a.dtype);
+  char* out = static_cast<char*>(a.recvbuf);
+  std::vector<PeerBuffers> addr;
+  co_await exchange_buffers(ch, a, &addr);
+  // 1. Reduce our slice; 2. wait until every slice is final; 3. copy the
+  // other slices from their owners' outputs; 4. nobody reuses its buffers
+  // while another rank still reads them.
+  Split slice(a.count, static_cast<size_t>(n));
+  const size_t begin = slice.begin(static_cast<size_t>(r)), len = slice.size(static_cast<size_t>(r));
+  co_await reduce_reading_peers(ch, a, addr, static_cast<const char*>(a.sendbuf) + begin * esize,
+                                begin * esize, out + begin * esize, len, scratch);
+  finish_avg(a, out + begin * esize, len, n);
+  co_await sync_all(ch);
   for (int s = 1; s < n; ++s) {
-    const size_t p = static_cast<size_t>(mod(r + s, n));
-    const size_t off = slice.begin(p) * esize, bytes = slice.size(p) * esize;
-    if (bytes == 0) continue;
-    Status st = ch.to(static_cast<int>(p))->read_peer(out + off, addr[p].recv + off, bytes);
-    if (!st) co_await FailOp{st};
+    const int p = mod(r + s, n);
+    const size_t off = slice.begin(static_cast<size_t>(p)) * esize;
+    co_await read_from(ch, p, out + off, addr[p].recv + off, slice.size(static_cast<size_t>(p)) * esize);
   }
-  // 4. Nobody may reuse its buffers while another rank still reads them.
-  for (int s = 1; s < n; ++s) co_await exchange(ch, mod(r + s, n), nullptr, 0, mod(r - s, n), nullptr, 0);
+  co_await sync_all(ch);
+}
+
+Task peer_read_reduce_scatter(const Channel& ch, CollArgs a, char* scratch) {
+  const int n = ch.nranks, r = ch.rank;
+  const size_t block = a.count * braid_dtype_size(a.dtype);
+  std::vector<PeerBuffers> addr;
+  co_await exchange_buffers(ch, a, &addr);
+  co_await reduce_reading_peers(ch, a, addr, static_cast<const char*>(a.sendbuf) + r * block, r * block,
+                                static_cast<char*>(a.recvbuf), a.count, scratch);
+  finish_avg(a, a.recvbuf, a.count, n);
+  co_await sync_all(ch);
+}
+
+Task peer_read_all_gather(const Channel& ch, CollArgs a) {
+  const int n = ch.nranks, r = ch.rank;
+  const size_t block = a.count * braid_dtype_size(a.dtype);
+  char* out = static_cast<char*>(a.recvbuf);
+  std::vector<PeerBuffers> addr;
+  co_await exchange_buffers(ch, a, &addr);
+  copy_if_distinct(out + r * block, a.sendbuf, block);
+  for (int s = 1; s < n; ++s) {
+    const int p = mod(r + s, n);
+    co_await read_from(ch, p, out + p * block, addr[p].send, block);
+  }
+  co_await sync_all(ch);
+}
+
+Task peer_read_broadcast(const Channel& ch, CollArgs a) {
+  const size_t bytes = a.count * braid_dtype_size(a.dtype);
+  std::vector<PeerBuffers> addr;
+  co_await exchange_buffers(ch, a, &addr);
+  if (ch.rank == a.root) {
+    copy_if_distinct(a.recvbuf, a.sendbuf, bytes);
+  } else {
+    co_await read_from(ch, a.root, a.recvbuf, addr[a.root].send, bytes);
+  }
+  co_await sync_all(ch);
 }
 
 Task chain_broadcast(const Channel& ch, CollArgs a) {

@@ -29,8 +29,13 @@ bool channel_reads_peers(const Channel& ch);
 
 Task ring_all_reduce(const Channel& ch, CollArgs a);
 Task direct_all_reduce(const Channel& ch, CollArgs a, char* scratch);
-// scratch: 2 * piece_bytes.
+// Read peers' buffers directly (channel_reads_peers); scratch: 2 * piece_bytes.
 Task peer_read_all_reduce(const Channel& ch, CollArgs a, char* scratch);
+Task peer_read_reduce_scatter(const Channel& ch, CollArgs a, char* scratch);
+Task peer_read_all_gather(const Channel& ch, CollArgs a);
+Task peer_read_broadcast(const Channel& ch, CollArgs a);
+// Whether a bandwidth collective of `bytes` should read peers directly.
+bool use_peer_reads(const Config& config, size_t bytes, bool peer_reads);
 Task chain_broadcast(const Channel& ch, CollArgs a);
 Task chain_reduce(const Channel& ch, CollArgs a);
 Task ring_all_gather(const Channel& ch, CollArgs a);

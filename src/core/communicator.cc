@@ -330,16 +330,23 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
       }
       break;
     case OpKind::kBroadcast:
-      op->task = chain_broadcast(coll_channel_, a);
+      op->task = use_peer_reads(config_, a.count * esize, peer_reads_) ? peer_read_broadcast(coll_channel_, a)
+                                                                       : chain_broadcast(coll_channel_, a);
       break;
     case OpKind::kReduce:
       op->task = chain_reduce(coll_channel_, a);
       break;
     case OpKind::kAllGather:
-      op->task = ring_all_gather(coll_channel_, a);
+      op->task = use_peer_reads(config_, out_bytes, peer_reads_) ? peer_read_all_gather(coll_channel_, a)
+                                                                 : ring_all_gather(coll_channel_, a);
       break;
     case OpKind::kReduceScatter:
-      op->task = ring_reduce_scatter(coll_channel_, a);
+      if (use_peer_reads(config_, in_bytes, peer_reads_)) {
+        op->work.resize(2 * coll_channel_.piece_bytes);
+        op->task = peer_read_reduce_scatter(coll_channel_, a, op->work.data());
+      } else {
+        op->task = ring_reduce_scatter(coll_channel_, a);
+      }
       break;
     case OpKind::kGather:
       op->task = direct_gather(coll_channel_, a);
