@@ -70,14 +70,18 @@ INSTANTIATE_TEST_SUITE_P(Ranks, CheckMatrixTest,
                          });
 
 // The harness must not be vacuous: corrupt the result of every 7th check on
-// one rank and require exactly those checks to be reported, on every rank.
+// one rank and require exactly those checks to be reported, on every rank,
+// with failure lines that name the check, the index, expected and got.
 TEST(CheckMatrixHarness, DetectsInjectedFaults) {
+  FILE* log = std::tmpfile();  // shared by the forked ranks
+  ASSERT_NE(log, nullptr);
   CheckOptions opts;
   opts.counts = {0, 5, 1000};
   opts.dtypes = {BRAID_INT32, BRAID_FLOAT16, BRAID_FLOAT64};
   opts.inject_fault_every = 7;
   opts.max_failure_lines = 3;
   opts.op_timeout_s = 120;
+  opts.log = log;
   auto result = braid::launcher::fork_ranks(
       launch_options(3, "shm"), [&](braid_comm_t comm, int rank, int, const braid_unique_id_t&) {
         CheckReport rep = braid::check::run_check_matrix(comm, opts);
@@ -87,7 +91,18 @@ TEST(CheckMatrixHarness, DetectsInjectedFaults) {
                            !rep.stopped_early && !rep.ok();
         return as_expected ? 0 : 1;
       });
-  ASSERT_TRUE(result.ok()) << result.describe();
+  std::string text;
+  std::fseek(log, 0, SEEK_SET);
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, log)) > 0;) text.append(buf, n);
+  std::fclose(log);
+  ASSERT_TRUE(result.ok()) << result.describe() << text;
+  EXPECT_NE(text.find(": FAIL all_reduce int32 op="), std::string::npos) << text;
+  EXPECT_NE(text.find(" elements wrong, first "), std::string::npos) << text;
+  EXPECT_NE(text.find(": expected 0x"), std::string::npos) << text;
+  EXPECT_NE(text.find(" got 0x"), std::string::npos) << text;
+  EXPECT_NE(text.find("wrote outside the output"), std::string::npos) << text;
+  EXPECT_NE(text.find("more failures; not printing them"), std::string::npos) << text;
 }
 
 TEST(CheckMatrixHarness, ParsesNames) {

@@ -28,6 +28,61 @@ void op_finished(Op* op) {
 
 namespace {
 
+constexpr size_t kFrameGrain = 64;
+constexpr size_t kFrameClasses = 32;  // frames up to 2 KiB are recycled
+constexpr int kFramesKept = 64;       // per class and thread
+
+struct FramePool {
+  struct Node {
+    Node* next;
+  };
+  Node* head[kFrameClasses] = {};
+  int count[kFrameClasses] = {};
+  ~FramePool() {
+    for (Node* n : head) {
+      while (n != nullptr) {
+        Node* next = n->next;
+        ::operator delete(n);
+        n = next;
+      }
+    }
+  }
+};
+
+FramePool& frame_pool() {
+  thread_local FramePool pool;
+  return pool;
+}
+
+}  // namespace
+
+void* frame_alloc(size_t bytes) {
+  const size_t cls = (bytes + kFrameGrain - 1) / kFrameGrain;
+  if (cls >= kFrameClasses) return ::operator new(bytes);
+  FramePool& pool = frame_pool();
+  if (FramePool::Node* n = pool.head[cls]) {
+    pool.head[cls] = n->next;
+    --pool.count[cls];
+    return n;
+  }
+  return ::operator new(cls* kFrameGrain);
+}
+
+void frame_free(void* frame, size_t bytes) {
+  const size_t cls = (bytes + kFrameGrain - 1) / kFrameGrain;
+  if (cls >= kFrameClasses || frame_pool().count[cls] >= kFramesKept) {
+    ::operator delete(frame);
+    return;
+  }
+  FramePool& pool = frame_pool();
+  auto* n = static_cast<FramePool::Node*>(frame);
+  n->next = pool.head[cls];
+  pool.head[cls] = n;
+  ++pool.count[cls];
+}
+
+namespace {
+
 // How long a blocked driver sleeps before it re-checks deadlines and peers.
 constexpr int kBlockMs = 20;
 // While any connection is tcp and shm is mixed in, poll cannot see the shm
@@ -116,8 +171,10 @@ void Engine::complete(const std::shared_ptr<Op>& op, const Status& st) {
   op->task = Task();  // frees the coroutine frames
   op->wait = nullptr;
   active_.fetch_sub(1);
-  op->done.store(1, std::memory_order_release);
-  futex_wake_all(&op->done, false);
+  // Most ops complete on the thread that waits for them: skip the syscall
+  // unless another thread sleeps on this op (it counts itself in first).
+  op->done.store(1, std::memory_order_seq_cst);
+  if (op->sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(&op->done, false);
 }
 
 bool Engine::advance_lane(Lane& lane) {
@@ -287,7 +344,9 @@ Status Engine::wait(Op& op) {
       }
       break;
     }
-    futex_wait(&op.done, 0, 1, false);
+    op.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    if (!is_done(op)) futex_wait(&op.done, 0, 1, false);
+    op.sleepers.fetch_sub(1, std::memory_order_seq_cst);
   }
   return op.status;
 }

@@ -53,6 +53,7 @@ class Op {
   Deadline deadline;
   Status status;
   std::atomic<uint32_t> done{0};
+  std::atomic<uint32_t> sleepers{0};  // threads in futex_wait on `done`
 };
 
 class Engine {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <coroutine>
+#include <cstddef>
 #include <exception>
 #include <utility>
 
@@ -30,12 +31,20 @@ Op*& current_op();
 void op_suspend(Op* op, std::coroutine_handle<> leaf, const WaitPoint* wait);
 void op_finished(Op* op);
 
+// Coroutine frames come and go with every operation: recycle them through
+// small per-thread free lists instead of the general allocator.
+void* frame_alloc(size_t bytes);
+void frame_free(void* frame, size_t bytes);
+
 // A lazily started coroutine that can be co_awaited by another Task.
 class [[nodiscard]] Task {
  public:
   struct promise_type {
     std::coroutine_handle<> continuation;
     Op* top_level_op = nullptr;  // set only on an op's outermost task
+
+    static void* operator new(size_t bytes) { return frame_alloc(bytes); }
+    static void operator delete(void* frame, size_t bytes) { frame_free(frame, bytes); }
 
     Task get_return_object() { return Task(std::coroutine_handle<promise_type>::from_promise(*this)); }
     std::suspend_always initial_suspend() noexcept { return {}; }

@@ -493,20 +493,84 @@ Expect reduce_ref(const Gen& g, braid_redop_t op, uint64_t idx) {
 
 // One allocation: [front guard][data: elems elements][back guard], every byte
 // initialised (junk or input) and snapshotted before the call.
-class Buffer {
+// Recycles allocations between the checks of a group: fresh pages cost a
+// fault each, which otherwise dominates the largest checks.
+class Pool {
  public:
-  Buffer(const char* name, size_t elems, size_t es, size_t guard, size_t misalign, uint64_t junk_key)
-      : name_(name), elems_(elems), es_(es) {
-    front_ = guard + misalign;
-    total_ = front_ + elems * es + guard;
-    base_ = static_cast<uint8_t*>(::operator new(total_, std::align_val_t(64)));
-    uint64_t k = junk_key;
-    for (size_t i = 0; i < total_; i += 8) {
-      uint64_t w = mix64(k + i);
-      std::memcpy(base_ + i, &w, std::min<size_t>(8, total_ - i));
+  Pool() = default;
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+  ~Pool() { clear(); }
+
+  uint8_t* get(size_t bytes, size_t* capacity) {
+    size_t best = free_.size();
+    for (size_t i = 0; i < free_.size(); ++i)
+      if (free_[i].cap >= bytes && (best == free_.size() || free_[i].cap < free_[best].cap)) best = i;
+    if (best != free_.size()) {
+      Block b = free_[best];
+      free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(best));
+      *capacity = b.cap;
+      return b.ptr;
+    }
+    size_t cap = (std::max<size_t>(bytes, 1) + 4095) & ~size_t{4095};
+    *capacity = cap;
+    return static_cast<uint8_t*>(::operator new(cap, std::align_val_t(64)));
+  }
+  void put(uint8_t* p, size_t cap) {
+    if (p == nullptr) return;
+    free_.push_back({p, cap});
+    if (free_.size() > kMaxFree) {
+      ::operator delete(free_.front().ptr, std::align_val_t(64));
+      free_.erase(free_.begin());
     }
   }
-  ~Buffer() { ::operator delete(base_, std::align_val_t(64)); }
+  void clear() {
+    for (const Block& b : free_) ::operator delete(b.ptr, std::align_val_t(64));
+    free_.clear();
+  }
+
+ private:
+  static constexpr size_t kMaxFree = 12;
+  struct Block {
+    uint8_t* ptr;
+    size_t cap;
+  };
+  std::vector<Block> free_;
+};
+
+// One allocation: [front guard][data: elems elements][back guard], every byte
+// initialised (junk or input) and snapshotted before the call.
+class Buffer {
+ public:
+  Buffer(Pool& pool, const char* name, size_t elems, size_t es, size_t guard, size_t misalign,
+         uint64_t junk_key)
+      : pool_(pool), name_(name), elems_(elems), es_(es) {
+    front_ = guard + misalign;
+    total_ = front_ + elems * es + guard;
+    base_ = pool_.get(total_, &cap_);
+    // xorshift64*: cheap, and not periodic (a periodic pattern could hide a
+    // library that moves bytes around inside the buffer).
+    uint64_t x = junk_key | 1;
+    auto next = [&x] {
+      x ^= x >> 12;
+      x ^= x << 25;
+      x ^= x >> 27;
+      return x * 0x2545f4914f6cdd1dull;
+    };
+    size_t i = 0;
+    for (; i + 8 <= total_; i += 8) {
+      uint64_t w = next();
+      std::memcpy(base_ + i, &w, 8);
+    }
+    if (i < total_) {
+      uint64_t w = next();
+      std::memcpy(base_ + i, &w, total_ - i);
+    }
+  }
+  ~Buffer() {
+    pool_.put(base_, cap_);
+    pool_.put(snap_, snap_cap_);
+  }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
 
@@ -520,11 +584,14 @@ class Buffer {
     std::memcpy(&b, base_ + front_ + i * es_, es_);
     return b;
   }
-  void snapshot() { snap_.assign(base_, base_ + total_); }
+  void snapshot() {
+    if (snap_ == nullptr) snap_ = pool_.get(total_, &snap_cap_);
+    std::memcpy(snap_, base_, total_);
+  }
 
   // First byte in [lo, hi) (offsets into the allocation) that differs from the snapshot, or -1.
   int64_t first_change(size_t lo, size_t hi) const {
-    if (lo >= hi || std::memcmp(base_ + lo, snap_.data() + lo, hi - lo) == 0) return -1;
+    if (lo >= hi || std::memcmp(base_ + lo, snap_ + lo, hi - lo) == 0) return -1;
     for (size_t i = lo; i < hi; ++i)
       if (base_[i] != snap_[i]) return static_cast<int64_t>(i);
     return -1;
@@ -535,11 +602,14 @@ class Buffer {
   size_t total() const { return total_; }
 
  private:
+  Pool& pool_;
   const char* name_;
   size_t elems_, es_;
   size_t front_ = 0, total_ = 0;
   uint8_t* base_ = nullptr;
-  std::vector<uint8_t> snap_;
+  size_t cap_ = 0;
+  uint8_t* snap_ = nullptr;
+  size_t snap_cap_ = 0;
 };
 
 struct Output {
@@ -676,6 +746,7 @@ class Runner {
   uint64_t seq_ = 0;
   int lines_ = 0;
   bool broken_ = false;
+  Pool pool_;
   // Current group.
   std::vector<uint8_t> g_flags_;
   int64_t g_checks_ = 0, g_failed_ = 0, g_wrong_ = 0, g_api_ = 0, g_injected_ = 0;
@@ -784,7 +855,7 @@ void Runner::complete(std::vector<braid_request_t>& reqs, int style, Result& res
 std::unique_ptr<Buffer> Runner::make(const Desc& d, const char* name, size_t elems, int salt) {
   uint64_t key =
       mix64(d.seed ^ mix64(0x6a756e6bull + static_cast<uint64_t>(rank_) * 131 + static_cast<uint64_t>(salt)));
-  return std::make_unique<Buffer>(name, elems, esize(d.dt), o_.guard_bytes, d.misalign, key);
+  return std::make_unique<Buffer>(pool_, name, elems, esize(d.dt), o_.guard_bytes, d.misalign, key);
 }
 
 void Runner::verify(Buffer& b, const Output* out, braid_dtype_t dt, Result& res) {
@@ -1331,6 +1402,7 @@ bool Runner::finish_group(const std::string& label, std::chrono::steady_clock::t
     say("braid-check: %-44s %5" PRId64 " checks, %" PRId64 " failed (%.3f s)", label.c_str(), g_checks_,
         distinct, std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   g_flags_.clear();
+  pool_.clear();  // the next group has other sizes
   g_checks_ = g_failed_ = g_wrong_ = g_api_ = g_injected_ = 0;
   if (stop) {
     rep_.stopped_early = true;
