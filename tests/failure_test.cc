@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -60,19 +61,33 @@ TEST_P(FailureTransports, KilledPeerGivesRemoteErrorNotTimeout) {
 
 TEST_P(FailureTransports, AbsentPeerTimesOutNamingOperationAndPeer) {
   Env env = transport_env(GetParam());
-  env.push_back({"BRAID_DEBUG", "NONE"});
+  env.push_back({"BRAID_DEBUG", "INFO"});
   run_ranks(2, env, [](braid_comm_t comm, int rank, int) {
     if (rank == 1) {
       // Stays alive but never joins the collective.
       std::this_thread::sleep_for(std::chrono::seconds(2));
       return;
     }
+    // Capture this rank's log to check the pending-operation report.
+    char path[] = "/tmp/braid-failure-test-XXXXXX";
+    int fd = mkstemp(path);
+    ASSERT_GE(fd, 0);
+    int saved = dup(STDERR_FILENO);
+    dup2(fd, STDERR_FILENO);
     BRAID_ASSERT_OK(braid_comm_set_timeout(comm, 0.5));
     float x = 1;
-    EXPECT_EQ(braid_all_reduce(&x, &x, 1, BRAID_FLOAT32, BRAID_SUM, comm, nullptr), BRAID_ERR_TIMEOUT);
+    braid_result_t r = braid_all_reduce(&x, &x, 1, BRAID_FLOAT32, BRAID_SUM, comm, nullptr);
+    dup2(saved, STDERR_FILENO);
+    EXPECT_EQ(r, BRAID_ERR_TIMEOUT);
     const char* msg = braid_comm_get_last_error(comm);
     EXPECT_TRUE(contains(msg, "all_reduce #0")) << msg;
     EXPECT_TRUE(contains(msg, "rank 1")) << msg;
+    std::string log(4096, '\0');
+    log.resize(static_cast<size_t>(std::max<ssize_t>(0, pread(fd, log.data(), log.size(), 0))));
+    close(fd);
+    unlink(path);
+    EXPECT_TRUE(contains(log.c_str(), "operations in flight")) << log;
+    EXPECT_TRUE(contains(log.c_str(), "all_reduce #0: waiting for a message from rank 1")) << log;
   });
 }
 

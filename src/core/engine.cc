@@ -230,6 +230,23 @@ bool Engine::advance() {
   return progressed;
 }
 
+void Engine::log_pending(const char* why) {
+  if (log_level() < LogLevel::kInfo) return;
+  BRAID_INFO("COLL", rank_, "%s; operations in flight:", why);
+  for (auto& lane : lanes_) {
+    for (auto& op : lane.ops) {
+      if (op->started && op->wait != nullptr) {
+        BRAID_INFO("COLL", rank_, "  %s #%llu: waiting %s rank %d", op->name.c_str(),
+                   static_cast<unsigned long long>(op->seq), op->wait->what, op->wait->peer);
+      } else {
+        BRAID_INFO("COLL", rank_, "  %s #%llu: %s", op->name.c_str(),
+                   static_cast<unsigned long long>(op->seq),
+                   op->started ? "running" : "queued behind the one above");
+      }
+    }
+  }
+}
+
 void Engine::check_peers(bool thorough) {
   for (auto& lane : lanes_) {
     if (lane.ops.empty()) continue;
@@ -237,6 +254,7 @@ void Engine::check_peers(bool thorough) {
     if (op.started && op.deadline.expired()) {
       const char* what = op.wait ? op.wait->what : "to start";
       int peer = op.wait ? op.wait->peer : -1;
+      log_pending("timed out");
       fail_all(Status::timeout("rank " + std::to_string(rank_) + ": " + op.name + " #" +
                                std::to_string(op.seq) + " timed out after " +
                                std::to_string(timeout_s_.load()) + " s waiting " + what +

@@ -96,6 +96,8 @@ class Engine {
   bool advance_lane(Lane& lane);
   void block(int max_ms);
   void check_peers(bool thorough);
+  // With BRAID_DEBUG=INFO: one line per operation in flight and what it waits on.
+  void log_pending(const char* why);
   void fail_all(const Status& why);
   void complete(const std::shared_ptr<Op>& op, const Status& st);
   void progress_loop();
