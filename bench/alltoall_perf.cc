@@ -5,12 +5,17 @@
 
 namespace {
 
+using braid_perf::MpiArgs;
 using braid_perf::Reference;
 using braid_perf::RunArgs;
 using braid_perf::Span;
 
 braid_result_t run(const RunArgs& a) {
   return braid_all_to_all(a.sendbuf, a.recvbuf, a.count, a.dtype, a.comm, nullptr);
+}
+
+int run_mpi(const MpiArgs& a) {
+  return MPI_Alltoall(a.sendbuf, a.count, a.dtype, a.recvbuf, a.count, a.dtype, a.comm);
 }
 
 const braid_perf::CollDesc kDesc = {
@@ -24,6 +29,7 @@ const braid_perf::CollDesc kDesc = {
     .recv_span = Span::kCountTimesRanks,
     .busbw_factor = [](int n) { return static_cast<double>(n - 1) / n; },
     .run = run,
+    .mpi = run_mpi,
     .expected =
         [](const Reference& ref, size_t i) {
           const size_t peer = i / ref.count();

@@ -4,12 +4,19 @@
 
 namespace {
 
+using braid_perf::MpiArgs;
 using braid_perf::Reference;
 using braid_perf::RunArgs;
 using braid_perf::Span;
 
 braid_result_t run(const RunArgs& a) {
   return braid_broadcast(a.sendbuf, a.recvbuf, a.count, a.dtype, a.root, a.comm, nullptr);
+}
+
+int run_mpi(const MpiArgs& a) {
+  // MPI broadcasts one buffer: the root's send buffer, everyone else's recv buffer.
+  void* buf = a.rank == a.root ? const_cast<void*>(a.sendbuf) : a.recvbuf;
+  return MPI_Bcast(buf, a.count, a.dtype, a.root, a.comm);
 }
 
 const braid_perf::CollDesc kDesc = {
@@ -23,6 +30,7 @@ const braid_perf::CollDesc kDesc = {
     .recv_span = Span::kCount,
     .busbw_factor = [](int) { return 1.0; },
     .run = run,
+    .mpi = run_mpi,
     .expected = [](const Reference& ref, size_t i) { return ref.input(ref.root(), i); },
 };
 

@@ -5,12 +5,17 @@
 
 namespace {
 
+using braid_perf::MpiArgs;
 using braid_perf::Reference;
 using braid_perf::RunArgs;
 using braid_perf::Span;
 
 braid_result_t run(const RunArgs& a) {
   return braid_gather(a.sendbuf, a.recvbuf, a.count, a.dtype, a.root, a.comm, nullptr);
+}
+
+int run_mpi(const MpiArgs& a) {
+  return MPI_Gather(a.sendbuf, a.count, a.dtype, a.recvbuf, a.count, a.dtype, a.root, a.comm);
 }
 
 const braid_perf::CollDesc kDesc = {
@@ -24,6 +29,7 @@ const braid_perf::CollDesc kDesc = {
     .recv_span = Span::kCountTimesRanks,
     .busbw_factor = [](int n) { return static_cast<double>(n - 1) / n; },
     .run = run,
+    .mpi = run_mpi,
     .expected = [](const Reference& ref,
                    size_t i) { return ref.input(static_cast<int>(i / ref.count()), i % ref.count()); },
 };

@@ -1,9 +1,4 @@
-#include "perf_common.h"
-
-// Only MPI's C API is used; keep Open MPI's and MPICH's C++ bindings out.
-#define OMPI_SKIP_MPICXX 1
-#define MPICH_SKIP_MPICXX 1
-#include <mpi.h>
+#include "perf_common.h"  // includes <mpi.h> (C API only)
 
 #include <getopt.h>
 #include <unistd.h>
@@ -11,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -59,6 +55,63 @@ const TypeInfo& type_info(braid_dtype_t dtype) {
 // Indexed by braid_redop_t.
 constexpr const char* kOpNames[] = {"sum", "prod", "min", "max", "avg"};
 static_assert(sizeof(kOpNames) / sizeof(kOpNames[0]) == BRAID_NUM_OPS);
+
+// MPI's type for a braid dtype; false where MPI has none (float16, bfloat16).
+bool mpi_type(braid_dtype_t dtype, MPI_Datatype* out) {
+  switch (dtype) {
+    case BRAID_INT8:
+      *out = MPI_INT8_T;
+      return true;
+    case BRAID_UINT8:
+      *out = MPI_UINT8_T;
+      return true;
+    case BRAID_INT32:
+      *out = MPI_INT32_T;
+      return true;
+    case BRAID_UINT32:
+      *out = MPI_UINT32_T;
+      return true;
+    case BRAID_INT64:
+      *out = MPI_INT64_T;
+      return true;
+    case BRAID_UINT64:
+      *out = MPI_UINT64_T;
+      return true;
+    case BRAID_FLOAT32:
+      *out = MPI_FLOAT;
+      return true;
+    case BRAID_FLOAT64:
+      *out = MPI_DOUBLE;
+      return true;
+    case BRAID_FLOAT16:
+    case BRAID_BFLOAT16:
+    case BRAID_NUM_DTYPES:
+      break;
+  }
+  return false;
+}
+
+// MPI's reduction for a braid op; false where MPI has none (avg).
+bool mpi_op(braid_redop_t op, MPI_Op* out) {
+  switch (op) {
+    case BRAID_SUM:
+      *out = MPI_SUM;
+      return true;
+    case BRAID_PROD:
+      *out = MPI_PROD;
+      return true;
+    case BRAID_MIN:
+      *out = MPI_MIN;
+      return true;
+    case BRAID_MAX:
+      *out = MPI_MAX;
+      return true;
+    case BRAID_AVG:
+    case BRAID_NUM_OPS:
+      break;
+  }
+  return false;
+}
 
 // float16 / bfloat16 storage and conversions (round to nearest even).
 struct Half {
@@ -287,7 +340,8 @@ struct Options {
   bool check = true;
   std::vector<braid_dtype_t> dtypes{BRAID_FLOAT32};
   std::vector<braid_redop_t> ops{BRAID_SUM};
-  long root = 0;  // -1: every root
+  long root = 0;             // -1: every root
+  bool compare_mpi = false;  // --compare mpi
 };
 
 void print_usage(FILE* out, const char* prog, const CollDesc& desc) {
@@ -305,6 +359,9 @@ void print_usage(FILE* out, const char* prog, const CollDesc& desc) {
                "                             float|float32 double|float64, or all (default float)\n"
                "  -o, --op <op>              sum prod min max avg, or all (default sum)%s\n"
                "  -r, --root <rank>          root rank, or all (default 0)%s\n"
+               "      --compare mpi          also run each size through MPI's own collective (out of\n"
+               "                             place, same buffers and iterations) and print its time,\n"
+               "                             busbw and braid's busbw / MPI's\n"
                "  -h, --help                 this text\n",
                prog, desc.reduces ? "" : "; ignored here", desc.rooted ? "" : "; ignored here");
 }
@@ -351,6 +408,8 @@ bool parse_long(const char* s, long min, long max, long* out) {
 
 enum class ParseResult { kRun, kHelp, kError };
 
+constexpr int kCompareFlag = 0x100;  // --compare: long form only
+
 ParseResult parse_args(int argc, char** argv, const CollDesc& desc, Options* opt, std::string* error) {
   static const option kLongOptions[] = {{"minbytes", required_argument, nullptr, 'b'},
                                         {"maxbytes", required_argument, nullptr, 'e'},
@@ -362,6 +421,7 @@ ParseResult parse_args(int argc, char** argv, const CollDesc& desc, Options* opt
                                         {"datatype", required_argument, nullptr, 'd'},
                                         {"op", required_argument, nullptr, 'o'},
                                         {"root", required_argument, nullptr, 'r'},
+                                        {"compare", required_argument, nullptr, kCompareFlag},
                                         {"help", no_argument, nullptr, 'h'},
                                         {nullptr, 0, nullptr, 0}};
   auto fail = [&](const std::string& flag, const std::string& why) {
@@ -375,10 +435,11 @@ ParseResult parse_args(int argc, char** argv, const CollDesc& desc, Options* opt
     const int c = getopt_long(argc, argv, ":b:e:f:i:n:w:c:d:o:r:h", kLongOptions, nullptr);
     if (c == -1) break;
     // The flag as the user wrote it when getopt rejected it, else its short form.
-    std::string flag = "-" + std::string(1, static_cast<char>(c));
+    std::string flag = c == kCompareFlag ? "--compare" : "-" + std::string(1, static_cast<char>(c));
     if (c == '?' || c == ':') {
-      flag = optopt != 0 && (c == '?' || optind > argc) ? "-" + std::string(1, static_cast<char>(optopt))
-                                                        : std::string(argv[optind - 1]);
+      flag = optopt == kCompareFlag                       ? "--compare"
+             : optopt != 0 && (c == '?' || optind > argc) ? "-" + std::string(1, static_cast<char>(optopt))
+                                                          : std::string(argv[optind - 1]);
     }
     const char* arg = optarg;
     switch (c) {
@@ -443,6 +504,12 @@ ParseResult parse_args(int argc, char** argv, const CollDesc& desc, Options* opt
           return fail(flag, "the root must be a rank, all, or -1 (all)");
         }
         break;
+      case kCompareFlag:
+        if (std::strcmp(arg, "mpi") != 0) {
+          return fail(flag, "unknown comparison '" + std::string(arg) + "' (expected mpi)");
+        }
+        opt->compare_mpi = true;
+        break;
       case 'h':
         return ParseResult::kHelp;
       case ':':
@@ -474,6 +541,7 @@ struct Context {
   const CollDesc& desc;
   const Options& opt;
   braid_comm_t comm;
+  MPI_Comm mpi_comm;  // --compare mpi: a duplicate of MPI_COMM_WORLD, else MPI_COMM_NULL
   int rank;
   int nranks;
   const char* host;
@@ -575,6 +643,20 @@ struct Measurement {
   long long out_of_bounds;  // guard bytes overwritten, summed over ranks
 };
 
+// -w untimed iterations, a barrier, then the mean time of -n iterations in
+// microseconds, the largest over the ranks. The same for braid and for MPI.
+template <class F>
+double time_iterations(const Context& ctx, F&& run_once) {
+  for (long i = 0; i < ctx.opt.warmup; ++i) run_once();
+  MPI_Barrier(MPI_COMM_WORLD);
+  const double t0 = now_seconds();
+  for (long i = 0; i < ctx.opt.iters; ++i) run_once();
+  const double local_us = (now_seconds() - t0) * 1e6 / static_cast<double>(ctx.opt.iters);
+  double time_us = 0;
+  MPI_Allreduce(&local_us, &time_us, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return time_us;
+}
+
 Measurement measure(const Context& ctx, braid_dtype_t dtype, braid_redop_t op, int root, size_t count,
                     bool in_place) {
   const size_t elem = type_info(dtype).size;
@@ -587,14 +669,8 @@ Measurement measure(const Context& ctx, braid_dtype_t dtype, braid_redop_t op, i
   };
 
   prepare(ctx, l, elem, in_place, ref, dtype);
-  for (long i = 0; i < ctx.opt.warmup; ++i) run_once();
-  MPI_Barrier(MPI_COMM_WORLD);
-  const double t0 = now_seconds();
-  for (long i = 0; i < ctx.opt.iters; ++i) run_once();
-  const double local_us = (now_seconds() - t0) * 1e6 / static_cast<double>(ctx.opt.iters);
-
   Measurement m{0, -1, 0};
-  MPI_Allreduce(&local_us, &m.time_us, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  m.time_us = time_iterations(ctx, run_once);
   if (!ctx.opt.check) return m;
 
   prepare(ctx, l, elem, in_place, ref, dtype);
@@ -608,6 +684,46 @@ Measurement measure(const Context& ctx, braid_dtype_t dtype, braid_redop_t op, i
   m.wrong = global[0];
   m.out_of_bounds = global[1];
   return m;
+}
+
+// --compare mpi: the same out-of-place iteration through MPI on the same
+// buffers and inputs, timed the same way. Returns MPI's time in microseconds,
+// or -1 where MPI has no equivalent (float16, bfloat16, avg, a count over
+// INT_MAX). MPI's results are not checked.
+double measure_mpi(const Context& ctx, braid_dtype_t dtype, braid_redop_t op, int root, size_t count) {
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  MPI_Op mop = MPI_OP_NULL;
+  if (!mpi_type(dtype, &type) || (ctx.desc.reduces && !mpi_op(op, &mop)) ||
+      count > static_cast<size_t>(INT_MAX)) {
+    return -1;
+  }
+  const size_t elem = type_info(dtype).size;
+  const Reference ref(dtype, ctx.desc.reduces, op, ctx.nranks, ctx.rank, root, count);
+  const Layout l = make_layout(ctx, count, elem, false);
+  MpiArgs args{};
+  args.sendbuf = l.send;
+  args.recvbuf = l.recv;
+  args.count = static_cast<int>(count);
+  args.dtype = type;
+  args.op = mop;
+  args.root = root;
+  args.rank = ctx.rank;
+  args.nranks = ctx.nranks;
+  args.comm = ctx.mpi_comm;
+  auto run_once = [&] {
+    const int r = ctx.desc.mpi(args);
+    if (r != MPI_SUCCESS) {
+      char msg[MPI_MAX_ERROR_STRING] = "";
+      int len = 0;
+      MPI_Error_string(r, msg, &len);
+      std::fprintf(stderr, "braid-tests: rank %d on %s: the MPI version of %s failed: %s\n", ctx.rank,
+                   ctx.host, ctx.desc.call, msg);
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+  };
+  prepare(ctx, l, elem, false, ref, dtype);
+  return time_iterations(ctx, run_once);
 }
 
 // ---------------------------------------------------------------------------
@@ -626,12 +742,35 @@ void print_line(const char* fmt, ...) {
   std::printf("%.*s\n", static_cast<int>(n), buf);
 }
 
-void print_table_header() {
-  print_line("#%62s%s%31s", "", "out-of-place", "in-place");
-  print_line("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s", "size", "count", "type",
-             "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
-  print_line("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s", "(B)", "(elements)", "", "",
-             "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+// Columns: 52 characters of size, count, type, redop, root; 32 of each braid
+// group (out-of-place, in-place); with --compare mpi, 26 of MPI's between them.
+void print_table_header(bool compare_mpi) {
+  const char* braid_fmt = "  %7s  %6s  %6s %6s";
+  const char* mpi_fmt = "  %7s  %6s  %7s";
+  char names[256], units[256];
+  int n = std::snprintf(names, sizeof names, "# %10s  %12s  %8s  %6s  %6s", "size", "count", "type", "redop",
+                        "root");
+  int u = std::snprintf(units, sizeof units, "# %10s  %12s  %8s  %6s  %6s", "(B)", "(elements)", "", "", "");
+  for (int group = 0; group < 3; ++group) {
+    if (group == 1 && !compare_mpi) continue;
+    if (group == 1) {
+      n += std::snprintf(names + n, sizeof names - n, mpi_fmt, "time", "busbw", "ratio");
+      u += std::snprintf(units + u, sizeof units - u, mpi_fmt, "(us)", "(GB/s)", "");
+    } else {
+      n += std::snprintf(names + n, sizeof names - n, braid_fmt, "time", "algbw", "busbw", "#wrong");
+      u += std::snprintf(units + u, sizeof units - u, braid_fmt, "(us)", "(GB/s)", "(GB/s)", "");
+    }
+  }
+  // Group titles over their columns.
+  std::string titles(compare_mpi ? 142 : 116, ' ');
+  titles[0] = '#';
+  auto place = [&](size_t at, const char* text) { titles.replace(at, std::strlen(text), text); };
+  place(63, "out-of-place");
+  if (compare_mpi) place(89, "mpi out-of-place");
+  place(compare_mpi ? 124 : 98, "in-place");
+  print_line("%s", titles.c_str());
+  print_line("%s", names);
+  print_line("%s", units);
 }
 
 std::string format_time(double us) {
@@ -640,9 +779,17 @@ std::string format_time(double us) {
   return buf;
 }
 
+std::string format_ratio(double ratio) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, ratio >= 99.95 ? "%.0fx" : ratio >= 9.995 ? "%.1fx" : "%.2fx", ratio);
+  return buf;
+}
+
 struct Totals {
   double busbw_sum = 0;
   long busbw_n = 0;
+  double log_ratio_sum = 0;  // braid busbw / MPI busbw, out of place
+  long ratio_n = 0;
   long long wrong = 0;
   long long out_of_bounds = 0;
 };
@@ -710,7 +857,9 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
   braid_unique_id_t id;
   std::memset(&id, 0, sizeof id);
   braid_comm_t comm = nullptr;
-  Context ctx{desc, opt, nullptr, rank, nranks, me.host, sendbuf, recvbuf};
+  MPI_Comm mpi_comm = MPI_COMM_NULL;
+  if (opt.compare_mpi) MPI_Comm_dup(MPI_COMM_WORLD, &mpi_comm);
+  Context ctx{desc, opt, nullptr, mpi_comm, rank, nranks, me.host, sendbuf, recvbuf};
   if (rank == 0) {
     const braid_result_t r = braid_get_unique_id(&id);
     if (r != BRAID_SUCCESS) die(ctx, "braid_get_unique_id", r);
@@ -742,13 +891,20 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
                     [](braid_dtype_t t) { return !type_info(t).is_float; })) {
       std::printf("# avg is defined for floating types only: integer types skip it\n");
     }
+    if (opt.compare_mpi) {
+      char lib[MPI_MAX_LIBRARY_VERSION_STRING] = "";
+      int len = 0;
+      MPI_Get_library_version(lib, &len);
+      lib[std::strcspn(lib, "\n")] = '\0';  // first line only
+      std::printf("# --compare mpi: %s, out of place; ratio = braid busbw / MPI busbw\n", lib);
+    }
     std::printf("#\n# Using devices\n");
     for (int r = 0; r < nranks; ++r) {
       std::printf("#  Rank %3d Pid %7d on %10s device host memory\n", r, all[static_cast<size_t>(r)].pid,
                   all[static_cast<size_t>(r)].host);
     }
     std::printf("#\n");
-    print_table_header();
+    print_table_header(opt.compare_mpi);
     std::fflush(stdout);
   }
 
@@ -791,6 +947,22 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
             const std::string wrong = m.wrong < 0 ? "N/A" : std::to_string(m.wrong);
             len += std::snprintf(line + len, sizeof line - len, "  %s  %6.2f  %6.2f %6s",
                                  format_time(m.time_us).c_str(), algbw, busbw, wrong.c_str());
+            if (in_place || !opt.compare_mpi) continue;
+            const double mpi_us = measure_mpi(ctx, dtype, op, root, count);
+            if (mpi_us < 0) {
+              len += std::snprintf(line + len, sizeof line - len, "  %7s  %6s  %7s", "N/A", "N/A", "N/A");
+              continue;
+            }
+            const double mpi_busbw =
+                mpi_us > 0 ? static_cast<double>(size) / mpi_us / 1e3 * desc.busbw_factor(nranks) : 0;
+            std::string ratio = "N/A";
+            if (busbw > 0 && mpi_busbw > 0) {
+              ratio = format_ratio(busbw / mpi_busbw);
+              totals.log_ratio_sum += std::log(busbw / mpi_busbw);
+              ++totals.ratio_n;
+            }
+            len += std::snprintf(line + len, sizeof line - len, "  %s  %6.2f  %7s",
+                                 format_time(mpi_us).c_str(), mpi_busbw, ratio.c_str());
           }
           if (rank == 0) {
             std::printf("%s\n", line);
@@ -815,8 +987,17 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
     } else {
       std::printf("# Out of bounds values : N/A (-c 0)\n");
     }
-    std::printf("# Avg bus bandwidth    : %.3f\n#\n",
+    std::printf("# Avg bus bandwidth    : %.3f\n",
                 totals.busbw_n ? totals.busbw_sum / static_cast<double>(totals.busbw_n) : 0.0);
+    if (opt.compare_mpi) {
+      if (totals.ratio_n > 0) {
+        std::printf("# Avg bus bandwidth ratio braid/mpi : %.2f\n",
+                    std::exp(totals.log_ratio_sum / static_cast<double>(totals.ratio_n)));
+      } else {
+        std::printf("# Avg bus bandwidth ratio braid/mpi : N/A\n");
+      }
+    }
+    std::printf("#\n");
     std::fflush(stdout);
   }
 
@@ -824,6 +1005,7 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
     ctx.comm = nullptr;  // gone: only the thread's last error remains
     die(ctx, "braid_comm_destroy", r);
   }
+  if (mpi_comm != MPI_COMM_NULL) MPI_Comm_free(&mpi_comm);
   std::free(sendbuf);
   std::free(recvbuf);
   MPI_Finalize();

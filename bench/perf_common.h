@@ -5,8 +5,10 @@
 // one CollDesc and calls perf_main(); everything else lives in perf_common.cc:
 // MPI start-up, the braid communicator (unique id broadcast with MPI_Bcast from
 // rank 0), flags, the size loop, buffers, data, checking, timing and the table.
-// MPI is only the launcher and the bootstrap channel: every measured byte moves
-// through braid.
+// MPI is the launcher and the bootstrap channel: every byte of braid's columns
+// moves through braid. With `--compare mpi` each size is also run through MPI's
+// own collective (CollDesc::mpi), out of place on the same buffers, timed the
+// same way, and printed in extra columns beside braid's out-of-place ones.
 //
 // Sizes and counts (nccl-tests conventions). For each step of the size loop,
 // `bytes` is the requested size and count = bytes / sizeof(type):
@@ -33,6 +35,15 @@
 #define BRAID_BENCH_PERF_COMMON_H_
 
 #include <braid/braid.h>
+
+// Only MPI's C API is used; keep Open MPI's and MPICH's C++ bindings out.
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -104,6 +115,20 @@ struct RunArgs {
   braid_comm_t comm;
 };
 
+// The same iteration, through MPI (`--compare mpi`): out of place, the same
+// buffers, count, dtype, op and root as RunArgs, translated to MPI's types.
+struct MpiArgs {
+  const void* sendbuf;
+  void* recvbuf;
+  int count;  // the braid count, which MPI's per-rank count equals
+  MPI_Datatype dtype;
+  MPI_Op op;  // meaningful when the collective reduces
+  int root;   // meaningful when the collective is rooted
+  int rank;
+  int nranks;
+  MPI_Comm comm;  // a duplicate of MPI_COMM_WORLD
+};
+
 // One collective, as one binary measures it.
 struct CollDesc {
   const char* name;          // the binary is <name>_perf
@@ -115,9 +140,12 @@ struct CollDesc {
   Span send_span;            // size of sendbuf
   Span recv_span;            // size of recvbuf
   double (*busbw_factor)(int nranks);
-  // One blocking iteration through the braid C API. A later `--compare mpi`
-  // would add an MPI implementation with this same signature next to it.
+  // One blocking iteration through the braid C API.
   braid_result_t (*run)(const RunArgs& args);
+  // The same iteration through MPI, for `--compare mpi`; returns MPI's error
+  // code. Its results are not checked. Not called where MPI has no equivalent
+  // type or op (float16, bfloat16, avg): those columns say N/A.
+  int (*mpi)(const MpiArgs& args);
   // Expected element `index` of this rank's recv buffer (of the recv region in
   // place). Not called on non-roots when result_on_root_only.
   double (*expected)(const Reference& ref, size_t index);

@@ -10,6 +10,7 @@
 
 namespace {
 
+using braid_perf::MpiArgs;
 using braid_perf::Reference;
 using braid_perf::RunArgs;
 using braid_perf::Span;
@@ -25,6 +26,13 @@ braid_result_t run(const RunArgs& a) {
   return r != BRAID_SUCCESS ? r : end;
 }
 
+int run_mpi(const MpiArgs& a) {
+  const int next = (a.rank + 1) % a.nranks;
+  const int prev = (a.rank + a.nranks - 1) % a.nranks;
+  return MPI_Sendrecv(a.sendbuf, a.count, a.dtype, next, 0, a.recvbuf, a.count, a.dtype, prev, 0, a.comm,
+                      MPI_STATUS_IGNORE);
+}
+
 const braid_perf::CollDesc kDesc = {
     .name = "sendrecv",
     .call = "braid_send/braid_recv group",
@@ -36,6 +44,7 @@ const braid_perf::CollDesc kDesc = {
     .recv_span = Span::kCount,
     .busbw_factor = [](int) { return 1.0; },
     .run = run,
+    .mpi = run_mpi,
     .expected = [](const Reference& ref,
                    size_t i) { return ref.input((ref.rank() + ref.nranks() - 1) % ref.nranks(), i); },
 };

@@ -1,0 +1,621 @@
+// ceiling: the in-process ceiling for all_reduce, what "% of ceiling" is
+// measured against.
+//
+// N threads (-t, default 2) share one address space; each has its own input
+// buffer of `size` bytes and its own output buffer, as N ranks would. One
+// all_reduce moves the fewest bytes an all_reduce can:
+// 1. each thread reduces its 1/N slice of all N inputs in one pass (the slice
+//    is walked in blocks that stay in L1, so each input byte is read once and
+//    each result byte written once) into the same slice of its own output;
+// 2. a barrier; each thread copies the N - 1 other reduced slices from their
+//    owners' outputs into its own output (memcpy: the all-gather);
+// 3. a barrier, so that the next iteration does not overwrite a slice that
+//    another thread is still copying.
+// No IPC, no extra copy, no protocol: a shared-memory all_reduce between
+// processes can approach this but not pass it.
+//
+// The barrier spins on an atomic for a short while, then calls sched_yield, so
+// that threads may outnumber cores. float32 sum (-d float) and bfloat16 sum
+// (-d bfloat16: converted to float32, summed, rounded once to nearest even).
+//
+// The table has the columns of the *_perf binaries' out-of-place group: size,
+// count, type, redop (sum), root (-1), time (mean of -n iterations after -w
+// warm-up ones, in us), algbw = size / time, busbw = algbw * 2(n-1)/n, and
+// #wrong (one more iteration is checked against exact sums).
+#include <getopt.h>
+#include <sched.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cctype>
+#include <cerrno>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Vectorised reduction loops. Blocks of kBlock elements have a compile-time trip
+// count, so the loops vectorise at -O2 as well; AVX2 clones where available.
+
+#if defined(__x86_64__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define CEILING_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef CEILING_CLONES
+#define CEILING_CLONES
+#endif
+
+constexpr size_t kBlock = 2048;  // 8 KiB of float32 per block: the partial sums stay in L1
+
+inline float bf16_to_f32(uint16_t b) {
+  return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
+}
+
+inline uint16_t f32_to_bf16(float f) {
+  const uint32_t x = std::bit_cast<uint32_t>(f);
+  const uint32_t rounded = x + 0x7fffu + ((x >> 16) & 1u);  // to nearest even, in the top half
+  const uint32_t quiet = x | 0x400000u;                     // nan stays (quiet) nan
+  // Selecting before the shift keeps the vector code in 32-bit lanes until the final pack.
+  return static_cast<uint16_t>(((x & 0x7fffffffu) > 0x7f800000u ? quiet : rounded) >> 16);
+}
+
+// dst[i] = a[i] + b[i] for one block.
+CEILING_CLONES void add2_block(float* __restrict dst, const float* __restrict a, const float* __restrict b) {
+  for (size_t i = 0; i < kBlock; ++i) dst[i] = a[i] + b[i];
+}
+
+// dst[i] += a[i] for one block.
+CEILING_CLONES void add_block(float* __restrict dst, const float* __restrict a) {
+  for (size_t i = 0; i < kBlock; ++i) dst[i] += a[i];
+}
+
+// bfloat16: partial sums in float32 (acc), rounded once in the pass that adds the
+// last input, so n inputs take n - 1 passes over the block.
+CEILING_CLONES void bf16_sum2_block(float* __restrict acc, const uint16_t* __restrict a,
+                                    const uint16_t* __restrict b) {
+  for (size_t i = 0; i < kBlock; ++i) acc[i] = bf16_to_f32(a[i]) + bf16_to_f32(b[i]);
+}
+
+CEILING_CLONES void bf16_add_block(float* __restrict acc, const uint16_t* __restrict a) {
+  for (size_t i = 0; i < kBlock; ++i) acc[i] += bf16_to_f32(a[i]);
+}
+
+CEILING_CLONES void bf16_add_store_block(uint16_t* __restrict dst, const float* __restrict acc,
+                                         const uint16_t* __restrict a) {
+  for (size_t i = 0; i < kBlock; ++i) dst[i] = f32_to_bf16(acc[i] + bf16_to_f32(a[i]));
+}
+
+CEILING_CLONES void bf16_sum2_store_block(uint16_t* __restrict dst, const uint16_t* __restrict a,
+                                          const uint16_t* __restrict b) {
+  for (size_t i = 0; i < kBlock; ++i) dst[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
+}
+
+// out[i] = sum over k < n of in[k][i], for i in [lo, hi): every input element
+// read once, every output element written once.
+void reduce_f32(const std::vector<unsigned char*>& bufs, unsigned char* dst, size_t lo, size_t hi) {
+  const size_t n = bufs.size();
+  auto in = [&](size_t k) { return reinterpret_cast<const float*>(bufs[k]); };
+  float* out = reinterpret_cast<float*>(dst);
+  size_t i = lo;
+  for (; i + kBlock <= hi; i += kBlock) {
+    if (n == 1) {
+      std::memcpy(out + i, in(0) + i, kBlock * sizeof(float));
+      continue;
+    }
+    add2_block(out + i, in(0) + i, in(1) + i);
+    for (size_t k = 2; k < n; ++k) add_block(out + i, in(k) + i);
+  }
+  for (; i < hi; ++i) {  // tail
+    float acc = in(0)[i];
+    for (size_t k = 1; k < n; ++k) acc += in(k)[i];
+    out[i] = acc;
+  }
+}
+
+// The same in bfloat16: summed in float32, rounded once.
+void reduce_bf16(const std::vector<unsigned char*>& bufs, unsigned char* dst, size_t lo, size_t hi) {
+  alignas(64) float acc[kBlock];
+  const size_t n = bufs.size();
+  auto in = [&](size_t k) { return reinterpret_cast<const uint16_t*>(bufs[k]); };
+  uint16_t* out = reinterpret_cast<uint16_t*>(dst);
+  size_t i = lo;
+  for (; i + kBlock <= hi; i += kBlock) {
+    if (n == 1) {
+      std::memcpy(out + i, in(0) + i, kBlock * sizeof(uint16_t));
+    } else if (n == 2) {
+      bf16_sum2_store_block(out + i, in(0) + i, in(1) + i);
+    } else {
+      bf16_sum2_block(acc, in(0) + i, in(1) + i);
+      for (size_t k = 2; k + 1 < n; ++k) bf16_add_block(acc, in(k) + i);
+      bf16_add_store_block(out + i, acc, in(n - 1) + i);
+    }
+  }
+  for (; i < hi; ++i) {  // tail
+    float a = bf16_to_f32(in(0)[i]);
+    for (size_t k = 1; k < n; ++k) a += bf16_to_f32(in(k)[i]);
+    out[i] = f32_to_bf16(a);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Barrier: arrive on a counter; the last thread resets it and bumps the
+// generation the others wait on (spin, then yield the core).
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+class SpinBarrier {
+ public:
+  explicit SpinBarrier(int n) : n_(n) {}
+
+  void wait() {
+    const unsigned gen = generation_.load(std::memory_order_acquire);
+    if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_) {
+      arrived_.store(0, std::memory_order_relaxed);
+      generation_.fetch_add(1, std::memory_order_release);
+      return;
+    }
+    for (int spins = 0; generation_.load(std::memory_order_acquire) == gen; ++spins) {
+      if (spins < kSpins) {
+        cpu_relax();
+      } else {
+        sched_yield();
+      }
+    }
+  }
+
+ private:
+  static constexpr int kSpins = 256;
+  alignas(64) std::atomic<int> arrived_{0};
+  alignas(64) std::atomic<unsigned> generation_{0};
+  const int n_;
+};
+
+// ---------------------------------------------------------------------------
+// Options
+
+enum class Type { kFloat32, kBFloat16 };
+
+struct TypeInfo {
+  Type type;
+  const char* name;   // as the *_perf binaries print it
+  const char* alias;  // also accepted by -d
+  size_t size;
+};
+
+constexpr TypeInfo kTypes[] = {
+    {Type::kFloat32, "float", "float32", 4},
+    {Type::kBFloat16, "bfloat16", nullptr, 2},
+};
+
+struct Options {
+  size_t min_bytes = 8;
+  size_t max_bytes = size_t{64} << 20;
+  size_t step_factor = 2;  // 0 when stepping by step_bytes
+  size_t step_bytes = 0;
+  long iters = 20;
+  long warmup = 5;
+  bool check = true;
+  long threads = 2;
+  std::vector<const TypeInfo*> types{&kTypes[0]};
+};
+
+void print_usage(FILE* out, const char* prog) {
+  std::fprintf(out,
+               "Usage: %s [options]\n"
+               "  The in-process ceiling of all_reduce (sum): threads sharing one address space, each\n"
+               "  reducing its slice of every input in one pass, then copying the other slices.\n"
+               "  Sizes take K, M, G suffixes (powers of 1024).\n"
+               "  -t, --threads <n>          threads, the ranks of the all_reduce (default 2)\n"
+               "  -b, --minbytes <size>      smallest size (default 8)\n"
+               "  -e, --maxbytes <size>      largest size (default 64M)\n"
+               "  -f, --stepfactor <n>       multiply the size by n (>= 2) between steps (default 2)\n"
+               "  -i, --stepbytes <size>     add this many bytes between steps instead of -f\n"
+               "  -n, --iters <n>            timed iterations per size (default 20)\n"
+               "  -w, --warmup_iters <n>     untimed iterations before them (default 5)\n"
+               "  -c, --check <0|1>          check the results (default 1)\n"
+               "  -d, --datatype <type>      float|float32 or bfloat16, or all (default float)\n"
+               "  -h, --help                 this text\n",
+               prog);
+}
+
+bool parse_size(const char* s, size_t* out) {
+  if (!std::isdigit(static_cast<unsigned char>(s[0]))) return false;
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(s, &end, 10);
+  if (errno != 0) return false;
+  unsigned shift = 0;
+  switch (*end) {
+    case '\0':
+      break;
+    case 'K':
+    case 'k':
+      shift = 10;
+      break;
+    case 'M':
+    case 'm':
+      shift = 20;
+      break;
+    case 'G':
+    case 'g':
+      shift = 30;
+      break;
+    default:
+      return false;
+  }
+  if (*end != '\0' && end[1] != '\0') return false;
+  if (v > (static_cast<unsigned long long>(SIZE_MAX) >> shift)) return false;
+  *out = static_cast<size_t>(v) << shift;
+  return true;
+}
+
+bool parse_long(const char* s, long min, long max, long* out) {
+  errno = 0;
+  char* end = nullptr;
+  const long v = std::strtol(s, &end, 10);
+  if (errno != 0 || end == s || *end != '\0' || v < min || v > max) return false;
+  *out = v;
+  return true;
+}
+
+enum class ParseResult { kRun, kHelp, kError };
+
+ParseResult parse_args(int argc, char** argv, Options* opt, std::string* error) {
+  static const option kLongOptions[] = {{"threads", required_argument, nullptr, 't'},
+                                        {"minbytes", required_argument, nullptr, 'b'},
+                                        {"maxbytes", required_argument, nullptr, 'e'},
+                                        {"stepfactor", required_argument, nullptr, 'f'},
+                                        {"stepbytes", required_argument, nullptr, 'i'},
+                                        {"iters", required_argument, nullptr, 'n'},
+                                        {"warmup_iters", required_argument, nullptr, 'w'},
+                                        {"check", required_argument, nullptr, 'c'},
+                                        {"datatype", required_argument, nullptr, 'd'},
+                                        {"help", no_argument, nullptr, 'h'},
+                                        {nullptr, 0, nullptr, 0}};
+  auto fail = [&](const std::string& flag, const std::string& why) {
+    *error = flag + ": " + why;
+    return ParseResult::kError;
+  };
+  bool saw_factor = false, saw_bytes = false;
+  opterr = 0;
+  optind = 1;
+  for (;;) {
+    const int c = getopt_long(argc, argv, ":t:b:e:f:i:n:w:c:d:h", kLongOptions, nullptr);
+    if (c == -1) break;
+    // The flag as the user wrote it when getopt rejected it, else its short form.
+    char short_flag[3] = {'-', static_cast<char>(c), '\0'};
+    if ((c == '?' || c == ':') && optopt != 0 && (c == '?' || optind > argc)) {
+      short_flag[1] = static_cast<char>(optopt);
+    }
+    const std::string flag =
+        (c == '?' || c == ':') && short_flag[1] == static_cast<char>(c) ? argv[optind - 1] : short_flag;
+    const char* arg = optarg;
+    switch (c) {
+      case 't':
+        if (!parse_long(arg, 1, 4096, &opt->threads)) return fail(flag, "threads must be an integer >= 1");
+        break;
+      case 'b':
+        if (!parse_size(arg, &opt->min_bytes)) return fail(flag, "invalid size '" + std::string(arg) + "'");
+        break;
+      case 'e':
+        if (!parse_size(arg, &opt->max_bytes)) return fail(flag, "invalid size '" + std::string(arg) + "'");
+        break;
+      case 'f': {
+        long v = 0;
+        if (!parse_long(arg, 2, 1 << 20, &v)) return fail(flag, "the step factor must be an integer >= 2");
+        opt->step_factor = static_cast<size_t>(v);
+        saw_factor = true;
+        break;
+      }
+      case 'i':
+        if (!parse_size(arg, &opt->step_bytes) || opt->step_bytes == 0) {
+          return fail(flag, "invalid step size '" + std::string(arg) + "' (must be > 0)");
+        }
+        saw_bytes = true;
+        break;
+      case 'n':
+        if (!parse_long(arg, 1, 1L << 30, &opt->iters))
+          return fail(flag, "iterations must be an integer >= 1");
+        break;
+      case 'w':
+        if (!parse_long(arg, 0, 1L << 30, &opt->warmup)) return fail(flag, "warmup must be an integer >= 0");
+        break;
+      case 'c': {
+        long v = 0;
+        if (!parse_long(arg, 0, 1, &v)) return fail(flag, "expected 0 or 1");
+        opt->check = v == 1;
+        break;
+      }
+      case 'd': {
+        opt->types.clear();
+        const bool all = std::strcmp(arg, "all") == 0;
+        for (const TypeInfo& ti : kTypes) {
+          if (all || std::strcmp(arg, ti.name) == 0 || (ti.alias && std::strcmp(arg, ti.alias) == 0)) {
+            opt->types.push_back(&ti);
+          }
+        }
+        if (opt->types.empty()) {
+          return fail(flag, "unknown datatype '" + std::string(arg) + "' (float, float32, bfloat16 or all)");
+        }
+        break;
+      }
+      case 'h':
+        return ParseResult::kHelp;
+      case ':':
+        return fail(flag, "missing value");
+      default:
+        return fail(flag, "unknown flag");
+    }
+  }
+  if (optind < argc) return fail(argv[optind], "unexpected argument");
+  if (saw_factor && saw_bytes) return fail("-i", "cannot be combined with -f");
+  if (saw_bytes) opt->step_factor = 0;
+  if (opt->min_bytes > opt->max_bytes) return fail("-b", "minbytes is larger than maxbytes (-e)");
+  return ParseResult::kRun;
+}
+
+// ---------------------------------------------------------------------------
+// The threads
+
+// Input element i of thread t: a small integer, so every sum is exact in
+// float32 and rounds once (at the end) in bfloat16.
+inline float input_value(int t, size_t i) {
+  return static_cast<float>((i * 7 + static_cast<size_t>(t) * 3) % 11);
+}
+
+struct Job {
+  const TypeInfo* type = nullptr;  // nullptr: the threads exit
+  size_t count = 0;
+};
+
+struct Shared {
+  explicit Shared(const Options& o) : opt(o), nthreads(static_cast<int>(o.threads)), barrier(nthreads) {}
+
+  const Options& opt;
+  const int nthreads;
+  SpinBarrier barrier;
+  size_t alloc = 0;
+  std::vector<unsigned char*> in;   // per thread, allocated and first touched by its thread
+  std::vector<unsigned char*> out;  // per thread
+  std::vector<long long> wrong;     // per thread, for the last job
+  std::atomic<bool> alloc_failed{false};
+  Job job;             // written by thread 0 before the barrier that starts a job
+  double time_us = 0;  // written by thread 0
+};
+
+double now_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// Slice t of count elements: cache-line multiples, so no two threads write one line.
+void slice(const Shared& sh, size_t count, size_t elem, int t, size_t* lo, size_t* hi) {
+  const size_t line = 64 / elem;
+  size_t chunk = (count + static_cast<size_t>(sh.nthreads) - 1) / static_cast<size_t>(sh.nthreads);
+  chunk = (chunk + line - 1) / line * line;
+  *lo = std::min(count, chunk * static_cast<size_t>(t));
+  *hi = std::min(count, *lo + chunk);
+}
+
+// One all_reduce, as thread t sees it.
+void all_reduce(Shared& sh, const Job& job, int t) {
+  const size_t elem = job.type->size;
+  size_t lo = 0, hi = 0;
+  slice(sh, job.count, elem, t, &lo, &hi);
+  if (lo < hi) {
+    if (job.type->type == Type::kFloat32) {
+      reduce_f32(sh.in, sh.out[t], lo, hi);
+    } else {
+      reduce_bf16(sh.in, sh.out[t], lo, hi);
+    }
+  }
+  sh.barrier.wait();
+  for (int d = 1; d < sh.nthreads; ++d) {  // start at t + 1, so threads read different owners
+    const int j = (t + d) % sh.nthreads;
+    slice(sh, job.count, elem, j, &lo, &hi);
+    if (lo < hi) std::memcpy(sh.out[t] + lo * elem, sh.out[j] + lo * elem, (hi - lo) * elem);
+  }
+  sh.barrier.wait();
+}
+
+void fill_input(const Job& job, unsigned char* buf, int t) {
+  if (job.type->type == Type::kFloat32) {
+    float* p = reinterpret_cast<float*>(buf);
+    for (size_t i = 0; i < job.count; ++i) p[i] = input_value(t, i);
+  } else {
+    uint16_t* p = reinterpret_cast<uint16_t*>(buf);
+    for (size_t i = 0; i < job.count; ++i) p[i] = f32_to_bf16(input_value(t, i));
+  }
+}
+
+long long count_wrong(const Shared& sh, const Job& job, const unsigned char* buf) {
+  long long wrong = 0;
+  for (size_t i = 0; i < job.count; ++i) {
+    float expected = 0;  // exact: small integers
+    for (int k = 0; k < sh.nthreads; ++k) expected += input_value(k, i);
+    if (job.type->type == Type::kFloat32) {
+      wrong += reinterpret_cast<const float*>(buf)[i] != expected;
+    } else {
+      wrong += reinterpret_cast<const uint16_t*>(buf)[i] != f32_to_bf16(expected);
+    }
+  }
+  return wrong;
+}
+
+void run_job(Shared& sh, const Job& job, int t) {
+  fill_input(job, sh.in[t], t);
+  sh.barrier.wait();  // every input is filled before anyone reads it
+  for (long i = 0; i < sh.opt.warmup; ++i) all_reduce(sh, job, t);
+  sh.barrier.wait();
+  const double t0 = now_seconds();
+  for (long i = 0; i < sh.opt.iters; ++i) all_reduce(sh, job, t);  // ends with a barrier
+  if (t == 0) sh.time_us = (now_seconds() - t0) * 1e6 / static_cast<double>(sh.opt.iters);
+  sh.wrong[t] = -1;
+  if (!sh.opt.check) return;
+  std::memset(sh.out[t], 0xff, job.count * job.type->size);  // nan in both types
+  sh.barrier.wait();
+  all_reduce(sh, job, t);
+  sh.wrong[t] = count_wrong(sh, job, sh.out[t]);
+}
+
+void thread_main(Shared& sh, int t) {
+  sh.in[t] = static_cast<unsigned char*>(std::aligned_alloc(4096, sh.alloc));
+  sh.out[t] = static_cast<unsigned char*>(std::aligned_alloc(4096, sh.alloc));
+  if (sh.in[t] == nullptr || sh.out[t] == nullptr) {
+    sh.alloc_failed.store(true);
+  } else {
+    std::memset(sh.in[t], 0, sh.alloc);  // first touch by the owner: its pages, its NUMA node
+    std::memset(sh.out[t], 0, sh.alloc);
+  }
+  sh.barrier.wait();
+  if (sh.alloc_failed.load()) return;
+  for (;;) {
+    sh.barrier.wait();  // thread 0 has posted the next job
+    const Job job = sh.job;
+    if (job.type == nullptr) return;
+    run_job(sh, job, t);
+    sh.barrier.wait();  // results in sh before thread 0 reads them
+  }
+}
+
+// Prints a formatted line without trailing blanks.
+void print_line(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+void print_line(const char* fmt, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  size_t n = std::strlen(buf);
+  while (n > 0 && buf[n - 1] == ' ') --n;
+  std::printf("%.*s\n", static_cast<int>(n), buf);
+}
+
+std::string format_time(double us) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, us >= 10000 ? "%7.0f" : us >= 100 ? "%7.1f" : "%7.2f", us);
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  std::string error;
+  const ParseResult parsed = parse_args(argc, argv, &opt, &error);
+  if (parsed != ParseResult::kRun) {
+    print_usage(parsed == ParseResult::kHelp ? stdout : stderr, "ceiling");
+    if (parsed == ParseResult::kError) std::fprintf(stderr, "ceiling: error: %s\n", error.c_str());
+    return parsed == ParseResult::kHelp ? 0 : 2;
+  }
+
+  Shared sh(opt);
+  const size_t n = static_cast<size_t>(sh.nthreads);
+  sh.alloc = std::max<size_t>(4096, (opt.max_bytes + 4095) / 4096 * 4096);
+  sh.in.assign(n, nullptr);
+  sh.out.assign(n, nullptr);
+  sh.wrong.assign(n, 0);
+  std::vector<std::thread> workers;
+  for (int t = 1; t < sh.nthreads; ++t) workers.emplace_back(thread_main, std::ref(sh), t);
+
+  // Thread 0 is this one: allocate like the others, then drive the size loop.
+  sh.in[0] = static_cast<unsigned char*>(std::aligned_alloc(4096, sh.alloc));
+  sh.out[0] = static_cast<unsigned char*>(std::aligned_alloc(4096, sh.alloc));
+  if (sh.in[0] == nullptr || sh.out[0] == nullptr) {
+    sh.alloc_failed.store(true);
+  } else {
+    std::memset(sh.in[0], 0, sh.alloc);
+    std::memset(sh.out[0], 0, sh.alloc);
+  }
+  sh.barrier.wait();
+  if (sh.alloc_failed.load()) {
+    std::fprintf(stderr, "ceiling: cannot allocate 2 x %zu bytes per thread (-e)\n", sh.alloc);
+    for (std::thread& w : workers) w.join();
+    return 1;
+  }
+
+  std::printf("# ceiling: all_reduce (sum) between %d threads of one process, no IPC\n", sh.nthreads);
+  std::printf(
+      "# each thread reduces its 1/%d slice of all %d inputs in one pass, then copies the other slices "
+      "(memcpy); 2 spinning barriers per iteration\n",
+      sh.nthreads, sh.nthreads);
+  if (opt.step_factor != 0) {
+    std::printf("# minBytes %zu maxBytes %zu step: %zu(factor) warmup iters: %ld iters: %ld validation: %d\n",
+                opt.min_bytes, opt.max_bytes, opt.step_factor, opt.warmup, opt.iters, opt.check ? 1 : 0);
+  } else {
+    std::printf("# minBytes %zu maxBytes %zu step: %zu(bytes) warmup iters: %ld iters: %ld validation: %d\n",
+                opt.min_bytes, opt.max_bytes, opt.step_bytes, opt.warmup, opt.iters, opt.check ? 1 : 0);
+  }
+  std::printf("#  %u online CPUs\n#\n", std::thread::hardware_concurrency());
+  print_line("#%62s%s", "", "out-of-place");
+  print_line("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s", "size", "count", "type", "redop", "root",
+             "time", "algbw", "busbw", "#wrong");
+  print_line("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s", "(B)", "(elements)", "", "", "", "(us)",
+             "(GB/s)", "(GB/s)", "");
+  std::fflush(stdout);
+
+  const double factor = 2.0 * static_cast<double>(n - 1) / static_cast<double>(n);
+  double busbw_sum = 0;
+  long busbw_n = 0;
+  long long total_wrong = 0;
+  for (const TypeInfo* type : opt.types) {
+    for (size_t bytes = opt.min_bytes; bytes <= opt.max_bytes;) {
+      sh.job = Job{type, bytes / type->size};
+      sh.barrier.wait();  // start the job
+      run_job(sh, sh.job, 0);
+      sh.barrier.wait();  // every thread's results are in
+      const size_t size = sh.job.count * type->size;
+      const double algbw = sh.time_us > 0 ? static_cast<double>(size) / sh.time_us / 1e3 : 0;
+      const double busbw = algbw * factor;
+      busbw_sum += busbw;
+      ++busbw_n;
+      long long wrong = 0;
+      for (long long w : sh.wrong) wrong += w;
+      if (opt.check) total_wrong += wrong;
+      const std::string wrong_text = opt.check ? std::to_string(wrong) : "N/A";
+      std::printf("%12zu  %12zu  %8s  %6s  %6d  %s  %6.2f  %6.2f %6s\n", size, sh.job.count, type->name,
+                  "sum", -1, format_time(sh.time_us).c_str(), algbw, busbw, wrong_text.c_str());
+      std::fflush(stdout);
+      const size_t next =
+          opt.step_factor != 0 ? (bytes == 0 ? 1 : bytes * opt.step_factor) : bytes + opt.step_bytes;
+      if (next <= bytes || (opt.step_factor != 0 && bytes != 0 && next / opt.step_factor != bytes)) break;
+      bytes = next;
+    }
+  }
+  sh.job = Job{};
+  sh.barrier.wait();  // the threads exit
+  for (std::thread& w : workers) w.join();
+
+  if (opt.check) {
+    std::printf("# Wrong values         : %lld %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
+  } else {
+    std::printf("# Wrong values         : N/A (-c 0)\n");
+  }
+  std::printf("# Avg bus bandwidth    : %.3f\n#\n", busbw_n ? busbw_sum / static_cast<double>(busbw_n) : 0.0);
+  for (size_t t = 0; t < n; ++t) {
+    std::free(sh.in[t]);
+    std::free(sh.out[t]);
+  }
+  return total_wrong > 0 ? 1 : 0;
+}
