@@ -22,6 +22,8 @@
 // count, type, redop (sum), root (-1), time (mean of -n iterations after -w
 // warm-up ones, in us), algbw = size / time, busbw = algbw * 2(n-1)/n, and
 // #wrong (one more iteration is checked against exact sums).
+#include "flags.h"
+
 #include <getopt.h>
 #include <sched.h>
 #if defined(__x86_64__) || defined(__i386__)
@@ -238,45 +240,8 @@ void print_usage(FILE* out, const char* prog) {
                prog);
 }
 
-bool parse_size(const char* s, size_t* out) {
-  if (!std::isdigit(static_cast<unsigned char>(s[0]))) return false;
-  errno = 0;
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(s, &end, 10);
-  if (errno != 0) return false;
-  unsigned shift = 0;
-  switch (*end) {
-    case '\0':
-      break;
-    case 'K':
-    case 'k':
-      shift = 10;
-      break;
-    case 'M':
-    case 'm':
-      shift = 20;
-      break;
-    case 'G':
-    case 'g':
-      shift = 30;
-      break;
-    default:
-      return false;
-  }
-  if (*end != '\0' && end[1] != '\0') return false;
-  if (v > (static_cast<unsigned long long>(SIZE_MAX) >> shift)) return false;
-  *out = static_cast<size_t>(v) << shift;
-  return true;
-}
-
-bool parse_long(const char* s, long min, long max, long* out) {
-  errno = 0;
-  char* end = nullptr;
-  const long v = std::strtol(s, &end, 10);
-  if (errno != 0 || end == s || *end != '\0' || v < min || v > max) return false;
-  *out = v;
-  return true;
-}
+using braid_bench::parse_long;
+using braid_bench::parse_size;
 
 enum class ParseResult { kRun, kHelp, kError };
 
