@@ -99,13 +99,10 @@ inline void cpu_relax() {
 
 }  // namespace
 
-Engine::Engine(int rank, const Config& config, std::vector<std::vector<Connection*>> peers, Doorbell* bell)
-    : rank_(rank),
-      spin_us_(config.spin_us),
-      timeout_s_(config.timeout_s),
-      peers_(std::move(peers)),
-      bell_(bell) {
-  for (auto& list : peers_)
+Engine::Engine(int rank, const Config& config, const std::vector<std::vector<Connection*>>& peers,
+               Doorbell* bell)
+    : rank_(rank), spin_us_(config.spin_us), timeout_s_(config.timeout_s), bell_(bell) {
+  for (auto& list : peers)
     for (Connection* c : list)
       if (c->poll_fd() >= 0) tcp_conns_.push_back(c);
   event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

@@ -59,7 +59,7 @@ class Op {
 class Engine {
  public:
   // `peers[r]` holds the connections to rank r (empty for this rank).
-  Engine(int rank, const Config& config, std::vector<std::vector<Connection*>> peers, Doorbell* bell);
+  Engine(int rank, const Config& config, const std::vector<std::vector<Connection*>>& peers, Doorbell* bell);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -107,7 +107,6 @@ class Engine {
   const int rank_;
   const double spin_us_;
   std::atomic<double> timeout_s_;
-  std::vector<std::vector<Connection*>> peers_;
   std::vector<Connection*> tcp_conns_;
   Doorbell* bell_;  // our shm doorbell, or null
   int event_fd_ = -1;
