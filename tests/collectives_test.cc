@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <numeric>
@@ -134,6 +135,77 @@ TEST_P(Transports, GroupedRingExchangeDoesNotDeadlock) {
   });
 }
 
+// Rank s sends (s + d + 1) * 3001 elements to rank d (some blocks span many
+// slots, rank 0 sends nothing to itself when asked), packed in a permuted
+// order with gaps, so displacements matter.
+TEST_P(Transports, AllToAllvUnevenBlocks) {
+  for (int n : {2, 3}) {
+    run_ranks(n, transport_env(GetParam()), [](braid_comm_t comm, int rank, int nranks) {
+      auto block = [](int s, int d) {
+        return s == 0 && d == 0 ? size_t{0} : static_cast<size_t>(s + d + 1) * 3001;
+      };
+      std::vector<size_t> sc(nranks), sd(nranks), rc(nranks), rd(nranks);
+      size_t soff = 7, roff = 3;
+      for (int k = nranks - 1; k >= 0; --k) {  // blocks stored in reverse rank order
+        sc[k] = block(rank, k);
+        sd[k] = soff;
+        soff += sc[k] + 5;
+        rc[k] = block(k, rank);
+        rd[k] = roff;
+        roff += rc[k] + 2;
+      }
+      std::vector<int64_t> in(soff, -1), out(roff, -7);
+      for (int d = 0; d < nranks; ++d)
+        for (size_t i = 0; i < sc[d]; ++i)
+          in[sd[d] + i] = rank * 1000000000LL + d * 1000000LL + static_cast<int64_t>(i);
+      BRAID_ASSERT_OK(braid_all_to_allv(in.data(), sc.data(), sd.data(), out.data(), rc.data(), rd.data(),
+                                        BRAID_INT64, comm, nullptr));
+      std::vector<int64_t> want(roff, -7);
+      for (int s = 0; s < nranks; ++s)
+        for (size_t i = 0; i < rc[s]; ++i)
+          want[rd[s] + i] = s * 1000000000LL + rank * 1000000LL + static_cast<int64_t>(i);
+      ASSERT_EQ(out, want);
+
+      // A receiver expecting a different size: both sides get an error.
+      std::vector<size_t> bad = rc;
+      int from = (rank + 1) % nranks;
+      if (rank == 0) bad[from] += 1;
+      braid_request_t req = nullptr;
+      std::vector<int64_t> big(roff + 16);
+      BRAID_ASSERT_OK(braid_iall_to_allv(in.data(), sc.data(), sd.data(), big.data(), bad.data(), rd.data(),
+                                         BRAID_INT64, comm, nullptr, &req));
+      braid_result_t r = braid_wait(&req);
+      if (rank == 0) {
+        EXPECT_EQ(r, BRAID_ERR_MISMATCH) << braid_get_last_error();
+        EXPECT_NE(std::string(braid_get_last_error()).find("all_to_allv"), std::string::npos)
+            << braid_get_last_error();
+      }
+    });
+  }
+}
+
+TEST(AllToAllvArguments, BadLayoutsNameTheProblem) {
+  run_ranks(2, {}, [](braid_comm_t comm, int rank, int) {
+    size_t sc[2] = {1, 1}, sd[2] = {0, 1}, rc[2] = {1, 1}, rd[2] = {0, 1};
+    int32_t in[2] = {rank, rank}, out[2] = {};
+    EXPECT_EQ(braid_all_to_allv(in, sc, sd, out, nullptr, rd, BRAID_INT32, comm, nullptr),
+              BRAID_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(braid_get_last_error()).find("is NULL"), std::string::npos)
+        << braid_get_last_error();
+    size_t self_mismatch[2] = {2, 2};
+    EXPECT_EQ(braid_all_to_allv(in, sc, sd, out, self_mismatch, rd, BRAID_INT32, comm, nullptr),
+              BRAID_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(braid_get_last_error()).find("block to itself"), std::string::npos)
+        << braid_get_last_error();
+    size_t huge[2] = {SIZE_MAX / 2, SIZE_MAX / 2};
+    EXPECT_EQ(braid_all_to_allv(in, sc, huge, out, rc, rd, BRAID_INT32, comm, nullptr),
+              BRAID_ERR_INVALID_ARGUMENT);
+    BRAID_EXPECT_OK(braid_all_to_allv(in, sc, sd, out, rc, rd, BRAID_INT32, comm, nullptr));
+    EXPECT_EQ(out[0], 0);
+    EXPECT_EQ(out[1], 1);
+  });
+}
+
 TEST_P(Transports, MessagesBetweenTwoRanksMatchInOrder) {
   run_ranks(2, transport_env(GetParam()), [](braid_comm_t comm, int rank, int) {
     const int kMessages = 6;
@@ -197,6 +269,53 @@ TEST_P(Transports, NonBlockingOperationsProgressWithoutTheCaller) {
     }
     ASSERT_EQ(done, 1) << "the operation did not complete while the caller slept";
     for (float v : buf) ASSERT_EQ(v, 1.5f);
+  });
+}
+
+// Completion callbacks: each fires once, without anyone waiting, with the
+// operation's result; the request stays usable afterwards.
+struct CallbackLog {
+  std::atomic<int> calls{0};
+  std::atomic<int> result{-1};
+};
+
+void record_callback(void* user, braid_result_t result, const char*) {
+  auto* log = static_cast<CallbackLog*>(user);
+  log->result.store(result);
+  log->calls.fetch_add(1);
+}
+
+TEST_P(Transports, CompletionCallbacksFireWithoutAWaiter) {
+  run_ranks(3, transport_env(GetParam()), [](braid_comm_t comm, int rank, int) {
+    std::vector<double> buf(1 << 18, rank + 1.0);
+    CallbackLog log;
+    braid_request_t req = nullptr;
+    BRAID_ASSERT_OK(
+        braid_iall_reduce(buf.data(), buf.data(), buf.size(), BRAID_FLOAT64, BRAID_SUM, comm, nullptr, &req));
+    BRAID_ASSERT_OK(braid_request_set_callback(req, record_callback, &log));
+    EXPECT_EQ(braid_request_set_callback(req, record_callback, &log), BRAID_ERR_INVALID_USAGE);
+    for (int i = 0; i < 2000 && log.calls.load() == 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ASSERT_EQ(log.calls.load(), 1) << "the callback did not run while the caller slept";
+    EXPECT_EQ(log.result.load(), BRAID_SUCCESS);
+    for (double v : buf) ASSERT_EQ(v, 6.0);
+    BRAID_EXPECT_OK(braid_wait(&req));
+    EXPECT_EQ(log.calls.load(), 1);
+
+    // Set after completion: it runs at once, on this thread. Collectives
+    // complete in order, so the ibarrier is done once the barrier returns.
+    CallbackLog late;
+    BRAID_ASSERT_OK(braid_ibarrier(comm, nullptr, &req));
+    BRAID_ASSERT_OK(braid_barrier(comm, nullptr));
+    BRAID_ASSERT_OK(braid_request_set_callback(req, record_callback, &late));
+    EXPECT_EQ(late.calls.load(), 1);
+    EXPECT_EQ(late.result.load(), BRAID_SUCCESS);
+    BRAID_EXPECT_OK(braid_wait(&req));
+    braid_request_t stale = nullptr;
+    BRAID_ASSERT_OK(braid_ibarrier(comm, nullptr, &stale));
+    braid_request_t copy = stale;
+    BRAID_ASSERT_OK(braid_wait(&stale));
+    EXPECT_EQ(braid_request_set_callback(copy, record_callback, &late), BRAID_ERR_INVALID_ARGUMENT);
   });
 }
 

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -88,6 +89,44 @@ TEST_P(FailureTransports, AbsentPeerTimesOutNamingOperationAndPeer) {
     unlink(path);
     EXPECT_TRUE(contains(log.c_str(), "operations in flight")) << log;
     EXPECT_TRUE(contains(log.c_str(), "all_reduce #0: waiting for a message from rank 1")) << log;
+  });
+}
+
+struct FailureLog {
+  std::atomic<int> calls{0};
+  std::atomic<int> result{-1};
+  std::string message;
+};
+
+TEST_P(FailureTransports, CallbackReportsATimeoutWithoutAWaiter) {
+  Env env = transport_env(GetParam());
+  env.push_back({"BRAID_DEBUG", "NONE"});
+  run_ranks(2, env, [](braid_comm_t comm, int rank, int) {
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+      return;
+    }
+    BRAID_ASSERT_OK(braid_comm_set_timeout(comm, 0.3));
+    FailureLog log;
+    float x = 1;
+    braid_request_t req = nullptr;
+    BRAID_ASSERT_OK(braid_iall_reduce(&x, &x, 1, BRAID_FLOAT32, BRAID_SUM, comm, nullptr, &req));
+    BRAID_ASSERT_OK(braid_request_set_callback(
+        req,
+        [](void* user, braid_result_t result, const char* message) {
+          auto* l = static_cast<FailureLog*>(user);
+          l->message = message;
+          l->result.store(result);
+          l->calls.fetch_add(1);
+        },
+        &log));
+    for (int i = 0; i < 1000 && log.calls.load() == 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ASSERT_EQ(log.calls.load(), 1) << "no callback for an operation past its deadline";
+    EXPECT_EQ(log.result.load(), BRAID_ERR_TIMEOUT);
+    EXPECT_TRUE(contains(log.message.c_str(), "all_reduce")) << log.message;
+    EXPECT_TRUE(contains(log.message.c_str(), "rank 1")) << log.message;
+    EXPECT_EQ(braid_wait(&req), BRAID_ERR_TIMEOUT);
   });
 }
 

@@ -96,7 +96,9 @@ const char* braid_redop_name(braid_redop_t op);
 
 /* ---- communicators ---- */
 /* Creates an id and starts the rendezvous root in this process (NCCL style);
- * hand the id to every rank out of band (MPI_Bcast, a file, a store). */
+ * hand the id to every rank out of band (MPI_Bcast, a file, a store). The
+ * root listens on BRAID_SOCKET_IFNAME's address, else on the interface that
+ * reaches MASTER_ADDR when that is set, else on the first non-loopback one. */
 braid_result_t braid_get_unique_id(braid_unique_id_t* id);
 braid_result_t braid_comm_init_rank(braid_comm_t* comm, int nranks, braid_unique_id_t id, int rank);
 /* Joins the job described by the torchrun / TorchDistributor environment:
@@ -132,6 +134,15 @@ braid_result_t braid_wait_all(int count, braid_request_t* requests);
 /* Drops the handle; the operation still completes, and an error it meets is
  * reported by braid_comm_get_async_error. */
 braid_result_t braid_request_free(braid_request_t request);
+
+/* Called once when the operation completes, with its result and message
+ * (valid during the call). It runs on whichever thread completes the
+ * operation, often braid's progress thread, or at once on this thread if the
+ * operation is already done; it must return quickly and must not call braid.
+ * The request stays valid: wait, test or free it as usual. At most one
+ * callback per request; a second call is rejected. */
+typedef void (*braid_callback_t)(void* user, braid_result_t result, const char* message);
+braid_result_t braid_request_set_callback(braid_request_t request, braid_callback_t callback, void* user);
 
 /* ---- groups ----
  * Between braid_group_start and braid_group_end (per thread, nestable),
@@ -174,6 +185,14 @@ braid_result_t braid_scatter(const void* sendbuf, void* recvbuf, size_t recvcoun
                              int root, braid_comm_t comm, braid_stream_t stream);
 braid_result_t braid_all_to_all(const void* sendbuf, void* recvbuf, size_t count, braid_dtype_t dtype,
                                 braid_comm_t comm, braid_stream_t stream);
+/* Uneven all_to_all (MPI_Alltoallv): sendcounts[p] elements starting at
+ * sendbuf + sdispls[p] go to rank p; recvcounts[p] elements from rank p land
+ * at recvbuf + rdispls[p]. Counts and displacements are in elements, one per
+ * rank. A block whose size differs from what its receiver expects fails the
+ * receiver with BRAID_ERR_MISMATCH (and breaks the communicator). */
+braid_result_t braid_all_to_allv(const void* sendbuf, const size_t* sendcounts, const size_t* sdispls,
+                                 void* recvbuf, const size_t* recvcounts, const size_t* rdispls,
+                                 braid_dtype_t dtype, braid_comm_t comm, braid_stream_t stream);
 braid_result_t braid_barrier(braid_comm_t comm, braid_stream_t stream);
 
 braid_result_t braid_iall_reduce(const void* sendbuf, void* recvbuf, size_t count, braid_dtype_t dtype,
@@ -195,6 +214,10 @@ braid_result_t braid_iscatter(const void* sendbuf, void* recvbuf, size_t recvcou
                               int root, braid_comm_t comm, braid_stream_t stream, braid_request_t* request);
 braid_result_t braid_iall_to_all(const void* sendbuf, void* recvbuf, size_t count, braid_dtype_t dtype,
                                  braid_comm_t comm, braid_stream_t stream, braid_request_t* request);
+braid_result_t braid_iall_to_allv(const void* sendbuf, const size_t* sendcounts, const size_t* sdispls,
+                                  void* recvbuf, const size_t* recvcounts, const size_t* rdispls,
+                                  braid_dtype_t dtype, braid_comm_t comm, braid_stream_t stream,
+                                  braid_request_t* request);
 braid_result_t braid_ibarrier(braid_comm_t comm, braid_stream_t stream, braid_request_t* request);
 
 /* ---- reduction kernels (host memory) ----

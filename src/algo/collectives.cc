@@ -376,6 +376,23 @@ Task pairwise_all_to_all(const Channel& ch, CollArgs a) {
   }
 }
 
+Task pairwise_all_to_allv(const Channel& ch, CollArgs a) {
+  const int n = ch.nranks, r = ch.rank;
+  const size_t es = braid_dtype_size(a.dtype);
+  const size_t *scount = a.layout, *sdispl = a.layout + n, *rcount = a.layout + 2 * n,
+               *rdispl = a.layout + 3 * n;
+  const char* in = static_cast<const char*>(a.sendbuf);
+  char* out = static_cast<char*>(a.recvbuf);
+  copy_if_distinct(out + rdispl[r] * es, in + sdispl[r] * es, rcount[r] * es);
+  // Same schedule as all_to_all; a receive checks that the sender's block
+  // has the size this rank expects.
+  for (int s = 1; s < n; ++s) {
+    int to = mod(r + s, n), from = mod(r - s, n);
+    co_await exchange(ch, to, in + sdispl[to] * es, scount[to] * es, from, out + rdispl[from] * es,
+                      rcount[from] * es);
+  }
+}
+
 Task dissemination_barrier(const Channel& ch) {
   const int n = ch.nranks, r = ch.rank;
   for (int k = 1; k < n; k <<= 1) co_await exchange(ch, mod(r + k, n), nullptr, 0, mod(r - k, n), nullptr, 0);

@@ -19,6 +19,9 @@ struct CollArgs {
   braid_redop_t op = BRAID_SUM;
   int root = 0;
   int peer = -1;  // point-to-point
+  // all_to_allv: 4 * nranks entries (sendcounts, sdispls, recvcounts,
+  // rdispls, in elements), owned by the op.
+  const size_t* layout = nullptr;
 };
 
 // The all_reduce algorithm for this size (BRAID_ALGO overrides).
@@ -43,6 +46,7 @@ Task ring_reduce_scatter(const Channel& ch, CollArgs a);
 Task direct_gather(const Channel& ch, CollArgs a);
 Task direct_scatter(const Channel& ch, CollArgs a);
 Task pairwise_all_to_all(const Channel& ch, CollArgs a);
+Task pairwise_all_to_allv(const Channel& ch, CollArgs a);
 Task dissemination_barrier(const Channel& ch);
 Task p2p_send(const Channel& ch, CollArgs a);
 Task p2p_recv(const Channel& ch, CollArgs a);

@@ -29,8 +29,10 @@ namespace {
 // ---- handles: opaque ids that are never reused and never dereferenced ----
 
 struct Request {
+  Request(std::shared_ptr<Communicator> c, std::shared_ptr<Op> o) : comm(std::move(c)), op(std::move(o)) {}
   std::shared_ptr<Communicator> comm;
   std::shared_ptr<Op> op;
+  std::atomic<bool> callback_set{false};
 };
 
 template <class T>
@@ -241,6 +243,30 @@ Status validate(const Call& c, Communicator& comm) {
       BRAID_RETURN_IF_ERROR(check_count(a.count, a.dtype, static_cast<size_t>(n), "count"));
       BRAID_RETURN_IF_ERROR(check_buffer(a.sendbuf, a.count, "sendbuf", "count"));
       return check_buffer(a.recvbuf, a.count, "recvbuf", "count");
+    case OpKind::kAllToAllv: {
+      if (a.layout == nullptr)
+        return Status::invalid_argument("sendcounts, sdispls, recvcounts or rdispls is NULL");
+      const size_t un = static_cast<size_t>(n);
+      const size_t *scount = a.layout, *sdispl = a.layout + un, *rcount = a.layout + 2 * un,
+                   *rdispl = a.layout + 3 * un;
+      const size_t limit =
+          static_cast<size_t>(std::numeric_limits<ptrdiff_t>::max()) / braid_dtype_size(a.dtype);
+      for (int p = 0; p < n; ++p) {
+        if (scount[p] > limit || sdispl[p] > limit - scount[p] || rcount[p] > limit ||
+            rdispl[p] > limit - rcount[p])
+          return Status::invalid_argument("counts or displacements for rank " + std::to_string(p) +
+                                          " overflow the address space");
+        if (scount[p] > 0)
+          BRAID_RETURN_IF_ERROR(check_buffer(a.sendbuf, scount[p], "sendbuf", "sendcounts[p]"));
+        if (rcount[p] > 0)
+          BRAID_RETURN_IF_ERROR(check_buffer(a.recvbuf, rcount[p], "recvbuf", "recvcounts[p]"));
+      }
+      if (scount[r] != rcount[r])
+        return Status::invalid_argument("sendcounts[" + std::to_string(r) + "]=" + std::to_string(scount[r]) +
+                                        " differs from recvcounts[" + std::to_string(r) +
+                                        "]=" + std::to_string(rcount[r]) + " (this rank's block to itself)");
+      return Status::ok();
+    }
     case OpKind::kBarrier:
       break;
   }
@@ -258,8 +284,7 @@ braid_result_t submit(const Call& c) {
   const bool async = c.request != nullptr;
   std::shared_ptr<Op> op = comm->make_op(c.kind, c.args, async);
   if (async)
-    *c.request =
-        reinterpret_cast<braid_request_t>(requests().add(std::make_shared<Request>(Request{comm, op})));
+    *c.request = reinterpret_cast<braid_request_t>(requests().add(std::make_shared<Request>(comm, op)));
   GroupState& g = group();
   if (g.depth > 0) {
     g.ops.push_back({comm, op, !async});
@@ -356,7 +381,16 @@ BRAID_API braid_result_t braid_get_unique_id(braid_unique_id_t* id) {
   Status st = Config::from_env(&config);
   if (!st) return finish(st);
   SockAddr addr;
-  st = choose_local_address(config.socket_ifname, &addr);
+  // Without BRAID_SOCKET_IFNAME, a job that names its master (torchrun,
+  // TorchDistributor) gets the interface that reaches MASTER_ADDR.
+  const char* master = std::getenv("MASTER_ADDR");
+  SockAddr master_addr;
+  if (config.socket_ifname.empty() && master != nullptr && *master != '\0' &&
+      SockAddr::parse(master, 0, &master_addr).is_ok()) {
+    st = local_address_toward(master_addr, &addr);
+  } else {
+    st = choose_local_address(config.socket_ifname, &addr);
+  }
   if (!st) return finish(st.with_context("choosing the rendezvous address"));
   UniqueId u;
   u.token = random_token();
@@ -573,6 +607,19 @@ BRAID_API braid_result_t braid_request_free(braid_request_t request) {
   return BRAID_SUCCESS;
 }
 
+BRAID_API braid_result_t braid_request_set_callback(braid_request_t request, braid_callback_t callback,
+                                                    void* user) {
+  if (request == nullptr || callback == nullptr)
+    return finish(Status::invalid_argument("request_set_callback: request or callback is NULL"));
+  std::shared_ptr<Request> req = requests().get(id_of(request));
+  if (!req) return finish(Status::invalid_argument("request_set_callback: request is not a live request"));
+  if (req->callback_set.exchange(true))
+    return finish(Status::invalid_usage("request_set_callback: this request already has a callback"));
+  req->op->set_callback(
+      [callback, user](const Status& st) { callback(user, st.code(), st.message().c_str()); });
+  return BRAID_SUCCESS;
+}
+
 // ---- groups ----
 
 BRAID_API braid_result_t braid_group_start(void) {
@@ -665,6 +712,47 @@ BRAID_API braid_result_t braid_all_to_all(const void* sendbuf, void* recvbuf, si
 }
 BRAID_API braid_result_t braid_barrier(braid_comm_t comm, braid_stream_t stream) {
   BRAID_CALL(OpKind::kBarrier, nullptr, nullptr, nullptr, 0, BRAID_UINT8, BRAID_SUM, 0, -1);
+}
+
+namespace {
+
+// all_to_allv packs its four arrays into one layout (the op keeps a copy).
+braid_result_t submit_all_to_allv(const void* sendbuf, const size_t* sendcounts, const size_t* sdispls,
+                                  void* recvbuf, const size_t* recvcounts, const size_t* rdispls,
+                                  braid_dtype_t dtype, braid_comm_t handle, braid_stream_t stream,
+                                  braid_request_t* request) {
+  std::shared_ptr<Communicator> comm;
+  Status st = lookup(handle, &comm);
+  if (!st) return finish(st.with_context("all_to_allv"));
+  std::vector<size_t> layout;
+  CollArgs a{sendbuf, recvbuf, 0, dtype, BRAID_SUM, 0, -1};
+  if (sendcounts != nullptr && sdispls != nullptr && recvcounts != nullptr && rdispls != nullptr) {
+    const int n = comm->nranks();
+    layout.reserve(4 * static_cast<size_t>(n));
+    for (const size_t* arr : {sendcounts, sdispls, recvcounts, rdispls})
+      layout.insert(layout.end(), arr, arr + n);
+    a.layout = layout.data();
+  }
+  return submit(Call{OpKind::kAllToAllv, a, handle, stream, request});
+}
+
+}  // namespace
+
+BRAID_API braid_result_t braid_all_to_allv(const void* sendbuf, const size_t* sendcounts,
+                                           const size_t* sdispls, void* recvbuf, const size_t* recvcounts,
+                                           const size_t* rdispls, braid_dtype_t dtype, braid_comm_t comm,
+                                           braid_stream_t stream) {
+  return submit_all_to_allv(sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls, dtype, comm, stream,
+                            nullptr);
+}
+
+BRAID_API braid_result_t braid_iall_to_allv(const void* sendbuf, const size_t* sendcounts,
+                                            const size_t* sdispls, void* recvbuf, const size_t* recvcounts,
+                                            const size_t* rdispls, braid_dtype_t dtype, braid_comm_t comm,
+                                            braid_stream_t stream, braid_request_t* request) {
+  if (request_arg(request) != BRAID_SUCCESS) return BRAID_ERR_INVALID_ARGUMENT;
+  return submit_all_to_allv(sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls, dtype, comm, stream,
+                            request);
 }
 
 #define BRAID_ICALL(kind, ...)                                                    \

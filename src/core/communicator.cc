@@ -66,6 +66,8 @@ const char* op_kind_name(OpKind kind) {
       return "scatter";
     case OpKind::kAllToAll:
       return "all_to_all";
+    case OpKind::kAllToAllv:
+      return "all_to_allv";
     case OpKind::kBarrier:
       return "barrier";
   }
@@ -289,6 +291,18 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
       out_bytes *= n;
       canonical_in = nullptr;
       break;
+    case OpKind::kAllToAllv: {
+      // The caller's arrays may go away once the call returns: keep a copy.
+      op->layout.assign(a.layout, a.layout + 4 * n);
+      a.layout = op->layout.data();
+      in_bytes = out_bytes = 0;
+      for (size_t p = 0; p < n; ++p) {
+        in_bytes = std::max(in_bytes, (a.layout[n + p] + a.layout[p]) * esize);
+        out_bytes = std::max(out_bytes, (a.layout[3 * n + p] + a.layout[2 * n + p]) * esize);
+      }
+      canonical_in = nullptr;
+      break;
+    }
     case OpKind::kBroadcast:
       uses_input = rank_ == a.root;
       break;
@@ -298,7 +312,7 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
     default:
       break;
   }
-  if (a.count == 0) {
+  if (a.count == 0 && kind != OpKind::kAllToAllv) {
     // Every rank passes the same count, so every rank skips together.
     op->task = []() -> Task { co_return; }();
     return op;
@@ -356,6 +370,9 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
       break;
     case OpKind::kAllToAll:
       op->task = pairwise_all_to_all(coll_channel_, a);
+      break;
+    case OpKind::kAllToAllv:
+      op->task = pairwise_all_to_allv(coll_channel_, a);
       break;
     default:
       break;

@@ -30,6 +30,7 @@ enum class OpKind {
   kGather,
   kScatter,
   kAllToAll,
+  kAllToAllv,
   kBarrier
 };
 const char* op_kind_name(OpKind kind);

@@ -26,6 +26,27 @@ void op_finished(Op* op) {
   op->finished = true;
 }
 
+void Op::set_callback(std::function<void(const Status&)> fn) {
+  {
+    std::lock_guard<std::mutex> lock(callback_mu_);
+    callback_ = std::move(fn);
+  }
+  // Dekker-style pairing with the completer (done, then has_callback): at
+  // least one side sees the other's store, and run_callback takes the
+  // function at most once.
+  has_callback_.store(true, std::memory_order_seq_cst);
+  if (done.load(std::memory_order_seq_cst) != 0) run_callback();
+}
+
+void Op::run_callback() {
+  std::function<void(const Status&)> fn;
+  {
+    std::lock_guard<std::mutex> lock(callback_mu_);
+    fn.swap(callback_);
+  }
+  if (fn) fn(status);
+}
+
 namespace {
 
 constexpr size_t kFrameGrain = 64;
@@ -172,6 +193,7 @@ void Engine::complete(const std::shared_ptr<Op>& op, const Status& st) {
   // unless another thread sleeps on this op (it counts itself in first).
   op->done.store(1, std::memory_order_seq_cst);
   if (op->sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(&op->done, false);
+  if (op->has_callback()) op->run_callback();
 }
 
 bool Engine::advance_lane(Lane& lane) {

@@ -43,6 +43,7 @@ class Op {
   Task task;
   std::vector<char> input_copy;  // the input, when it overlapped the output badly
   std::vector<char> work;        // temporary buffers the algorithm owns
+  std::vector<size_t> layout;    // all_to_allv counts and displacements
   Status failure;                // set by an algorithm that found a protocol error
 
   // Engine state (driver thread only, except `done` and `status` after done).
@@ -54,6 +55,18 @@ class Op {
   Status status;
   std::atomic<uint32_t> done{0};
   std::atomic<uint32_t> sleepers{0};  // threads in futex_wait on `done`
+
+  // Completion callback (braid_request_set_callback). It runs once, on the
+  // thread that completes the op, or at once if the op is already done.
+  // `has_callback` keeps the common case (no callback) free of the mutex.
+  void set_callback(std::function<void(const Status&)> fn);
+  void run_callback();
+  bool has_callback() const { return has_callback_.load(std::memory_order_seq_cst); }
+
+ private:
+  std::mutex callback_mu_;
+  std::function<void(const Status&)> callback_;
+  std::atomic<bool> has_callback_{false};
 };
 
 class Engine {
