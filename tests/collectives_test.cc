@@ -206,6 +206,58 @@ TEST(AllToAllvArguments, BadLayoutsNameTheProblem) {
   });
 }
 
+// Receives from any source: every message arrives once, the reported
+// source is the sender, and per-sender order holds (a specific receive
+// posted before takes that peer's first message).
+TEST_P(Transports, ReceiveFromAnySource) {
+  run_ranks(4, transport_env(GetParam()), [](braid_comm_t comm, int rank, int nranks) {
+    const size_t count = 70001;  // several slots
+    if (rank != 0) {
+      std::vector<int32_t> first(count, rank * 10 + 1), second(count, rank * 10 + 2);
+      BRAID_ASSERT_OK(braid_send(first.data(), count, BRAID_INT32, 0, comm, nullptr));
+      BRAID_ASSERT_OK(braid_send(second.data(), count, BRAID_INT32, 0, comm, nullptr));
+      return;
+    }
+    // Rank 3's first message goes to this specific receive, posted first.
+    std::vector<int32_t> from3(count, 0);
+    braid_request_t specific = nullptr;
+    BRAID_ASSERT_OK(braid_irecv(from3.data(), count, BRAID_INT32, 3, comm, nullptr, &specific));
+    const int kAny = 2 * (nranks - 1) - 1;
+    std::vector<std::vector<int32_t>> bufs(kAny, std::vector<int32_t>(count, 0));
+    std::vector<int> sources(kAny, -1);
+    std::vector<braid_request_t> reqs(kAny);
+    for (int i = 0; i < kAny; ++i)
+      BRAID_ASSERT_OK(
+          braid_irecv_any(bufs[i].data(), count, BRAID_INT32, &sources[i], comm, nullptr, &reqs[i]));
+    BRAID_ASSERT_OK(braid_wait(&specific));
+    for (int32_t v : from3) ASSERT_EQ(v, 31);
+    BRAID_ASSERT_OK(braid_wait_all(kAny, reqs.data()));
+    std::vector<int> seen(nranks, 0);
+    for (int i = 0; i < kAny; ++i) {
+      ASSERT_GE(sources[i], 1);
+      ASSERT_LT(sources[i], nranks);
+      int s = sources[i];
+      ++seen[s];
+      // The k-th message from s (counting rank 3's first, taken above).
+      int nth = seen[s] + (s == 3 ? 1 : 0);
+      for (int32_t v : bufs[i]) ASSERT_EQ(v, s * 10 + nth) << "message " << i << " from rank " << s;
+    }
+    EXPECT_EQ(seen[1], 2);
+    EXPECT_EQ(seen[2], 2);
+    EXPECT_EQ(seen[3], 1);
+    // Blocking form, from this rank itself.
+    int32_t self_msg = 77, got = 0;
+    int src = -1;
+    braid_request_t sreq = nullptr;
+    BRAID_ASSERT_OK(braid_isend(&self_msg, 1, BRAID_INT32, 0, comm, nullptr, &sreq));
+    BRAID_ASSERT_OK(braid_recv_any(&got, 1, BRAID_INT32, &src, comm, nullptr));
+    BRAID_ASSERT_OK(braid_wait(&sreq));
+    EXPECT_EQ(got, 77);
+    EXPECT_EQ(src, 0);
+    EXPECT_EQ(braid_recv_any(&got, 1, BRAID_INT32, nullptr, comm, nullptr), BRAID_ERR_INVALID_ARGUMENT);
+  });
+}
+
 TEST_P(Transports, MessagesBetweenTwoRanksMatchInOrder) {
   run_ranks(2, transport_env(GetParam()), [](braid_comm_t comm, int rank, int) {
     const int kMessages = 6;

@@ -162,6 +162,14 @@ braid_result_t braid_isend(const void* buf, size_t count, braid_dtype_t dtype, i
                            braid_stream_t stream, braid_request_t* request);
 braid_result_t braid_irecv(void* buf, size_t count, braid_dtype_t dtype, int peer, braid_comm_t comm,
                            braid_stream_t stream, braid_request_t* request);
+/* Receive from whichever rank's message arrives first (MPI_ANY_SOURCE): a
+ * message goes to the earliest posted receive that can take it, so receives
+ * from one peer still match that peer's sends in order. *source holds the
+ * sender's rank once the operation completed. */
+braid_result_t braid_recv_any(void* buf, size_t count, braid_dtype_t dtype, int* source, braid_comm_t comm,
+                              braid_stream_t stream);
+braid_result_t braid_irecv_any(void* buf, size_t count, braid_dtype_t dtype, int* source, braid_comm_t comm,
+                               braid_stream_t stream, braid_request_t* request);
 
 /* ---- collectives ----
  * Counts are per rank as in NCCL: all_gather / gather take sendcount (recvbuf

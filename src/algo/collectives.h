@@ -22,6 +22,7 @@ struct CollArgs {
   // all_to_allv: 4 * nranks entries (sendcounts, sdispls, recvcounts,
   // rdispls, in elements), owned by the op.
   const size_t* layout = nullptr;
+  int* source = nullptr;  // receive from any source: where the sender's rank goes
 };
 
 // The all_reduce algorithm for this size (BRAID_ALGO overrides).

@@ -243,6 +243,11 @@ Status validate(const Call& c, Communicator& comm) {
       BRAID_RETURN_IF_ERROR(check_count(a.count, a.dtype, static_cast<size_t>(n), "count"));
       BRAID_RETURN_IF_ERROR(check_buffer(a.sendbuf, a.count, "sendbuf", "count"));
       return check_buffer(a.recvbuf, a.count, "recvbuf", "count");
+    case OpKind::kRecvAny:
+      if (a.source == nullptr)
+        return Status::invalid_argument("source is NULL (where should the sender's rank go?)");
+      BRAID_RETURN_IF_ERROR(check_count(a.count, a.dtype, 1, "count"));
+      return check_buffer(a.recvbuf, a.count, "buf", "count");
     case OpKind::kAllToAllv: {
       if (a.layout == nullptr)
         return Status::invalid_argument("sendcounts, sdispls, recvcounts or rdispls is NULL");
@@ -712,6 +717,21 @@ BRAID_API braid_result_t braid_all_to_all(const void* sendbuf, void* recvbuf, si
 }
 BRAID_API braid_result_t braid_barrier(braid_comm_t comm, braid_stream_t stream) {
   BRAID_CALL(OpKind::kBarrier, nullptr, nullptr, nullptr, 0, BRAID_UINT8, BRAID_SUM, 0, -1);
+}
+
+BRAID_API braid_result_t braid_recv_any(void* buf, size_t count, braid_dtype_t dtype, int* source,
+                                        braid_comm_t comm, braid_stream_t stream) {
+  CollArgs a{nullptr, buf, count, dtype, BRAID_SUM, 0, -1};
+  a.source = source;
+  return submit(Call{OpKind::kRecvAny, a, comm, stream, nullptr});
+}
+
+BRAID_API braid_result_t braid_irecv_any(void* buf, size_t count, braid_dtype_t dtype, int* source,
+                                         braid_comm_t comm, braid_stream_t stream, braid_request_t* request) {
+  if (request_arg(request) != BRAID_SUCCESS) return BRAID_ERR_INVALID_ARGUMENT;
+  CollArgs a{nullptr, buf, count, dtype, BRAID_SUM, 0, -1};
+  a.source = source;
+  return submit(Call{OpKind::kRecvAny, a, comm, stream, request});
 }
 
 namespace {

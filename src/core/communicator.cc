@@ -68,6 +68,8 @@ const char* op_kind_name(OpKind kind) {
       return "all_to_all";
     case OpKind::kAllToAllv:
       return "all_to_allv";
+    case OpKind::kRecvAny:
+      return "recv (any source)";
     case OpKind::kBarrier:
       return "barrier";
   }
@@ -249,6 +251,20 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
   CollArgs a = args;
   const size_t esize = braid_dtype_size(a.dtype);
   const size_t n = static_cast<size_t>(nranks_);
+  if (kind == OpKind::kRecvAny) {
+    op->lane = LaneKind::kRecv;
+    op->lane_peer = -1;
+    op->seq = p2p_recv_seq_++;
+    op->any_source_conns = p2p_channel_.conns;
+    op->source_out = a.source;
+    const Channel* ch = &p2p_channel_;
+    op->bind = [ch, a](int peer) {
+      CollArgs bound = a;
+      bound.peer = peer;
+      return p2p_recv(*ch, bound);
+    };
+    return op;
+  }
   if (kind == OpKind::kSend || kind == OpKind::kRecv) {
     op->lane = kind == OpKind::kSend ? LaneKind::kSend : LaneKind::kRecv;
     op->lane_peer = a.peer;

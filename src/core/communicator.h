@@ -22,6 +22,7 @@ class TcpTransport;
 enum class OpKind {
   kSend,
   kRecv,
+  kRecvAny,
   kAllReduce,
   kBroadcast,
   kReduce,

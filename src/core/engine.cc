@@ -157,6 +157,7 @@ void Engine::post(const std::shared_ptr<Op>& op) {
       op->done.store(1, std::memory_order_release);
       return;
     }
+    if (op->lane == LaneKind::kRecv) op->recv_order = recv_posted_++;
     posted_.push_back(op);
     active_.fetch_add(1);
   }
@@ -178,10 +179,47 @@ void Engine::wake_driver() {
 
 Engine::Lane& Engine::lane_for(const Op& op) {
   if (op.lane == LaneKind::kCollective) return lanes_[0];
-  for (auto& l : lanes_)
-    if (l.kind == op.lane && l.peer == op.lane_peer) return l;
+  if (Lane* l = find_lane(op.lane, op.lane_peer)) return *l;
   lanes_.push_back({op.lane, op.lane_peer, {}});
   return lanes_.back();
+}
+
+Engine::Lane* Engine::find_lane(LaneKind kind, int peer) {
+  for (auto& l : lanes_)
+    if (l.kind == kind && l.peer == peer) return &l;
+  return nullptr;
+}
+
+bool Engine::bind_any_source() {
+  bool progressed = false;
+  for (;;) {
+    Lane* any = find_lane(LaneKind::kRecv, -1);
+    if (any == nullptr || any->ops.empty()) return progressed;
+    std::shared_ptr<Op> op = any->ops.front();
+    const size_t n = op->any_source_conns.size();
+    int chosen = -1;
+    for (size_t k = 0; k < n && chosen < 0; ++k) {
+      const int p = static_cast<int>((any_source_next_ + k) % n);
+      Connection* c = op->any_source_conns[p];
+      if (c == nullptr) continue;
+      // The peer's next message belongs to an earlier receive from it, if any.
+      Lane* lane = find_lane(LaneKind::kRecv, p);
+      if (lane != nullptr && !lane->ops.empty() &&
+          (lane->ops.front()->started || lane->ops.front()->recv_order < op->recv_order))
+        continue;
+      const void* data;
+      size_t bytes;
+      if (c->recv_ready(&data, &bytes)) chosen = p;
+    }
+    if (chosen < 0) return progressed;  // later any-source receives wait their turn
+    any_source_next_ = static_cast<size_t>(chosen) + 1;
+    any->ops.pop_front();
+    op->lane_peer = chosen;
+    op->task = op->bind(chosen);
+    if (op->source_out != nullptr) *op->source_out = chosen;
+    lane_for(*op).ops.push_front(op);  // may add a lane: `any` is stale from here
+    progressed = true;
+  }
 }
 
 void Engine::complete(const std::shared_ptr<Op>& op, const Status& st) {
@@ -198,10 +236,17 @@ void Engine::complete(const std::shared_ptr<Op>& op, const Status& st) {
 
 bool Engine::advance_lane(Lane& lane) {
   bool progressed = false;
+  if (lane.kind == LaneKind::kRecv && lane.peer < 0) return false;  // bind_any_source's
   while (!lane.ops.empty()) {
     std::shared_ptr<Op> op = lane.ops.front();
     bool ready;
     if (!op->started) {
+      if (lane.kind == LaneKind::kRecv) {
+        // An earlier receive from any source may claim this peer's message.
+        Lane* any = find_lane(LaneKind::kRecv, -1);
+        if (any != nullptr && !any->ops.empty() && any->ops.front()->recv_order < op->recv_order)
+          return progressed;
+      }
       op->started = true;
       op->leaf = op->task.handle();
       op->task.handle().promise().top_level_op = op.get();
@@ -244,8 +289,8 @@ bool Engine::advance() {
       return true;
     }
   }
-  bool progressed = false;
-  for (auto& lane : lanes_) progressed |= advance_lane(lane);
+  bool progressed = bind_any_source();
+  for (size_t i = 0; i < lanes_.size(); ++i) progressed |= advance_lane(lanes_[i]);
   return progressed;
 }
 
@@ -267,6 +312,16 @@ void Engine::log_pending(const char* why) {
 }
 
 void Engine::check_peers(bool thorough) {
+  if (Lane* any = find_lane(LaneKind::kRecv, -1); any != nullptr && !any->ops.empty()) {
+    Op& op = *any->ops.front();
+    if (op.deadline.expired()) {
+      log_pending("timed out");
+      fail_all(Status::timeout("rank " + std::to_string(rank_) + ": " + op.name + " #" +
+                               std::to_string(op.seq) + " timed out after " +
+                               std::to_string(timeout_s_.load()) + " s waiting for a message from any rank"));
+      return;
+    }
+  }
   for (auto& lane : lanes_) {
     if (lane.ops.empty()) continue;
     Op& op = *lane.ops.front();
@@ -303,7 +358,13 @@ void Engine::block(int max_ms) {
     for (Connection* c : tcp_conns_)
       if (c->wants_write()) fds.push_back({c->poll_fd(), POLLOUT, 0});
     for (auto& lane : lanes_) {
-      if (lane.ops.empty() || lane.ops.front()->wait == nullptr) continue;
+      if (lane.ops.empty()) continue;
+      if (lane.kind == LaneKind::kRecv && lane.peer < 0) {
+        for (Connection* c : lane.ops.front()->any_source_conns)
+          if (c != nullptr && c->poll_fd() >= 0) fds.push_back({c->poll_fd(), POLLIN, 0});
+        continue;
+      }
+      if (lane.ops.front()->wait == nullptr) continue;
       const WaitPoint* w = lane.ops.front()->wait;
       for (int i = 0; i < 2; ++i)
         if (w->conn[i] != nullptr && w->conn[i]->poll_fd() >= 0)

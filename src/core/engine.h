@@ -46,6 +46,15 @@ class Op {
   std::vector<size_t> layout;    // all_to_allv counts and displacements
   Status failure;                // set by an algorithm that found a protocol error
 
+  // A receive from any source waits unbound (lane_peer == -1) until some
+  // peer's connection in `any_source_conns` holds a message; the engine then
+  // builds its task with `bind(peer)`, moves it to that peer's receive lane
+  // and stores the peer in *source_out.
+  std::vector<Connection*> any_source_conns;
+  std::function<Task(int peer)> bind;
+  int* source_out = nullptr;
+  uint64_t recv_order = 0;  // post order among this engine's receives
+
   // Engine state (driver thread only, except `done` and `status` after done).
   bool started = false;
   bool finished = false;
@@ -107,6 +116,9 @@ class Engine {
   void drive(Pred stop);
   bool advance();
   bool advance_lane(Lane& lane);
+  // Binds waiting any-source receives to peers with a message (see Op).
+  bool bind_any_source();
+  Lane* find_lane(LaneKind kind, int peer);
   void block(int max_ms);
   void check_peers(bool thorough);
   // With BRAID_DEBUG=INFO: one line per operation in flight and what it waits on.
@@ -138,6 +150,8 @@ class Engine {
   std::atomic<bool> driver_sleeping_{false};
 
   std::atomic<uint64_t> coll_seq_{0};
+  uint64_t recv_posted_ = 0;    // under post_mu_
+  size_t any_source_next_ = 0;  // round-robin start, driver only
   std::atomic<uint32_t> async_posted_{0};
   std::atomic<bool> stop_{false};
   std::thread progress_thread_;

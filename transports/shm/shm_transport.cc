@@ -1,10 +1,12 @@
 #include "transports/shm/shm_transport.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -94,10 +96,22 @@ class ShmConnection : public Connection {
     recv_ = static_cast<char*>(mine->base) + layout.header_bytes + recv_fifo * layout.fifo_bytes;
     send_ = static_cast<char*>(theirs->base) + layout.header_bytes + send_fifo * layout.fifo_bytes;
     peer_pid_ = theirs_->pid;
+    // A pidfd reports the peer's exit even while it is an unreaped zombie
+    // (kill(pid, 0) still succeeds then) and cannot name a reused pid.
+#ifdef SYS_pidfd_open
+    peer_pidfd_ = static_cast<int>(syscall(SYS_pidfd_open, peer_pid_, 0));
+#endif
+  }
+  ~ShmConnection() override {
+    if (peer_pidfd_ >= 0) close(peer_pidfd_);
   }
 
-  const char* kind() const override { return "shm"; }
-  size_t slot_bytes() const override { return slot_bytes_; }
+  const char* kind() const override {
+    return "shm";
+  }
+  size_t slot_bytes() const override {
+    return slot_bytes_;
+  }
 
   void* send_slot() override {
     uint64_t consumed = control(send_)->consumed.load(std::memory_order_acquire);
@@ -123,8 +137,12 @@ class ShmConnection : public Connection {
     control(recv_)->consumed.store(received_, std::memory_order_release);
     theirs_->bell.ring(true);
   }
-  Status progress() override { return Status::ok(); }
-  bool supports_peer_reads() const override { return peer_reads_; }
+  Status progress() override {
+    return Status::ok();
+  }
+  bool supports_peer_reads() const override {
+    return peer_reads_;
+  }
   Status read_peer(void* dst, uint64_t remote, size_t bytes) override {
     char* d = static_cast<char*>(dst);
     while (bytes > 0) {
@@ -144,7 +162,9 @@ class ShmConnection : public Connection {
     }
     return Status::ok();
   }
-  void enable_peer_reads() { peer_reads_ = true; }
+  void enable_peer_reads() {
+    peer_reads_ = true;
+  }
   Status check_peer(bool thorough) override {
     if (uint32_t code = theirs_->failed.load(std::memory_order_acquire); code != 0) {
       char reason[sizeof(theirs_->reason)];
@@ -155,14 +175,23 @@ class ShmConnection : public Connection {
                                                            std::to_string(peer_pid_) +
                                                            ", this host) failed: " + reason);
     }
-    if (thorough && kill(peer_pid_, 0) != 0 && errno == ESRCH)
+    if (thorough && peer_exited())
       return Status::remote("rank " + std::to_string(peer_) + " (pid " + std::to_string(peer_pid_) +
                             ", this host) died");
     return Status::ok();
   }
 
  private:
-  FifoControl* control(char* fifo) const { return reinterpret_cast<FifoControl*>(fifo); }
+  bool peer_exited() const {
+    if (peer_pidfd_ >= 0) {
+      pollfd p{peer_pidfd_, POLLIN, 0};
+      return poll(&p, 1, 0) > 0;
+    }
+    return kill(peer_pid_, 0) != 0 && errno == ESRCH;
+  }
+  FifoControl* control(char* fifo) const {
+    return reinterpret_cast<FifoControl*>(fifo);
+  }
   SlotHeader* slot(char* fifo, uint64_t i) const {
     return reinterpret_cast<SlotHeader*>(fifo + sizeof(FifoControl) + i * layout_.slot_stride);
   }
@@ -181,6 +210,7 @@ class ShmConnection : public Connection {
   uint64_t received_ = 0;
   int peer_;
   int peer_pid_ = 0;
+  int peer_pidfd_ = -1;
   bool peer_reads_ = false;
 };
 

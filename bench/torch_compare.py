@@ -1,0 +1,212 @@
+"""braid against gloo through torch.distributed, in one run on this host.
+
+    python bench/torch_compare.py --nprocs 2
+
+Every rank holds a gloo group and a braid group over the same processes, and
+each measurement alternates between them, so both see the same machine
+state. For all_reduce it also times braid's C API directly on the same
+communicator (ctypes on the extension's exported braid_all_reduce): the
+"torch/C" column is what the binding adds. The last section times a DDP
+training step (about 10 M parameters) through each backend.
+
+Times are medians over iterations of the slowest rank; ratios are
+braid / gloo (below 1 means braid is faster).
+"""
+
+import argparse
+import ctypes
+import datetime
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+
+import braid_torch
+
+SIZES = [8, 1 << 10, 64 << 10, 1 << 20, 8 << 20, 32 << 20]
+BRAID_FLOAT32, BRAID_SUM = 8, 0
+
+
+def fmt_size(n):
+    for unit, div in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div:
+            return f"{n // div} {unit}"
+    return f"{n} B"
+
+
+def iters_for(nbytes, base):
+    return max(5, min(base, int(base * (1 << 20) / max(nbytes, 1 << 20))))
+
+
+def timed(fn, iters, group_for_max):
+    """Median per-call seconds, taking the slowest rank for each sample."""
+    samples = []
+    for _ in range(iters):
+        dist.barrier(group=group_for_max)
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    t = torch.tensor(samples, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group_for_max)
+    return statistics.median(t.tolist())
+
+
+def c_all_reduce(lib, comm, buf):
+    rc = lib.braid_all_reduce(ctypes.c_void_p(buf.data_ptr()), ctypes.c_void_p(buf.data_ptr()),
+                              ctypes.c_size_t(buf.numel()), BRAID_FLOAT32, BRAID_SUM, ctypes.c_void_p(comm), None)
+    if rc != 0:
+        raise RuntimeError(lib.braid_get_last_error().decode())
+
+
+class Mlp(nn.Module):
+    def __init__(self, width=1024, depth=4):
+        super().__init__()
+        layers = [nn.Linear(width, 2 * width), nn.ReLU()]
+        for _ in range(depth - 2):
+            layers += [nn.Linear(2 * width, 2 * width), nn.ReLU()]
+        layers += [nn.Linear(2 * width, width)]
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def worker(rank, world, port, args, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    os.environ.setdefault("BRAID_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    gloo = dist.group.WORLD
+    braid = dist.new_group(backend="braid")
+    lib = ctypes.CDLL(braid_torch._C.__file__)
+    lib.braid_get_last_error.restype = ctypes.c_char_p
+    comm = braid._get_backend(torch.device("cpu")).comm_handle
+    rows = []
+
+    def both(name, size, make_fn, with_c=False):
+        iters = iters_for(size, args.iters)
+        fns = {"gloo": make_fn(gloo), "braid": make_fn(braid)}
+        for fn in fns.values():  # warm up
+            fn()
+            fn()
+        res = {}
+        for _ in range(args.rounds):  # alternate to share the machine's moods
+            for label, fn in fns.items():
+                res.setdefault(label, []).append(timed(fn, iters, gloo))
+        if with_c:
+            buf = torch.ones(max(1, size // 4))
+            res["c"] = [timed(lambda: c_all_reduce(lib, comm, buf), iters, gloo) for _ in range(args.rounds)]
+        rows.append((name, size, {k: min(v) for k, v in res.items()}))
+
+    for size in SIZES:
+        n = max(1, size // 4)
+
+        def ar(g, n=n):
+            t = torch.ones(n)
+            return lambda: dist.all_reduce(t, group=g)
+
+        both("all_reduce", size, ar, with_c=True)
+    for size in (64 << 10, 8 << 20):
+        n = max(1, size // 4)
+
+        def bc(g, n=n):
+            t = torch.ones(n)
+            return lambda: dist.broadcast(t, 0, group=g)
+
+        def ag(g, n=n):
+            t, o = torch.ones(n // world or 1), torch.empty((n // world or 1) * world)
+            return lambda: dist.all_gather_into_tensor(o, t, group=g)
+
+        def rs(g, n=n):
+            t, o = torch.ones((n // world or 1) * world), torch.empty(n // world or 1)
+            return lambda: dist.reduce_scatter_tensor(o, t, group=g)
+
+        both("broadcast", size, bc)
+        both("all_gather", size, ag)
+        both("reduce_scatter", size, rs)
+
+    # DDP: one optimizer step per sample, same model and data for both.
+    torch.manual_seed(0)
+    base = Mlp()
+    params = sum(p.numel() for p in base.parameters())
+    x, y = torch.randn(args.batch, 1024), torch.randn(args.batch, 1024)
+    models = {}
+    for label, g in (("gloo", gloo), ("braid", braid)):
+        m = Mlp()
+        m.load_state_dict(base.state_dict())
+        ddp = nn.parallel.DistributedDataParallel(m, process_group=g)
+        models[label] = (ddp, torch.optim.SGD(ddp.parameters(), lr=1e-4))
+
+    def step(label):
+        ddp, opt = models[label]
+        opt.zero_grad()
+        nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+
+    step_times = {"gloo": [], "braid": []}
+    for label in step_times:
+        step(label)
+    for _ in range(args.ddp_steps):
+        for label in step_times:
+            step_times[label].append(timed(lambda label=label: step(label), 1, gloo))
+    # The compute alone (no communication) bounds what any backend can reach.
+    local = Mlp()
+    local.load_state_dict(base.state_dict())
+    lopt = torch.optim.SGD(local.parameters(), lr=1e-4)
+
+    def local_step():
+        lopt.zero_grad()
+        nn.functional.mse_loss(local(x), y).backward()
+        lopt.step()
+
+    compute = [timed(local_step, 1, gloo) for _ in range(args.ddp_steps)]
+    if rank == 0:
+        out.put((rows, params, {k: statistics.median(v) for k, v in step_times.items()}, statistics.median(compute)))
+    dist.destroy_process_group()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nprocs", type=int, default=2)
+    parser.add_argument("--iters", type=int, default=50, help="iterations per sample at 1 MiB and below")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating samples per backend (best kept)")
+    parser.add_argument("--ddp-steps", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=8)
+    args = parser.parse_args()
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=worker, args=(r, args.nprocs, port, args, out)) for r in range(args.nprocs)]
+    for p in procs:
+        p.start()
+    rows, params, ddp, compute = out.get(timeout=1800)
+    for p in procs:
+        p.join()
+    if any(p.exitcode != 0 for p in procs):
+        sys.exit("a rank failed")
+
+    print(f"# torch {torch.__version__}, braid {braid_torch.version()}, {args.nprocs} ranks on this host, "
+          f"float32 sum; times are medians of the slowest rank (us)")
+    print(f"{'op':<15}{'size':>9}{'gloo us':>12}{'braid us':>12}{'braid/gloo':>12}{'C us':>10}{'torch/C':>9}")
+    for name, size, t in rows:
+        c = f"{t['c'] * 1e6:>10.1f}{t['braid'] / t['c']:>9.2f}" if "c" in t else ""
+        print(f"{name:<15}{fmt_size(size):>9}{t['gloo'] * 1e6:>12.1f}{t['braid'] * 1e6:>12.1f}"
+              f"{t['braid'] / t['gloo']:>12.2f}{c}")
+    print(f"\nDDP step, MLP with {params / 1e6:.1f} M parameters, batch {args.batch} per rank:")
+    print(f"  gloo {ddp['gloo'] * 1e3:.1f} ms, braid {ddp['braid'] * 1e3:.1f} ms, "
+          f"compute alone {compute * 1e3:.1f} ms")
+    print(f"ddp braid/gloo = {ddp['braid'] / ddp['gloo']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

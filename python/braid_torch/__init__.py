@@ -1,0 +1,61 @@
+"""braid as a torch.distributed backend.
+
+Importing this package registers the backend "braid" for CPU tensors::
+
+    import torch.distributed as dist
+    import braid_torch  # noqa: F401  (registers "braid")
+    dist.init_process_group("braid")  # env://, tcp:// or file://, as with gloo
+
+Each process group (the default one and every new_group) is one braid
+communicator, joined through the group's store. CUDA tensors are not handled
+yet: pair braid with NCCL as ``init_process_group("cpu:braid,cuda:nccl")``.
+"""
+
+import torch
+import torch.distributed as dist
+
+# torch's c10d classes must be registered with pybind11 before the extension
+# loads: its BraidBackend derives from c10d.Backend.
+import torch._C._distributed_c10d  # noqa: F401
+
+from . import _C
+
+__all__ = ["BraidBackend", "create_backend", "monitored_barrier", "version"]
+
+BraidBackend = _C.BraidBackend
+
+
+def version() -> str:
+    v = _C.version()
+    return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
+
+
+def create_backend(dist_backend_opts, pg_options=None):
+    """The creator torch calls for every process group that uses braid."""
+    return _C.BraidBackend(
+        dist_backend_opts.store,
+        dist_backend_opts.group_rank,
+        dist_backend_opts.group_size,
+        dist_backend_opts.timeout,
+        str(dist_backend_opts.group_id),
+    )
+
+
+def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+    """torch.distributed.monitored_barrier for braid groups.
+
+    torch's own function accepts only gloo groups by name, so this calls the
+    backend directly: rank 0 names every rank (wait_all_ranks) or the first
+    rank that did not arrive within `timeout` (default: the group's timeout).
+    """
+    import datetime
+
+    pg = group if group is not None else dist.group.WORLD
+    backend = pg._get_backend(torch.device("cpu"))
+    if timeout is None:
+        timeout = datetime.timedelta(milliseconds=-1)  # the group's timeout
+    backend.monitored_barrier(timeout, wait_all_ranks)
+
+
+if not hasattr(dist.Backend, "BRAID"):
+    dist.Backend.register_backend("braid", create_backend, extended_api=True, devices=["cpu"])

@@ -1,0 +1,992 @@
+#include "backend.h"
+
+#include <ATen/Functions.h>
+#include <c10/util/Exception.h>
+
+#include <cstring>
+#include <numeric>
+#include <utility>
+
+namespace braid_torch {
+namespace {
+
+std::exception_ptr backend_error(const std::string& message) {
+  try {
+    C10_THROW_ERROR(DistBackendError, message);
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+void check_tensor(const at::Tensor& t, const char* op) {
+  TORCH_CHECK(t.device().is_cpu(), "braid: ", op, " got a tensor on ", t.device(),
+              "; this build handles CPU tensors only (the CUDA path is not implemented yet). "
+              "init_process_group(\"cpu:braid,cuda:nccl\") pairs braid with NCCL for CUDA tensors.");
+  TORCH_CHECK(t.layout() == c10::kStrided, "braid: ", op, " needs dense (strided) tensors, got layout ",
+              t.layout());
+}
+
+void check_single(const std::vector<at::Tensor>& tensors, const char* op) {
+  TORCH_CHECK(tensors.size() == 1, "braid: ", op, " takes exactly one tensor per process, got ",
+              tensors.size());
+  check_tensor(tensors[0], op);
+}
+
+void check_same(const at::Tensor& a, const at::Tensor& b, const char* op, const char* what) {
+  check_tensor(b, op);
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "braid: ", op, ": ", what, " has dtype ", b.scalar_type(),
+              " but the input has ", a.scalar_type());
+}
+
+// A contiguous tensor with t's contents: t itself when it already is.
+at::Tensor staged(const at::Tensor& t) {
+  return t.is_contiguous() ? t : t.contiguous();
+}
+
+size_t nbytes(const at::Tensor& t) {
+  return static_cast<size_t>(t.numel()) * t.element_size();
+}
+
+// How braid reduces a torch dtype: its braid type, braid elements per torch
+// element (2 for complex), and the braid op for the torch op.
+struct Reduction {
+  braid_dtype_t dtype;
+  size_t per_element;
+  braid_redop_t op;
+  double premul = 1.0;  // PREMUL_SUM's factor
+  bool has_premul = false;
+};
+
+Reduction reduction_for(const at::Tensor& t, const c10d::ReduceOp& rop, const char* op) {
+  Reduction r{BRAID_FLOAT32, 1, BRAID_SUM};
+  const auto st = t.scalar_type();
+  bool complex = false, boolean = false;
+  switch (st) {
+    case at::kFloat:
+      r.dtype = BRAID_FLOAT32;
+      break;
+    case at::kDouble:
+      r.dtype = BRAID_FLOAT64;
+      break;
+    case at::kHalf:
+      r.dtype = BRAID_FLOAT16;
+      break;
+    case at::kBFloat16:
+      r.dtype = BRAID_BFLOAT16;
+      break;
+    case at::kChar:
+      r.dtype = BRAID_INT8;
+      break;
+    case at::kByte:
+      r.dtype = BRAID_UINT8;
+      break;
+    case at::kInt:
+      r.dtype = BRAID_INT32;
+      break;
+    case at::kLong:
+      r.dtype = BRAID_INT64;
+      break;
+    case at::kUInt32:
+      r.dtype = BRAID_UINT32;
+      break;
+    case at::kUInt64:
+      r.dtype = BRAID_UINT64;
+      break;
+    case at::kBool:
+      r.dtype = BRAID_UINT8;
+      boolean = true;
+      break;
+    case at::kComplexFloat:
+      r.dtype = BRAID_FLOAT32;
+      r.per_element = 2;
+      complex = true;
+      break;
+    case at::kComplexDouble:
+      r.dtype = BRAID_FLOAT64;
+      r.per_element = 2;
+      complex = true;
+      break;
+    default:
+      TORCH_CHECK(
+          false, "braid: ", op, " cannot reduce dtype ", st,
+          " (supported: float32, float64, float16, bfloat16, int8, uint8, int32, int64, uint32, uint64, "
+          "bool, complex64, complex128)");
+  }
+  switch (rop.op_) {
+    case c10d::ReduceOp::SUM:
+      r.op = BRAID_SUM;
+      break;
+    case c10d::ReduceOp::AVG:
+      r.op = BRAID_AVG;
+      break;
+    case c10d::ReduceOp::PRODUCT:
+      r.op = BRAID_PROD;
+      break;
+    case c10d::ReduceOp::MIN:
+      r.op = BRAID_MIN;
+      break;
+    case c10d::ReduceOp::MAX:
+      r.op = BRAID_MAX;
+      break;
+    case c10d::ReduceOp::PREMUL_SUM: {
+      r.op = BRAID_SUM;
+      r.has_premul = true;
+      auto* sup = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(rop.supplement_.get());
+      TORCH_CHECK(sup != nullptr, "braid: ", op, ": PREMUL_SUM without its factor");
+      r.premul = sup->tensor_factor.defined() ? sup->tensor_factor.item<double>() : sup->double_factor;
+      TORCH_CHECK(at::isFloatingType(st) || complex, "braid: ", op,
+                  ": PREMUL_SUM needs a floating dtype, got ", st);
+      break;
+    }
+    default:
+      TORCH_CHECK(
+          false, "braid: ", op, ": reduce op ", static_cast<int>(rop.op_),
+          " (BAND, BOR or BXOR) is not supported by braid; SUM, AVG, PRODUCT, MIN, MAX and PREMUL_SUM are");
+  }
+  if (complex)
+    TORCH_CHECK(r.op == BRAID_SUM || r.op == BRAID_AVG, "braid: ", op,
+                ": complex tensors reduce with SUM, AVG or PREMUL_SUM only");
+  if (boolean) {
+    // bool as bytes: SUM/MAX is logical or, PRODUCT/MIN logical and.
+    TORCH_CHECK(r.op != BRAID_AVG, "braid: ", op, ": AVG is not defined for bool");
+    r.op = (r.op == BRAID_SUM || r.op == BRAID_MAX) ? BRAID_MAX : BRAID_MIN;
+  }
+  if (r.op == BRAID_AVG)
+    TORCH_CHECK(at::isFloatingType(st) || complex, "braid: ", op, ": AVG needs a floating dtype, got ", st);
+  return r;
+}
+
+// The buffer a reduction works in: contiguous, and pre-scaled for PREMUL_SUM.
+at::Tensor reduction_buffer(const at::Tensor& t, const Reduction& r) {
+  if (r.has_premul) return t.mul(r.premul).contiguous();
+  return staged(t);
+}
+
+struct CallbackSlot {
+  c10::intrusive_ptr<BraidWork> work;
+  CompletionQueue* queue;
+};
+
+// Splits of dim 0 into byte counts and displacements for all_to_allv.
+void split_layout(const at::Tensor& t, const std::vector<int64_t>& splits, int size, const char* what,
+                  std::vector<size_t>* counts, std::vector<size_t>* displs) {
+  const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+  const size_t row_bytes = rows == 0 ? 0 : nbytes(t) / static_cast<size_t>(rows);
+  counts->assign(size, 0);
+  displs->assign(size, 0);
+  if (splits.empty()) {
+    TORCH_CHECK(rows % size == 0, "braid: all_to_all_single: ", what, " has ", rows,
+                " rows, not divisible by the group size ", size, " (pass split sizes)");
+    for (int p = 0; p < size; ++p) (*counts)[p] = static_cast<size_t>(rows / size) * row_bytes;
+  } else {
+    TORCH_CHECK(static_cast<int>(splits.size()) == size, "braid: all_to_all_single: ", what,
+                " split sizes have ", splits.size(), " entries for a group of ", size);
+    int64_t total = 0;
+    for (int p = 0; p < size; ++p) {
+      TORCH_CHECK(splits[p] >= 0, "braid: all_to_all_single: negative split size for rank ", p);
+      (*counts)[p] = static_cast<size_t>(splits[p]) * row_bytes;
+      total += splits[p];
+    }
+    TORCH_CHECK(total == rows, "braid: all_to_all_single: ", what, " split sizes sum to ", total,
+                " but dim 0 is ", rows);
+  }
+  for (int p = 1; p < size; ++p) (*displs)[p] = (*displs)[p - 1] + (*counts)[p - 1];
+}
+
+}  // namespace
+
+// ---- BraidWork ----
+
+BraidWork::BraidWork(int rank, c10d::OpType type, std::string what, std::vector<at::Tensor> outputs)
+    : c10d::Work(rank, type),
+      what_(std::move(what)),
+      outputs_(std::move(outputs)),
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+
+BraidWork::~BraidWork() {
+  for (braid_request_t r : requests_) braid_request_free(r);
+}
+
+void BraidWork::track(std::vector<braid_request_t> requests, CompletionQueue* queue) {
+  {
+    std::lock_guard<std::mutex> lock(requests_mu_);
+    requests_ = requests;
+  }
+  remaining_.store(static_cast<int>(requests.size()));
+  if (requests.empty()) {
+    finalize();
+    return;
+  }
+  for (braid_request_t r : requests) {
+    auto* slot = new CallbackSlot{c10::intrusive_ptr<BraidWork>::reclaim_copy(this), queue};
+    if (braid_request_set_callback(r, &CompletionQueue::on_request_done, slot) != BRAID_SUCCESS) {
+      // Only a bug can get here (the request is fresh and ours).
+      record_error(BRAID_ERR_INTERNAL, braid_get_last_error());
+      delete slot;
+      if (remaining_.fetch_sub(1) == 1) queue->push(c10::intrusive_ptr<BraidWork>::reclaim_copy(this));
+    }
+  }
+}
+
+void BraidWork::record_error(braid_result_t code, const std::string& message) {
+  std::lock_guard<std::mutex> lock(error_mu_);
+  if (error_code_ == BRAID_SUCCESS) {
+    error_code_ = code;
+    error_message_ = message;
+  }
+}
+
+void BraidWork::finalize() {
+  std::vector<braid_request_t> leftover;
+  {
+    std::lock_guard<std::mutex> lock(requests_mu_);
+    leftover.swap(requests_);
+  }
+  for (braid_request_t r : leftover) braid_request_free(r);
+  std::exception_ptr failure;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (completed_) return;
+    std::string message;
+    {
+      std::lock_guard<std::mutex> elock(error_mu_);
+      if (error_code_ != BRAID_SUCCESS)
+        message =
+            "braid: " + what_ + " failed (" + braid_get_error_string(error_code_) + "): " + error_message_;
+    }
+    if (message.empty() && on_success) {
+      try {
+        on_success();
+      } catch (const std::exception& e) {
+        message = "braid: " + what_ + ": copying the result out failed: " + e.what();
+      }
+    }
+    if (!message.empty()) exception_ = backend_error(message);
+    failure = exception_;
+    completed_ = true;
+    keep_alive.clear();
+    on_success = nullptr;
+  }
+  cv_.notify_all();
+  if (failure)
+    future_->setError(failure);
+  else
+    future_->markCompleted(c10::IValue(outputs_));
+}
+
+bool BraidWork::isCompleted() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completed_;
+}
+
+bool BraidWork::isSuccess() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completed_ && !exception_;
+}
+
+bool BraidWork::wait(std::chrono::milliseconds timeout) {
+  if (timeout == kNoTimeout) {
+    // Drive braid on this thread: the quickest way to the result.
+    std::vector<braid_request_t> mine;
+    {
+      std::lock_guard<std::mutex> lock(requests_mu_);
+      mine.swap(requests_);
+    }
+    for (braid_request_t& r : mine) {
+      braid_result_t code = braid_wait(&r);
+      if (code != BRAID_SUCCESS) record_error(code, braid_get_last_error());
+    }
+    // The callbacks may not have run yet; whoever comes first finalizes.
+    finalize();
+  } else {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!cv_.wait_for(lock, timeout, [&] { return completed_; }))
+      C10_THROW_ERROR(DistBackendError, "braid: " + what_ + " did not complete within the wait timeout of " +
+                                            std::to_string(timeout.count()) + " ms");
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (exception_) std::rethrow_exception(exception_);
+  return true;
+}
+
+void BraidWork::abort() {
+  TORCH_CHECK(false, "braid: aborting one Work is not supported; abort the process group instead");
+}
+
+// ---- CompletionQueue ----
+
+CompletionQueue::CompletionQueue() : thread_([this] { loop(); }) {}
+
+CompletionQueue::~CompletionQueue() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void CompletionQueue::push(c10::intrusive_ptr<BraidWork> work) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(work));
+  }
+  cv_.notify_one();
+}
+
+void CompletionQueue::on_request_done(void* user, braid_result_t result, const char* message) {
+  auto* slot = static_cast<CallbackSlot*>(user);
+  if (result != BRAID_SUCCESS) slot->work->record_error(result, message);
+  if (slot->work->remaining_.fetch_sub(1) == 1) slot->queue->push(std::move(slot->work));
+  delete slot;
+}
+
+void CompletionQueue::loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stop, and everything delivered
+    auto work = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    work->finalize();
+    work.reset();
+    lock.lock();
+  }
+}
+
+// ---- BraidBackend ----
+
+BraidBackend::BraidBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                           std::chrono::milliseconds timeout, std::string group_name)
+    : c10d::Backend(rank, size), group_name_(std::move(group_name)), timeout_(timeout) {
+  const std::string key = "braid/unique_id";
+  braid_unique_id_t id;
+  if (rank == 0) {
+    check(braid_get_unique_id(&id), "init (making the unique id)");
+    store->set(key, std::vector<uint8_t>(id.internal, id.internal + sizeof(id.internal)));
+  } else {
+    std::vector<uint8_t> bytes = store->get(key);
+    TORCH_CHECK(bytes.size() == sizeof(id.internal), "braid: the store holds a unique id of ", bytes.size(),
+                " bytes under '", key, "', expected ", sizeof(id.internal));
+    std::memcpy(id.internal, bytes.data(), bytes.size());
+  }
+  check(braid_comm_init_rank(&comm_, size, id, rank), "init");
+  setTimeout(timeout);
+}
+
+BraidBackend::~BraidBackend() {
+  if (comm_ != nullptr) braid_comm_destroy(comm_);
+  comm_ = nullptr;
+}
+
+std::string BraidBackend::describe() const {
+  return "group '" + group_name_ + "', rank " + std::to_string(rank_) + " of " + std::to_string(size_);
+}
+
+void BraidBackend::fail_call(const char* op, braid_result_t code) const {
+  std::string msg = braid_get_last_error();
+  C10_THROW_ERROR(DistBackendError, std::string("braid: ") + op + " (" + describe() + ") failed (" +
+                                        braid_get_error_string(code) + "): " + msg);
+}
+
+void BraidBackend::setTimeout(std::chrono::milliseconds timeout) {
+  timeout_ = timeout;
+  TORCH_CHECK(comm_ != nullptr, "braid: the process group was shut down");
+  double seconds = timeout.count() > 0 ? static_cast<double>(timeout.count()) / 1000.0 : 1e9;
+  check(braid_comm_set_timeout(comm_, std::min(seconds, 1e9)), "set_timeout");
+}
+
+c10d::ErrorType BraidBackend::getError() {
+  if (comm_ == nullptr) return c10d::ErrorType::SUCCESS;
+  braid_result_t err = BRAID_SUCCESS;
+  braid_comm_get_async_error(comm_, &err);
+  switch (err) {
+    case BRAID_SUCCESS:
+      return c10d::ErrorType::SUCCESS;
+    case BRAID_ERR_TIMEOUT:
+      return c10d::ErrorType::TIMEOUT;
+    case BRAID_ERR_REMOTE:
+      return c10d::ErrorType::REMOTE_ERROR;
+    default:
+      return c10d::ErrorType::COMM_ERROR;
+  }
+}
+
+void BraidBackend::abort() {
+  if (comm_ != nullptr) braid_comm_abort(comm_);
+  comm_ = nullptr;
+}
+
+void BraidBackend::shutdown() {
+  if (comm_ != nullptr) braid_comm_destroy(comm_);
+  comm_ = nullptr;
+}
+
+c10::intrusive_ptr<BraidWork> BraidBackend::make_work(c10d::OpType type, const char* op,
+                                                      std::vector<at::Tensor> outputs) {
+  TORCH_CHECK(comm_ != nullptr, "braid: ", op, " on a process group that was shut down or aborted");
+  return c10::make_intrusive<BraidWork>(rank_, type, std::string(op) + " (" + describe() + ")",
+                                        std::move(outputs));
+}
+
+c10::intrusive_ptr<c10d::Work> BraidBackend::launch(
+    const c10::intrusive_ptr<BraidWork>& work,
+    const std::function<void(std::vector<braid_request_t>&)>& start, bool grouped) {
+  std::vector<braid_request_t> requests;
+  std::lock_guard<std::mutex> lock(launch_mu_);
+  if (grouped) braid_group_start();
+  try {
+    start(requests);
+  } catch (...) {
+    if (grouped) braid_group_end();
+    for (braid_request_t r : requests) braid_request_free(r);
+    throw;
+  }
+  if (grouped && braid_group_end() != BRAID_SUCCESS) {
+    for (braid_request_t r : requests) braid_request_free(r);
+    fail_call("group_end", BRAID_ERR_INTERNAL);
+  }
+  work->track(std::move(requests), &completions_);
+  return work;
+}
+
+// ---- operations ----
+
+c10::intrusive_ptr<c10d::Work> BraidBackend::broadcast(std::vector<at::Tensor>& tensors,
+                                                       const c10d::BroadcastOptions& opts) {
+  check_single(tensors, "broadcast");
+  at::Tensor t = tensors[0], buf = staged(t);
+  auto work = make_work(c10d::OpType::BROADCAST, "broadcast", {t});
+  work->keep_alive = {buf};
+  if (!buf.is_same(t)) work->on_success = [t, buf]() mutable { t.copy_(buf); };
+  const int root = static_cast<int>(opts.rootRank);
+  return launch(work, [&](std::vector<braid_request_t>& reqs) {
+    braid_request_t r = nullptr;
+    check(
+        braid_ibroadcast(buf.data_ptr(), buf.data_ptr(), nbytes(buf), BRAID_UINT8, root, comm_, nullptr, &r),
+        "broadcast");
+    reqs.push_back(r);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> BraidBackend::allreduce(std::vector<at::Tensor>& tensors,
+                                                       const c10d::AllreduceOptions& opts) {
+  check_single(tensors, "all_reduce");
+  at::Tensor t = tensors[0];
+  Reduction red = reduction_for(t, opts.reduceOp, "all_reduce");
+  at::Tensor buf = reduction_buffer(t, red);
+  auto work = make_work(c10d::OpType::ALLREDUCE, "all_reduce", {t});
+  work->keep_alive = {buf};
+  if (!buf.is_same(t)) work->on_success = [t, buf]() mutable { t.copy_(buf); };
+  return launch(work, [&](std::vector<braid_request_t>& reqs) {
+    braid_request_t r = nullptr;
+    check(braid_iall_reduce(buf.data_ptr(), buf.data_ptr(), buf.numel() * red.per_element, red.dtype, red.op,
+                            comm_, nullptr, &r),
+          "all_reduce");
+    reqs.push_back(r);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> BraidBackend::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  TORCH_CHECK(!tensors.empty(), "braid: all_reduce_coalesced needs at least one tensor");
+  for (auto& t : tensors) check_same(tensors[0], t, "all_reduce_coalesced", "a tensor");
+  Reduction red = reduction_for(tensors[0], opts.reduceOp, "all_reduce_coalesced");
+  // One reduction over the tensors packed end to end.
+  std::vector<at::Tensor> flat_parts;
+  for (auto& t : tensors)
+    flat_parts.push_back(red.has_premul ? t.mul(red.premul).reshape(-1) : t.reshape(-1));
+  at::Tensor flat = at::cat(flat_parts);
+  auto work = make_work(c10d::OpType::ALLREDUCE_COALESCED, "all_reduce_coalesced", tensors);
+  work->keep_alive = {flat};
+  std::vector<at::Tensor> outs = tensors;
+  work->on_success = [outs, flat]() mutable {
+    int64_t off = 0;
+    for (auto& t : outs) {
+      t.copy_(flat.narrow(0, off, t.numel()).view(t.sizes()));
+      off += t.numel();
+    }
+  };
+  return launch(work, [&](std::vector<braid_request_t>& reqs) {
+    braid_request_t r = nullptr;
+    check(braid_iall_reduce(flat.data_ptr(), flat.data_ptr(), flat.numel() * red.per_element, red.dtype,
+                            red.op, comm_, nullptr, &r),
+          "all_reduce_coalesced");
+    reqs.push_back(r);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> BraidBackend::reduce(std::vector<at::Tensor>& tensors,
+                                                    const c10d::ReduceOptions& opts) {
+  check_single(tensors, "reduce");
+  at::Tensor t = tensors[0];
+  Reduction red = reduction_for(t, opts.reduceOp, "reduce");
+  at::Tensor buf = reduction_buffer(t, red);
+  const int root = static_cast<int>(opts.rootRank);
+  auto work = make_work(c10d::OpType::REDUCE, "reduce", {t});
+  work->keep_alive = {buf};
+  if (!buf.is_same(t) && root == rank_) work->on_success = [t, buf]() mutable { t.copy_(buf); };
+  return launch(work, [&](std::vector<braid_request_t>& reqs) {
+    braid_request_t r = nullptr;
+    check(braid_ireduce(buf.data_ptr(), buf.data_ptr(), buf.numel() * red.per_element, red.dtype, red.op,
+                        root, comm_, nullptr, &r),
+          "reduce");
+    reqs.push_back(r);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> BraidBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                       std::vector<at::Tensor>& inputs,
+                                                       const c10d::AllgatherOptions&) {
+  check_single(inputs, "all_gather");
+  TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_, "braid: all_gather needs ",
+              size_, " output tensors (one per rank)");
+  at::Tensor in = staged(inputs[0]);
+  for (auto& o : outputs[0]) {
+    check_same(in, o, "all_gather", "an output");
+    TORCH_CHECK(o.numel() == in.numel(), "braid: all_gather: an output has ", o.numel(),
+                " elements but the input has ", in.numel());
+  }
+  const int64_t n = in.numel();
+  at::Tensor flat = at::empty({size_ * n}, in.options());
+  auto work = make_work(c10d::OpType::ALLGATHER, "all_gather", outputs[0]);
+  work->keep_alive = {in, flat};
+  std::vector<at::Tensor> outs = outputs[0];
+  work->on_success = [outs, flat, n]() mutable {
+    for (size_t i = 0; i < outs.size(); ++i)
+      outs[i].copy_(flat.narrow(0, static_cast<int64_t>(i) * n, n).view(outs[i].sizes()));
+  };
+  return launch(work, [&](std::vector<braid_request_t>& reqs) {
+    braid_request_t r = nullptr;
+    check(braid_iall_gather(in.data_ptr(), flat.data_ptr(), nbytes(in), BRAID_UINT8, comm_, nullptr, &r),
+          "all_gather");
+    reqs.push_back(r);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> BraidBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                             const c10d::AllgatherOptions&) {
+  check_tensor(input, "all_gather_into_tensor");
+  check_same(input, output, "all_gather_into_tensor", "the output");
+  TORCH_CHECK(output.numel() == input.numel() * size_, "braid: all_gather_into_tensor: the output has ",
+              output.numel(), " elements, expected ", size_, " x ", input.numel());
+  at::Tensor in = staged(input), out = staged(output);
+  auto work = make_work(c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output});
+  work->keep_alive = {in, out};
+  if (!out.is_same(output)) work->on_success = [output, out]() mutable { output.copy_(out); };
+  return launch(work, [&](std::vector<braid_request_t>& reqs) {
+    braid_request_t r = nullptr;
+    check(braid_iall_gather(in.data_ptr(), out.data_ptr(), nbytes(in), BRAID_UINT8, comm_, nullptr, &r),
+          "all_gather_into_tensor");
+    reqs.push_back(r);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> BraidBackend::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions&) {
+  TORCH_CHECK(!inputs.empty(), "braid: all_gather_coalesced needs at least one input");
+  TORCH_CHECK(static_cast<int>(outputs.size()) == size_, "braid: all_gather_coalesced needs ", size_,
+              " output lists (one per rank), got ", outputs.size());
+  for (auto& t : inputs) check_same(inputs[0], t, "all_gather_coalesced", "an input");
+  for (auto& list : outputs) {
+    TORCH_CHECK(list.size() == inputs.size(), "braid: all_gather_coalesced: an output list has ", list.size(),
+                " tensors for ", inputs.size(), " inputs");
+    for (size_t j = 0; j < list.size(); ++j) {
+      check_same(inputs[0], list[j], "all_gather_coalesced", "an output");
+      TORCH_CHECK(list[j].numel() == inputs[j].numel(), "braid: all_gather_coalesced: output ", j, " has ",
+                  list[j].numel(), " elements, its input ", inputs[j].numel());
+    }
+  }
+  std::vector<at::Tensor> parts;
+  for (auto& t : inputs) parts.push_back(t.reshape(-1));
+  at::Tensor flat_in = at::cat(parts);
+  const int64_t total = flat_in.numel();
+  at::Tensor flat_out = at::empty({size_ * total}, flat_in.options());
+  std::vector<at::Tensor> all_outputs;
+  for (auto& list : outputs) all_outputs.insert(all_outputs.end(), list.begin(), list.end());
+  auto work = make_work(c10d::OpType::ALLGATHER_COALESCED, "all_gather_coalesced", all_outputs);
+  work->keep_alive = {flat_in, flat_out};
+  std::vector<std::vector<at::Tensor>> outs = outputs;
+  work->on_success = [outs, flat_out, total]() mutable {
+    for (size_t i = 0; i < outs.size(); ++i) {
+      int64_t off = static_cast<int64_t>(i) * total;
+      for (auto& t : outs[i]) {
+        t.copy_(flat_out.narrow(0, off, t.numel()).view(t.sizes()));
+        off += t.numel();
+      }
+    }
+  };
+  return launch(work, [&](std::vector<braid_request_t>& reqs) {
+    braid_request_t r = nullptr;
+    check(braid_iall_gather(flat_in.data_ptr(), flat_out.data_ptr(), nbytes(flat_in), BRAID_UINT8, comm_,
+                            nullptr, &r),
+          "all_gather_coalesced");
+    reqs.push_back(r);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> BraidBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                             std::vector<at::Tensor>& inputs,
+                                                                             const c10d::AllgatherOptions&) {
+  TORCH_CHECK(outputs.size() == inputs.size(), "braid: all_gather_into_tensor_coalesced: ", outputs.size(),
+              " outputs for ", inputs.size(), " inputs");
+  std::vector<at::Tensor> ins, outs;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_tensor(inputs[i], "all_gather_into_tensor_coalesced");
+    check_same(inputs[i], outputs[i], "all_gather_into_tensor_coalesced", "an output");
+    TORCH_CHECK(outputs[i].numel() == inputs[i].numel() * size_,
+                "braid: all_gather_into_tensor_coalesced: output ", i, " has ", outputs[i].numel(),
+                " elements, expected ", size_, " x ", inputs[i].numel());
+    ins.push_back(staged(inputs[i]));
+    outs.push_back(staged(outputs[i]));
+  }
+  auto work = make_work(c10d::OpType::COALESCED, "all_gather_into_tensor_coalesced", outputs);
+  work->keep_alive = ins;
+  work->keep_alive.insert(work->keep_alive.end(), outs.begin(), outs.end());
+  std::vector<at::Tensor> targets = outputs;
+  work->on_success = [targets, outs]() mutable {
+    for (size_t i = 0; i < targets.size(); ++i)
+      if (!outs[i].is_same(targets[i])) targets[i].copy_(outs[i]);
+  };
+  return launch(
+      work,
+      [&](std::vector<braid_request_t>& reqs) {
+        for (size_t i = 0; i < ins.size(); ++i) {
+          braid_request_t r = nullptr;
+          check(braid_iall_gather(ins[i].data_ptr(), outs[i].data_ptr(), nbytes(ins[i]), BRAID_UINT8, comm_,
+                                  nullptr, &r),
+                "all_gather_into_tensor_coalesced");
+          reqs.push_back(r);
+        }
+      },
+      true);
+}
+
+c10::intrusive_ptr<c10d::Work> BraidBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                    std::vector<at::Tensor>& inputs,
+                                                    const c10d::GatherOptions& opts) {
+  check_single(inputs, "gather");
+  const int root = static_cast<int>(opts.rootRank);
+  TORCH_CHECK(root >= 0 && root < size_, "braid: gather: root ", root, " is out of range for a group of ",
+              size_);
+  at::Tensor in = staged(inputs[0]);
+  const int64_t n = in.numel();
+  at::Tensor flat;
+  std::vector<at::Tensor> outs;
+  if (rank_ == root) {
+    TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_, "braid: gather needs ",
+                size_, " output tensors on the root");
+    for (auto& o : outputs[0]) {
+      check_same(in, o, "gather", "an output");
+      TORCH_CHECK(o.numel() == n, "braid: gather: an output has ", o.numel(), " elements, the input ", n);
+    }
+    outs = outputs[0];
+    flat = at::empty({size_ * n}, in.options());
+  } else {
+    TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
+                "braid: gather: only the root passes output tensors");
+  }
+  auto work = make_work(c10d::OpType::GATHER, "gather", outs);
+  work->keep_alive = {in};
+  if (flat.defined()) {
+    work->keep_alive.push_back(flat);
+    work->on_success = [outs, flat, n]() mutable {
+      for (size_t i = 0; i < outs.size(); ++i)
+        outs[i].copy_(flat.narrow(0, static_cast<int64_t>(i) * n, n).view(outs[i].sizes()));
+    };
+  }
+  return launch(work, [&](std::vector<braid_request_t>& reqs) {
+    braid_request_t r = nullptr;
+    check(braid_igather(in.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr, nbytes(in), BRAID_UINT8,
+                        root, comm_, nullptr, &r),
+          "gather");
+    reqs.push_back(r);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> BraidBackend::scatter(std::vector<at::Tensor>& outputs,
+                                                     std::vector<std::vector<at::Tensor>>& inputs,
+                                                     const c10d::ScatterOptions& opts) {
+  check_single(outputs, "scatter");
+  const int root = static_cast<int>(opts.rootRank);
+  TORCH_CHECK(root >= 0 && root < size_, "braid: scatter: root ", root, " is out of range for a group of ",
+              size_);
+  at::Tensor target = outputs[0], out = staged(target);
+  at::Tensor flat;
+  if (rank_ == root) {
+    TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_, "braid: scatter needs ",
+                size_, " input tensors on the root");
+    std::vector<at::Tensor> parts;
+    for (auto& t : inputs[0]) {
+      check_same(target, t, "scatter", "an input");
+      TORCH_CHECK(t.numel() == target.numel(), "braid: scatter: an input has ", t.numel(),
+                  " elements, the output ", target.numel());
+      parts.push_back(t.reshape(-1));
+    }
+    flat = at::cat(parts);
+  } else {
+    TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
+                "braid: scatter: only the root passes input tensors");
+  }
+  auto work = make_work(c10d::OpType::SCATTER, "scatter", {target});
+  work->keep_alive = {out};
+  if (flat.defined()) work->keep_alive.push_back(flat);
+  if (!out.is_same(target)) work->on_success = [target, out]() mutable { target.copy_(out); };
+  return launch(work, [&](std::vector<braid_request_t>& reqs) {
+    braid_request_t r = nullptr;
+    check(braid_iscatter(flat.defined() ? flat.data_ptr() : nullptr, out.data_ptr(), nbytes(out), BRAID_UINT8,
+                         root, comm_, nullptr, &r),
+          "scatter");
+    reqs.push_back(r);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> BraidBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                            std::vector<std::vector<at::Tensor>>& inputs,
+                                                            const c10d::ReduceScatterOptions& opts) {
+  check_single(outputs, "reduce_scatter");
+  TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_,
+              "braid: reduce_scatter needs ", size_, " input tensors (one per rank)");
+  at::Tensor target = outputs[0];
+  Reduction red = reduction_for(target, opts.reduceOp, "reduce_scatter");
+  std::vector<at::Tensor> parts;
+  for (auto& t : inputs[0]) {
+    check_same(target, t, "reduce_scatter", "an input");
+    TORCH_CHECK(t.numel() == target.numel(), "braid: reduce_scatter: an input has ", t.numel(),
+                " elements, the output ", target.numel());
+    parts.push_back(red.has_premul ? t.mul(red.premul).reshape(-1) : t.reshape(-1));
+  }
+  at::Tensor flat = at::cat(parts), out = staged(target);
+  auto work = make_work(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", {target});
+  work->keep_alive = {flat, out};
+  if (!out.is_same(target)) work->on_success = [target, out]() mutable { target.copy_(out); };
+  return launch(work, [&](std::vector<braid_request_t>& reqs) {
+    braid_request_t r = nullptr;
+    check(braid_ireduce_scatter(flat.data_ptr(), out.data_ptr(), out.numel() * red.per_element, red.dtype,
+                                red.op, comm_, nullptr, &r),
+          "reduce_scatter");
+    reqs.push_back(r);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> BraidBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                  const c10d::ReduceScatterOptions& opts) {
+  std::vector<at::Tensor> outputs = {output}, inputs = {input};
+  return reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> BraidBackend::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  const char* name = outputs.size() == 1 ? "reduce_scatter_tensor" : "reduce_scatter_tensor_coalesced";
+  TORCH_CHECK(outputs.size() == inputs.size() && !outputs.empty(), "braid: ", name, ": ", outputs.size(),
+              " outputs for ", inputs.size(), " inputs");
+  std::vector<at::Tensor> ins, outs;
+  std::vector<Reduction> reds;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_tensor(outputs[i], name);
+    check_same(outputs[i], inputs[i], name, "the input");
+    TORCH_CHECK(inputs[i].numel() == outputs[i].numel() * size_, "braid: ", name, ": the input has ",
+                inputs[i].numel(), " elements, expected ", size_, " x ", outputs[i].numel());
+    reds.push_back(reduction_for(outputs[i], opts.reduceOp, name));
+    ins.push_back(reduction_buffer(inputs[i], reds.back()));
+    outs.push_back(staged(outputs[i]));
+  }
+  auto work = make_work(outputs.size() == 1 ? c10d::OpType::_REDUCE_SCATTER_BASE : c10d::OpType::COALESCED,
+                        name, outputs);
+  work->keep_alive = ins;
+  work->keep_alive.insert(work->keep_alive.end(), outs.begin(), outs.end());
+  std::vector<at::Tensor> targets = outputs;
+  work->on_success = [targets, outs]() mutable {
+    for (size_t i = 0; i < targets.size(); ++i)
+      if (!outs[i].is_same(targets[i])) targets[i].copy_(outs[i]);
+  };
+  return launch(
+      work,
+      [&](std::vector<braid_request_t>& reqs) {
+        for (size_t i = 0; i < ins.size(); ++i) {
+          braid_request_t r = nullptr;
+          check(braid_ireduce_scatter(ins[i].data_ptr(), outs[i].data_ptr(),
+                                      outs[i].numel() * reds[i].per_element, reds[i].dtype, reds[i].op, comm_,
+                                      nullptr, &r),
+                name);
+          reqs.push_back(r);
+        }
+      },
+      ins.size() > 1);
+}
+
+c10::intrusive_ptr<c10d::Work> BraidBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                           std::vector<int64_t>& output_split_sizes,
+                                                           std::vector<int64_t>& input_split_sizes,
+                                                           const c10d::AllToAllOptions&) {
+  check_tensor(input, "all_to_all_single");
+  check_same(input, output, "all_to_all_single", "the output");
+  at::Tensor in = staged(input), out = staged(output);
+  auto work = make_work(c10d::OpType::ALLTOALL_BASE, "all_to_all_single", {output});
+  work->keep_alive = {in, out};
+  if (!out.is_same(output)) work->on_success = [output, out]() mutable { output.copy_(out); };
+  if (output_split_sizes.empty() && input_split_sizes.empty()) {
+    TORCH_CHECK(in.numel() == out.numel() && in.numel() % size_ == 0, "braid: all_to_all_single: input (",
+                in.numel(), " elements) and output (", out.numel(),
+                ") must match and divide evenly by the group size ", size_);
+    return launch(work, [&](std::vector<braid_request_t>& reqs) {
+      braid_request_t r = nullptr;
+      check(braid_iall_to_all(in.data_ptr(), out.data_ptr(), nbytes(in) / size_, BRAID_UINT8, comm_, nullptr,
+                              &r),
+            "all_to_all_single");
+      reqs.push_back(r);
+    });
+  }
+  std::vector<size_t> sc, sd, rc, rd;
+  split_layout(in, input_split_sizes, size_, "the input", &sc, &sd);
+  split_layout(out, output_split_sizes, size_, "the output", &rc, &rd);
+  return launch(work, [&](std::vector<braid_request_t>& reqs) {
+    braid_request_t r = nullptr;
+    check(braid_iall_to_allv(in.data_ptr(), sc.data(), sd.data(), out.data_ptr(), rc.data(), rd.data(),
+                             BRAID_UINT8, comm_, nullptr, &r),
+          "all_to_all_single");
+    reqs.push_back(r);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> BraidBackend::alltoall(std::vector<at::Tensor>& outputs,
+                                                      std::vector<at::Tensor>& inputs,
+                                                      const c10d::AllToAllOptions&) {
+  TORCH_CHECK(static_cast<int>(outputs.size()) == size_ && static_cast<int>(inputs.size()) == size_,
+              "braid: all_to_all needs ", size_, " input and output tensors, got ", inputs.size(), " and ",
+              outputs.size());
+  std::vector<size_t> sc(size_), sd(size_), rc(size_), rd(size_);
+  std::vector<at::Tensor> parts;
+  for (int p = 0; p < size_; ++p) {
+    check_tensor(inputs[p], "all_to_all");
+    check_same(inputs[0], inputs[p], "all_to_all", "an input");
+    check_same(inputs[0], outputs[p], "all_to_all", "an output");
+    parts.push_back(inputs[p].reshape(-1));
+    sc[p] = nbytes(inputs[p]);
+    rc[p] = nbytes(outputs[p]);
+    if (p > 0) {
+      sd[p] = sd[p - 1] + sc[p - 1];
+      rd[p] = rd[p - 1] + rc[p - 1];
+    }
+  }
+  at::Tensor flat_in = at::cat(parts);
+  int64_t out_elems = 0;
+  for (auto& o : outputs) out_elems += o.numel();
+  at::Tensor flat_out = at::empty({out_elems}, inputs[0].options());
+  auto work = make_work(c10d::OpType::ALLTOALL, "all_to_all", outputs);
+  work->keep_alive = {flat_in, flat_out};
+  std::vector<at::Tensor> outs = outputs;
+  work->on_success = [outs, flat_out]() mutable {
+    int64_t off = 0;
+    for (auto& t : outs) {
+      t.copy_(flat_out.narrow(0, off, t.numel()).view(t.sizes()));
+      off += t.numel();
+    }
+  };
+  return launch(work, [&](std::vector<braid_request_t>& reqs) {
+    braid_request_t r = nullptr;
+    check(braid_iall_to_allv(flat_in.data_ptr(), sc.data(), sd.data(), flat_out.data_ptr(), rc.data(),
+                             rd.data(), BRAID_UINT8, comm_, nullptr, &r),
+          "all_to_all");
+    reqs.push_back(r);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> BraidBackend::send(std::vector<at::Tensor>& tensors, int dst_rank, int) {
+  check_single(tensors, "send");
+  at::Tensor buf = staged(tensors[0]);
+  auto work = make_work(c10d::OpType::SEND, "send", {tensors[0]});
+  work->keep_alive = {buf};
+  return launch(work, [&](std::vector<braid_request_t>& reqs) {
+    braid_request_t r = nullptr;
+    check(braid_isend(buf.data_ptr(), nbytes(buf), BRAID_UINT8, dst_rank, comm_, nullptr, &r), "send");
+    reqs.push_back(r);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> BraidBackend::recv(std::vector<at::Tensor>& tensors, int src_rank, int) {
+  check_single(tensors, "recv");
+  at::Tensor t = tensors[0], buf = staged(t);
+  auto work = make_work(c10d::OpType::RECV, "recv", {t});
+  work->keep_alive = {buf};
+  work->source_rank_ = src_rank;
+  if (!buf.is_same(t)) work->on_success = [t, buf]() mutable { t.copy_(buf); };
+  return launch(work, [&](std::vector<braid_request_t>& reqs) {
+    braid_request_t r = nullptr;
+    check(braid_irecv(buf.data_ptr(), nbytes(buf), BRAID_UINT8, src_rank, comm_, nullptr, &r), "recv");
+    reqs.push_back(r);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> BraidBackend::recvAnysource(std::vector<at::Tensor>& tensors, int) {
+  check_single(tensors, "recv (any source)");
+  at::Tensor t = tensors[0], buf = staged(t);
+  auto work = make_work(c10d::OpType::RECVANYSOURCE, "recv (any source)", {t});
+  work->keep_alive = {buf};
+  if (!buf.is_same(t)) work->on_success = [t, buf]() mutable { t.copy_(buf); };
+  BraidWork* w = work.get();  // braid writes the sender's rank once it is known
+  return launch(work, [&](std::vector<braid_request_t>& reqs) {
+    braid_request_t r = nullptr;
+    check(braid_irecv_any(buf.data_ptr(), nbytes(buf), BRAID_UINT8, &w->source_rank_, comm_, nullptr, &r),
+          "recv (any source)");
+    reqs.push_back(r);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> BraidBackend::barrier(const c10d::BarrierOptions&) {
+  auto work = make_work(c10d::OpType::BARRIER, "barrier", {});
+  return launch(work, [&](std::vector<braid_request_t>& reqs) {
+    braid_request_t r = nullptr;
+    check(braid_ibarrier(comm_, nullptr, &r), "barrier");
+    reqs.push_back(r);
+  });
+}
+
+void BraidBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
+  TORCH_CHECK(comm_ != nullptr, "braid: monitored_barrier on a process group that was shut down");
+  const auto limit = opts.timeout == c10d::kUnsetTimeout ? timeout_ : opts.timeout;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  uint8_t token = 1;
+  // Every rank checks in with rank 0, which names the ranks that did not
+  // arrive in time; then rank 0 releases everyone.
+  if (rank_ != 0) {
+    check(braid_send(&token, 1, BRAID_UINT8, 0, comm_, nullptr), "monitored_barrier");
+    check(braid_recv(&token, 1, BRAID_UINT8, 0, comm_, nullptr), "monitored_barrier");
+    return;
+  }
+  std::vector<uint8_t> arrived(size_, 0);
+  std::vector<braid_request_t> reqs(size_, nullptr);
+  for (int p = 1; p < size_; ++p)
+    check(braid_irecv(&arrived[p], 1, BRAID_UINT8, p, comm_, nullptr, &reqs[p]), "monitored_barrier");
+  std::vector<int> missing;
+  for (int p = 1; p < size_; ++p) {
+    int done = 0;
+    while (reqs[p] != nullptr) {
+      braid_result_t code = braid_test(&reqs[p], &done);
+      if (code != BRAID_SUCCESS) fail_call("monitored_barrier", code);
+      if (done || std::chrono::steady_clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (!done) {
+      missing.push_back(p);
+      if (!wait_all_ranks) break;
+    }
+  }
+  if (!missing.empty()) {
+    for (braid_request_t r : reqs)
+      if (r != nullptr) braid_request_free(r);
+    std::string ranks;
+    for (int p : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(p);
+    C10_THROW_ERROR(DistBackendError, "braid: monitored_barrier (" + describe() + "): rank" +
+                                          (missing.size() > 1 ? "s " : " ") + ranks +
+                                          " did not reach the barrier within " +
+                                          std::to_string(limit.count()) + " ms");
+  }
+  for (int p = 1; p < size_; ++p)
+    check(braid_send(&token, 1, BRAID_UINT8, p, comm_, nullptr), "monitored_barrier");
+}
+
+}  // namespace braid_torch

@@ -1,0 +1,167 @@
+// The "braid" backend of torch.distributed: a c10d::Backend over braid's C
+// API. Every operation starts braid's non-blocking form and returns a
+// BraidWork; completion reaches torch two ways:
+//  - Work::wait() drives braid on the calling thread (lowest latency), and
+//  - a completion thread, fed by braid's request callbacks, completes the
+//    Work and its Future when nobody waits (DDP's comm hooks only use the
+//    future), so future callbacks never run on braid's progress thread.
+#pragma once
+
+#include <braid/braid.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace braid_torch {
+
+class CompletionQueue;
+
+class BraidWork : public c10d::Work {
+ public:
+  BraidWork(int rank, c10d::OpType type, std::string what, std::vector<at::Tensor> outputs);
+  ~BraidWork() override;
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  int sourceRank() const override { return source_rank_; }
+  void abort() override;
+
+  // Set up by the backend before the requests start.
+  std::vector<at::Tensor> keep_alive;  // inputs and staging buffers in use by braid
+  std::function<void()> on_success;    // copies staging buffers into the outputs
+  int source_rank_ = -1;
+
+  // Takes ownership of the requests and arms their callbacks.
+  void track(std::vector<braid_request_t> requests, CompletionQueue* queue);
+  // Completes the work once: copy-out, then the Future. Idempotent.
+  void finalize();
+  void record_error(braid_result_t code, const std::string& message);
+
+ private:
+  friend class CompletionQueue;
+  const std::string what_;  // "all_reduce (group 'default_pg', rank 0 of 2)"
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::mutex requests_mu_;
+  std::vector<braid_request_t> requests_;  // still owned by this work
+  std::atomic<int> remaining_{0};          // callbacks still to come
+  std::mutex error_mu_;
+  braid_result_t error_code_ = BRAID_SUCCESS;
+  std::string error_message_;
+};
+
+// Runs Work completion (and so Future callbacks) off braid's threads.
+class CompletionQueue {
+ public:
+  CompletionQueue();
+  ~CompletionQueue();
+  void push(c10::intrusive_ptr<BraidWork> work);
+  static void on_request_done(void* user, braid_result_t result, const char* message);
+
+ private:
+  void loop();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<c10::intrusive_ptr<BraidWork>> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+class BraidBackend : public c10d::Backend {
+ public:
+  // Collective over the group: rank 0 makes a braid unique id and publishes
+  // it through the (group-prefixed) store; every rank then joins.
+  BraidBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+               std::chrono::milliseconds timeout, std::string group_name);
+  ~BraidBackend() override;
+
+  const std::string getBackendName() const override { return "braid"; }
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  c10d::ErrorType getError() override;
+  void abort() override;
+  void shutdown() override;
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_split_sizes,
+                                               std::vector<int64_t>& input_split_sizes,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
+
+  braid_comm_t comm() const { return comm_; }
+
+ private:
+  // Starts the braid calls `start` makes (inside a braid group when
+  // `grouped`), wires their requests to a new work and returns it. A call
+  // braid rejects throws at once, naming the operation.
+  c10::intrusive_ptr<c10d::Work> launch(const c10::intrusive_ptr<BraidWork>& work,
+                                        const std::function<void(std::vector<braid_request_t>&)>& start,
+                                        bool grouped = false);
+  c10::intrusive_ptr<BraidWork> make_work(c10d::OpType type, const char* op, std::vector<at::Tensor> outputs);
+  std::string describe() const;
+  [[noreturn]] void fail_call(const char* op, braid_result_t code) const;
+  void check(braid_result_t code, const char* op) const {
+    if (code != BRAID_SUCCESS) fail_call(op, code);
+  }
+
+  braid_comm_t comm_ = nullptr;
+  // Ops may come from several threads (DDP hooks run on autograd threads):
+  // braid calls start under this lock so each rank issues them in one order.
+  std::mutex launch_mu_;
+  std::string group_name_;
+  std::chrono::milliseconds timeout_;
+  CompletionQueue completions_;
+};
+
+}  // namespace braid_torch

@@ -1,0 +1,74 @@
+"""braid as a torch.distributed backend: exact results of every operation
+across real processes, clear errors for bad input, errors (not hangs) for
+dead and hung peers, DDP training that matches gloo's, and torchrun."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import WORKERS, assert_all_ok, free_port, launch
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_collectives_exact(world):
+    assert_all_ok(launch("collectives", world))
+
+
+def test_bad_input_is_rejected_with_a_message():
+    results = launch("bad_input", 2)
+    assert_all_ok(results)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_dead_peer_is_an_error_not_a_hang(world):
+    results = launch("dead_peer", world, timeout=120)
+    assert all(r.returncode is not None for r in results), results
+    assert_all_ok(results)
+    for r in results[:-1]:
+        assert "dead peer reported" in r.output, r
+
+
+def test_hung_peer_times_out_with_the_group_timeout():
+    results = launch("hung_peer", 2, timeout=60)
+    assert_all_ok(results)
+    assert "hung peer reported" in results[0].output, results[0]
+
+
+def test_monitored_barrier_names_the_absent_rank():
+    results = launch("absent_from_barrier", 2, timeout=60)
+    assert_all_ok(results)
+    assert "monitored_barrier failed after" in results[0].output, results[0]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ddp_matches_across_ranks_and_matches_gloo(world, tmp_path):
+    out = {}
+    for backend in ("braid", "gloo"):
+        path = tmp_path / f"{backend}.pt"
+        results = launch("ddp_train", world, backend=backend, env={"DDP_OUT": str(path), "DDP_STEPS": "6"})
+        assert_all_ok(results)
+        out[backend] = torch.load(path)
+    for name, gloo_value in out["gloo"].items():
+        braid_value = out["braid"][name]
+        if gloo_value.is_floating_point():
+            torch.testing.assert_close(braid_value, gloo_value, rtol=1e-5, atol=1e-6, msg=f"parameter {name}")
+        else:
+            assert torch.equal(braid_value, gloo_value), name
+
+
+def test_torchrun_two_processes():
+    torchrun = shutil.which("torchrun")
+    cmd = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
+    port = free_port()
+    env = dict(os.environ, BRAID_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        cmd + ["--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
+               str(WORKERS), "torchrun_env"],
+        env=env, capture_output=True, text=True, timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count('"ok": true') == 2, proc.stdout

@@ -1,0 +1,69 @@
+"""torch's own distributed suite (the _DistTestBase cases torch runs for
+gloo) against braid, through dist_suite.py.
+
+By default a subset runs: cases across every operation and DDP that take
+braid's paths. BRAID_TORCH_FULL_SUITE=1 runs the whole suite for gloo and
+for braid (WORLD_SIZE from BRAID_TORCH_SUITE_WORLD, default 2) and requires
+braid to pass every case gloo passes, except the name-gated ones below. The
+full run takes tens of minutes on two cores."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import HERE
+
+SUITE = HERE / "dist_suite.py"
+
+# Cases that check a backend's name rather than its behaviour; braid cannot
+# pass them as a plugin. Each with the reason.
+NAME_GATED = {
+    "test_ddp_logging_data_cpu": "DDP's logger records the ProcessGroup's backend name, which torch reports "
+    "as 'custom' for every plugin backend, while the test expects get_backend() ('braid')",
+}
+
+SUBSET = [
+    "test_all_reduce_sum", "test_all_reduce_max", "test_all_reduce_min", "test_all_reduce_product",
+    "test_all_reduce_sum_async", "test_all_reduce_sum_complex", "test_all_reduce_coalesced_sum",
+    "test_broadcast", "test_broadcast_full_group", "test_reduce_sum",
+    "test_reduce_full_group_max", "test_all_gather", "test_all_gather_full_group", "test_all_gather_coalesced_simple",
+    "test_scatter_complex", "test_gather", "test_gather_full_group", "test_scatter",
+    "test_scatter_full_group", "test_all_to_all", "test_all_to_all_single_equal_split",
+    "test_all_to_all_single_unequal_split", "test_send_recv", "test_isend", "test_irecv", "test_barrier",
+    "test_batch_isend_irecv_op_list_err", "test_DistributedDataParallel_SyncBatchNorm_Diff_Input_Sizes_gradient",
+    "test_ddp_comm_hook_logging", "test_ddp_grad_div_uneven_inputs", "test_ddp_hook_parity_allreduce",
+]
+
+
+def run_suite(backend, world, names=None, timeout=7200, tmp_path=None):
+    out = tmp_path / f"{backend}-{world}.json"
+    cmd = [sys.executable, str(SUITE), "--backend", backend, "--world-size", str(world), "--json", str(out)]
+    for n in names or []:
+        cmd += ["-k", n + " "]  # unittest ids end the name with a space before "("
+    env = {k: v for k, v in os.environ.items() if k not in ("BACKEND", "WORLD_SIZE", "TEMP_DIR")}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    tail = proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert out.exists(), tail
+    return json.loads(out.read_text())["outcomes"], proc.stdout.splitlines()[-1] if proc.stdout else tail
+
+
+def test_subset_of_torch_suite_passes_with_braid(tmp_path):
+    outcomes, summary = run_suite("braid", 2, SUBSET, timeout=1800, tmp_path=tmp_path)
+    print(summary)
+    failed = sorted(k for k, v in outcomes.items() if v == "fail")
+    assert not failed, f"{summary}; failed: {failed}"
+    assert sum(v == "pass" for v in outcomes.values()) >= len(SUBSET) // 2, outcomes
+
+
+@pytest.mark.skipif(os.environ.get("BRAID_TORCH_FULL_SUITE") != "1", reason="set BRAID_TORCH_FULL_SUITE=1")
+def test_full_suite_braid_passes_what_gloo_passes(tmp_path):
+    world = int(os.environ.get("BRAID_TORCH_SUITE_WORLD", "2"))
+    gloo, gloo_summary = run_suite("gloo", world, tmp_path=tmp_path)
+    braid, braid_summary = run_suite("braid", world, tmp_path=tmp_path)
+    print(gloo_summary)
+    print(braid_summary)
+    missing = sorted(k for k, v in gloo.items() if v == "pass" and braid.get(k) != "pass" and k not in NAME_GATED)
+    assert not missing, f"gloo passes but braid does not: {missing}"

@@ -1,0 +1,342 @@
+"""Rank programs for the braid_torch tests: `python workers.py SCENARIO` runs
+one rank (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment,
+as torchrun sets them). A failed check raises, so the rank exits non-zero
+with the reason on stderr."""
+
+import datetime
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+import braid_torch  # noqa: F401  registers "braid"
+
+BACKEND = os.environ.get("TEST_BACKEND", "braid")
+
+
+def init(timeout_s=60):
+    dist.init_process_group(BACKEND, timeout=datetime.timedelta(seconds=timeout_s))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def expect_equal(got, want, what):
+    if not torch.equal(got, want):
+        raise AssertionError(f"{what}: got {got}, want {want}")
+
+
+def expect_raises(fn, *fragments):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the message is what is checked
+        text = str(e)
+        for frag in fragments:
+            if frag not in text:
+                raise AssertionError(f"error message lacks {frag!r}: {text}") from e
+        return text
+    raise AssertionError(f"no error raised; expected one mentioning {fragments}")
+
+
+# ---- scenarios ----
+
+
+def collectives():
+    rank, world = init()
+    r1 = rank + 1
+    # all_reduce: every op, several dtypes, sync and async.
+    base = torch.arange(1, 7, dtype=torch.float64)
+    for op, want in [
+        (dist.ReduceOp.SUM, base * sum(range(1, world + 1))),
+        (dist.ReduceOp.AVG, base * sum(range(1, world + 1)) / world),
+        (dist.ReduceOp.PRODUCT, base ** world * float(torch.prod(torch.arange(1, world + 1)))),
+        (dist.ReduceOp.MIN, base),
+        (dist.ReduceOp.MAX, base * world),
+    ]:
+        for dtype in (torch.float32, torch.float64, torch.bfloat16):
+            if dtype == torch.bfloat16 and op == dist.ReduceOp.PRODUCT:
+                continue  # partial products round differently by reduction order
+            t = (base * r1).to(dtype)
+            dist.all_reduce(t, op=op)
+            expect_equal(t, want.to(dtype), f"all_reduce {op} {dtype}")
+    for dtype in (torch.int8, torch.uint8, torch.int32, torch.int64):
+        t = torch.tensor([r1, 2 * r1, 1], dtype=dtype)
+        dist.all_reduce(t)
+        s = sum(range(1, world + 1))
+        expect_equal(t, torch.tensor([s, 2 * s, world], dtype=dtype), f"all_reduce sum {dtype}")
+    t = torch.tensor([rank == 0, True, False])
+    dist.all_reduce(t)
+    expect_equal(t, torch.tensor([True, True, False]), "all_reduce bool sum (logical or)")
+    c = torch.tensor([1 + 2j, -3j], dtype=torch.complex64) * r1
+    dist.all_reduce(c)
+    expect_equal(c, torch.tensor([1 + 2j, -3j], dtype=torch.complex64) * sum(range(1, world + 1)), "complex sum")
+    t = torch.full((5,), float(r1))
+    dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5))
+    expect_equal(t, torch.full((5,), 0.5 * sum(range(1, world + 1))), "premul_sum")
+    # Non-contiguous input: the strided view is reduced and written back.
+    m = torch.zeros(4, 6)
+    m[:, 1] = r1
+    view = m[:, 1]
+    dist.all_reduce(view)
+    expect_equal(m[:, 1], torch.full((4,), float(sum(range(1, world + 1)))), "strided all_reduce")
+    expect_equal(m[:, 0], torch.zeros(4), "strided all_reduce leaves neighbours alone")
+    # Async: Work and Future.
+    t = torch.ones(1000) * r1
+    work = dist.all_reduce(t, async_op=True)
+    fut = work.get_future()
+    work.wait()
+    assert work.is_completed() and work.is_success()
+    got = fut.wait()[0]
+    expect_equal(got, torch.ones(1000) * sum(range(1, world + 1)), "future value")
+    chained = dist.all_reduce(torch.ones(3), async_op=True).get_future().then(lambda f: f.value()[0] * 2)
+    expect_equal(chained.wait(), torch.full((3,), 2.0 * world), "future then")
+    # Coalesced all_reduce.
+    ts = [torch.ones(3) * r1, torch.ones(2, 2) * r1]
+    dist.all_reduce_coalesced(ts)
+    expect_equal(ts[1], torch.ones(2, 2) * sum(range(1, world + 1)), "all_reduce_coalesced")
+    # broadcast and reduce from every root.
+    for root in range(world):
+        t = torch.tensor([rank, 7], dtype=torch.int64)
+        dist.broadcast(t, root)
+        expect_equal(t, torch.tensor([root, 7]), f"broadcast root {root}")
+        t = torch.tensor([float(r1)])
+        dist.reduce(t, root, op=dist.ReduceOp.MAX)
+        if rank == root:
+            expect_equal(t, torch.tensor([float(world)]), f"reduce root {root}")
+    # Gathers and scatters.
+    outs = [torch.empty(2, 3) for _ in range(world)]
+    dist.all_gather(outs, torch.full((2, 3), float(rank)))
+    for i, o in enumerate(outs):
+        expect_equal(o, torch.full((2, 3), float(i)), "all_gather")
+    big = torch.empty(world * 4, dtype=torch.int32)
+    dist.all_gather_into_tensor(big, torch.full((4,), rank, dtype=torch.int32))
+    expect_equal(big, torch.arange(world, dtype=torch.int32).repeat_interleave(4), "all_gather_into_tensor")
+    objs = [None] * world
+    dist.all_gather_object(objs, {"rank": rank})
+    assert objs == [{"rank": i} for i in range(world)], objs
+    out = torch.empty(3)
+    dist.reduce_scatter(out, [torch.full((3,), float(r1 * (i + 1))) for i in range(world)])
+    expect_equal(out, torch.full((3,), float(sum(range(1, world + 1)) * r1)), "reduce_scatter")
+    out = torch.empty(2, dtype=torch.float64)
+    dist.reduce_scatter_tensor(out, torch.arange(2 * world, dtype=torch.float64), op=dist.ReduceOp.AVG)
+    expect_equal(out, torch.arange(2 * rank, 2 * rank + 2, dtype=torch.float64), "reduce_scatter_tensor avg")
+    root = world - 1
+    gl = [torch.empty(2) for _ in range(world)] if rank == root else None
+    dist.gather(torch.full((2,), float(rank)), gl, dst=root)
+    if rank == root:
+        for i, g in enumerate(gl):
+            expect_equal(g, torch.full((2,), float(i)), "gather")
+    out = torch.empty(3, dtype=torch.int64)
+    sl = [torch.full((3,), 10 * i, dtype=torch.int64) for i in range(world)] if rank == 0 else None
+    dist.scatter(out, sl, src=0)
+    expect_equal(out, torch.full((3,), 10 * rank, dtype=torch.int64), "scatter")
+    # all_to_all: even, uneven (split sizes), and lists of different sizes.
+    inp = torch.arange(world * 2, dtype=torch.float32) + 100 * rank
+    out = torch.empty(world * 2)
+    dist.all_to_all_single(out, inp)
+    want = torch.cat([torch.tensor([100.0 * s + 2 * rank, 100.0 * s + 2 * rank + 1]) for s in range(world)])
+    expect_equal(out, want, "all_to_all_single")
+    in_splits = [rank + d + 1 for d in range(world)]  # rows to rank d
+    out_splits = [s + rank + 1 for s in range(world)]  # rows from rank s
+    inp = torch.cat([torch.full((n, 2), float(10 * rank + d)) for d, n in enumerate(in_splits)])
+    out = torch.empty(sum(out_splits), 2)
+    dist.all_to_all_single(out, inp, out_splits, in_splits)
+    want = torch.cat([torch.full((n, 2), float(10 * s + rank)) for s, n in enumerate(out_splits)])
+    expect_equal(out, want, "all_to_all_single with splits")
+    ins = [torch.full((d + 1,), float(rank)) for d in range(world)]
+    outs = [torch.empty(rank + 1) for _ in range(world)]
+    dist.all_to_all(outs, ins)
+    for s, o in enumerate(outs):
+        expect_equal(o, torch.full((rank + 1,), float(s)), "all_to_all lists")
+    # Point-to-point: a ring, blocking and not, and batch_isend_irecv.
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    recv = torch.empty(5, dtype=torch.int64)
+    reqs = [dist.isend(torch.full((5,), rank, dtype=torch.int64), nxt), dist.irecv(recv, prv)]
+    for q in reqs:
+        q.wait()
+    expect_equal(recv, torch.full((5,), prv, dtype=torch.int64), "isend/irecv ring")
+    if rank == 0:
+        dist.send(torch.tensor([3.5]), 1)
+    elif rank == 1:
+        t = torch.empty(1)
+        dist.recv(t, 0)
+        expect_equal(t, torch.tensor([3.5]), "send/recv")
+    # Receive from any source: rank 0 takes one message from every other rank.
+    if rank == 0:
+        senders = set()
+        for _ in range(world - 1):
+            t = torch.empty(2)
+            src = dist.recv(t)
+            expect_equal(t, torch.full((2,), float(src)), "recv from any source")
+            senders.add(src)
+        assert senders == set(range(1, world)), senders
+    else:
+        dist.send(torch.full((2,), float(rank)), 0)
+    recv = torch.empty(3)
+    ops = [dist.P2POp(dist.isend, torch.full((3,), float(rank)), nxt), dist.P2POp(dist.irecv, recv, prv)]
+    for q in dist.batch_isend_irecv(ops):
+        q.wait()
+    expect_equal(recv, torch.full((3,), float(prv)), "batch_isend_irecv")
+    dist.barrier()
+    braid_torch.monitored_barrier(timeout=datetime.timedelta(seconds=30))
+    # Subgroups: each is its own braid communicator.
+    evens = [r for r in range(world) if r % 2 == 0]
+    g_even = dist.new_group(evens)
+    g_all = dist.new_group(list(range(world)))
+    if rank in evens:
+        t = torch.tensor([1.0])
+        dist.all_reduce(t, group=g_even)
+        expect_equal(t, torch.tensor([float(len(evens))]), "subgroup all_reduce")
+    t = torch.tensor([float(rank)])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=g_all)
+    expect_equal(t, torch.tensor([float(world - 1)]), "second group")
+    if world >= 4:
+        sub, _ = dist.new_subgroups(group_size=2)
+        t = torch.tensor([float(rank)])
+        dist.all_reduce(t, group=sub)
+        base_rank = rank - rank % 2
+        expect_equal(t, torch.tensor([float(2 * base_rank + 1)]), "new_subgroups")
+    assert dist.get_backend() == "braid", dist.get_backend()
+    dist.destroy_process_group()
+    print(f"rank {rank}: collectives ok", flush=True)
+
+
+def bad_input():
+    rank, world = init()
+    t = torch.ones(4, dtype=torch.int32)
+    expect_raises(lambda: dist.all_reduce(t, op=dist.ReduceOp.BAND), "braid", "BAND")
+    expect_raises(lambda: dist.all_reduce(t, op=dist.ReduceOp.AVG), "braid", "AVG needs a floating dtype")
+    expect_raises(lambda: dist.all_reduce(torch.ones(2, dtype=torch.int16)), "braid", "cannot reduce dtype")
+    # No GPU here: a meta tensor handed to the backend directly (torch's
+    # dispatcher would route it away) takes the same non-CPU path.
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    meta = torch.empty(3, device="meta")
+    expect_raises(lambda: backend.allreduce([meta]), "braid", "CPU tensors only", "cpu:braid,cuda:nccl")
+    expect_raises(
+        lambda: dist.all_gather_into_tensor(torch.empty(3), torch.ones(2)), "braid", "all_gather_into_tensor"
+    )
+    expect_raises(lambda: dist.broadcast(torch.ones(1), world + 3), "")  # torch or braid: a clear error
+    # The group still works after rejected calls.
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    expect_equal(t, torch.full((2,), float(world)), "all_reduce after errors")
+    dist.destroy_process_group()
+    print(f"rank {rank}: bad input ok", flush=True)
+
+
+def dead_peer():
+    rank, world = init(timeout_s=120)
+    t = torch.ones(1 << 16)
+    dist.all_reduce(t)
+    if rank == world - 1:
+        os._exit(0)  # dies without a word to anyone
+    start = time.time()
+    msg = expect_raises(lambda: [dist.all_reduce(t) for _ in range(3)], "braid", "all_reduce")
+    took = time.time() - start
+    assert f"rank {world - 1}" in msg, msg
+    assert took < 60, f"took {took:.1f} s to notice a dead peer (timeout is 120 s)"
+    print(f"rank {rank}: dead peer reported in {took:.2f} s: {msg}", flush=True)
+    os._exit(0)  # the group is broken; skip teardown
+
+
+def hung_peer():
+    rank, world = init(timeout_s=3)
+    if rank == world - 1:
+        time.sleep(8)  # alive, never joins
+        os._exit(0)
+    start = time.time()
+    msg = expect_raises(lambda: dist.all_reduce(torch.ones(4)), "braid", "all_reduce", "timed out",
+                        f"rank {world - 1}")
+    took = time.time() - start
+    assert 2 < took < 30, f"timed out after {took:.1f} s for a 3 s timeout"
+    print(f"rank {rank}: hung peer reported in {took:.2f} s: {msg}", flush=True)
+    os._exit(0)
+
+
+def absent_from_barrier():
+    rank, world = init(timeout_s=30)
+    if rank == world - 1:
+        time.sleep(3)  # alive, never arrives
+        os._exit(0)
+    if rank == 0:
+        start = time.time()
+        msg = expect_raises(
+            lambda: braid_torch.monitored_barrier(timeout=datetime.timedelta(seconds=1), wait_all_ranks=True),
+            "monitored_barrier", f"rank {world - 1} did not reach the barrier within 1000 ms",
+        )
+        print(f"rank {rank}: monitored_barrier failed after {time.time() - start:.2f} s: {msg}", flush=True)
+    os._exit(0)
+
+
+class SmallCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 16, 3, padding=1)
+        self.fc = nn.Linear(16 * 7 * 7, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn(self.conv1(x))), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc(x.flatten(1))
+
+
+def ddp_train():
+    """Trains a small CNN with DDP on synthetic data; checks after every step
+    that every rank holds the same parameters, and writes them out so the
+    test can compare braid's run with gloo's."""
+    rank, world = init()
+    torch.manual_seed(1234)  # same initial weights everywhere, checked by DDP anyway
+    model = nn.parallel.DistributedDataParallel(SmallCNN())
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    gen = torch.Generator().manual_seed(99)
+    data = torch.randn(64, 1, 28, 28, generator=gen)
+    labels = torch.randint(0, 10, (64,), generator=gen)
+    sampler = torch.utils.data.distributed.DistributedSampler(
+        torch.utils.data.TensorDataset(data, labels), shuffle=False
+    )
+    idx = list(iter(sampler))
+    steps = int(os.environ.get("DDP_STEPS", "5"))
+    for step in range(steps):
+        batch = idx[(step * 4) % len(idx):][:4] or idx[:4]
+        opt.zero_grad()
+        loss = F.cross_entropy(model(data[batch]), labels[batch])
+        loss.backward()
+        opt.step()
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        everyone = [torch.empty_like(flat) for _ in range(world)]
+        dist.all_gather(everyone, flat)
+        for r, other in enumerate(everyone):
+            if not torch.equal(other, flat):
+                raise AssertionError(f"step {step}: rank {r}'s parameters differ from rank {rank}'s")
+    out = os.environ.get("DDP_OUT")
+    if out and rank == 0:
+        torch.save({k: v.detach().clone() for k, v in model.module.state_dict().items()}, out)
+    dist.destroy_process_group()
+    print(f"rank {rank}: ddp ok after {steps} steps, loss {loss.item():.4f}", flush=True)
+
+
+def torchrun_env():
+    """Under torchrun: init from the environment it sets, nothing else."""
+    dist.init_process_group("braid")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    assert rank == int(os.environ["RANK"]) and world == int(os.environ["WORLD_SIZE"])
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+    expect_equal(t, torch.tensor([world * (world + 1) / 2.0]), "all_reduce under torchrun")
+    dist.barrier()
+    dist.destroy_process_group()
+    print(json.dumps({"rank": rank, "ok": True}), flush=True)
+
+
+SCENARIOS = {
+    f.__name__: f
+    for f in (collectives, bad_input, dead_peer, hung_peer, absent_from_barrier, ddp_train, torchrun_env)
+}
+
+if __name__ == "__main__":
+    SCENARIOS[sys.argv[1]]()
