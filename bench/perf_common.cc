@@ -55,8 +55,17 @@ const TypeInfo& type_info(braid_dtype_t dtype) {
 }
 
 // Indexed by braid_redop_t.
-constexpr const char* kOpNames[] = {"sum", "prod", "min", "max", "avg"};
+constexpr const char* kOpNames[] = {"sum", "prod", "min", "max", "avg", "band", "bor", "bxor"};
 static_assert(sizeof(kOpNames) / sizeof(kOpNames[0]) == BRAID_NUM_OPS);
+
+bool is_bitwise(braid_redop_t op) {
+  return op == BRAID_BAND || op == BRAID_BOR || op == BRAID_BXOR;
+}
+
+// Whether braid defines `op` on a type: avg on floats, bitwise ops on integers.
+bool op_defined(braid_redop_t op, const TypeInfo& ti) {
+  return op == BRAID_AVG ? ti.is_float : is_bitwise(op) ? !ti.is_float : true;
+}
 
 // MPI's type for a braid dtype; false where MPI has none (float16, bfloat16).
 bool mpi_type(braid_dtype_t dtype, MPI_Datatype* out) {
@@ -107,6 +116,15 @@ bool mpi_op(braid_redop_t op, MPI_Op* out) {
       return true;
     case BRAID_MAX:
       *out = MPI_MAX;
+      return true;
+    case BRAID_BAND:
+      *out = MPI_BAND;
+      return true;
+    case BRAID_BOR:
+      *out = MPI_BOR;
+      return true;
+    case BRAID_BXOR:
+      *out = MPI_BXOR;
       return true;
     case BRAID_AVG:
     case BRAID_NUM_OPS:
@@ -257,7 +275,7 @@ Reference::Reference(braid_dtype_t dtype, bool reduces, braid_redop_t op, int nr
     : signed_(type_info(dtype).is_signed), nranks_(nranks), rank_(rank), root_(root), count_(count) {
   const TypeInfo& ti = type_info(dtype);
   sum_cap_ = static_cast<uint64_t>(nranks);
-  if (!reduces || op == BRAID_MIN || op == BRAID_MAX) {
+  if (!reduces || op == BRAID_MIN || op == BRAID_MAX || is_bitwise(op)) {
     kind_ = Kind::kSpread;
     modulus_ = 101;
   } else if (op == BRAID_PROD) {
@@ -297,6 +315,15 @@ Reference::Reference(braid_dtype_t dtype, bool reduces, braid_redop_t op, int nr
           break;
         case BRAID_MAX:
           acc = std::max(acc, v);
+          break;
+        case BRAID_BAND:
+          acc = static_cast<double>(static_cast<int64_t>(acc) & static_cast<int64_t>(v));
+          break;
+        case BRAID_BOR:
+          acc = static_cast<double>(static_cast<int64_t>(acc) | static_cast<int64_t>(v));
+          break;
+        case BRAID_BXOR:
+          acc = static_cast<double>(static_cast<int64_t>(acc) ^ static_cast<int64_t>(v));
           break;
         case BRAID_NUM_OPS:
           break;
@@ -359,7 +386,7 @@ void print_usage(FILE* out, const char* prog, const CollDesc& desc) {
                "  -c, --check <0|1>          check the results (default 1)\n"
                "  -d, --datatype <type>      int8 uint8 int32 uint32 int64 uint64 half|float16 bfloat16\n"
                "                             float|float32 double|float64, or all (default float)\n"
-               "  -o, --op <op>              sum prod min max avg, or all (default sum)%s\n"
+               "  -o, --op <op>              sum prod min max avg band bor bxor, or all (default sum)%s\n"
                "  -r, --root <rank>          root rank, or all (default 0)%s\n"
                "      --compare mpi          also run each size through MPI's own collective (out of\n"
                "                             place, same buffers and iterations) and print its time,\n"
@@ -487,10 +514,10 @@ ParseResult parse_args(int argc, char** argv, const CollDesc& desc, Options* opt
   if (saw_factor && saw_bytes) return fail("-i", "cannot be combined with -f");
   if (saw_bytes) opt->step_factor = 0;
   if (opt->min_bytes > opt->max_bytes) return fail("-b", "minbytes is larger than maxbytes (-e)");
-  if (desc.reduces && !dtype_all && !op_all && opt->ops[0] == BRAID_AVG &&
-      !type_info(opt->dtypes[0]).is_float) {
-    return fail("-o",
-                std::string("avg is defined for floating types only, not ") + type_info(opt->dtypes[0]).name);
+  if (desc.reduces && !dtype_all && !op_all && !op_defined(opt->ops[0], type_info(opt->dtypes[0]))) {
+    return fail("-o", std::string(kOpNames[opt->ops[0]]) + " is not defined for " +
+                          type_info(opt->dtypes[0]).name +
+                          " (avg needs a floating type, band/bor/bxor an integer type)");
   }
   return ParseResult::kRun;
 }
@@ -856,6 +883,9 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
                     [](braid_dtype_t t) { return !type_info(t).is_float; })) {
       std::printf("# avg is defined for floating types only: integer types skip it\n");
     }
+    if (desc.reduces && std::any_of(opt.ops.begin(), opt.ops.end(), is_bitwise)) {
+      std::printf("# band, bor and bxor are defined for integer types only: floating types skip them\n");
+    }
     if (opt.compare_mpi) {
       char lib[MPI_MAX_LIBRARY_VERSION_STRING] = "";
       int len = 0;
@@ -883,7 +913,7 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
   for (braid_dtype_t dtype : opt.dtypes) {
     const TypeInfo& ti = type_info(dtype);
     for (braid_redop_t op : ops) {
-      if (desc.reduces && op == BRAID_AVG && !ti.is_float) continue;  // braid defines avg on floats only
+      if (desc.reduces && !op_defined(op, ti)) continue;
       for (int root = first_root; root <= last_root; ++root) {
         for (size_t bytes = opt.min_bytes; bytes <= opt.max_bytes;) {
           size_t count = bytes / ti.size;

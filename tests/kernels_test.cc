@@ -22,7 +22,12 @@ namespace {
 constexpr braid_dtype_t kAllDtypes[] = {BRAID_INT8,    BRAID_UINT8,  BRAID_INT32,   BRAID_UINT32,
                                         BRAID_INT64,   BRAID_UINT64, BRAID_FLOAT16, BRAID_BFLOAT16,
                                         BRAID_FLOAT32, BRAID_FLOAT64};
-constexpr braid_redop_t kAllOps[] = {BRAID_SUM, BRAID_PROD, BRAID_MIN, BRAID_MAX, BRAID_AVG};
+constexpr braid_redop_t kAllOps[] = {BRAID_SUM, BRAID_PROD, BRAID_MIN, BRAID_MAX,
+                                     BRAID_AVG, BRAID_BAND, BRAID_BOR, BRAID_BXOR};
+
+bool bitwise(braid_redop_t op) {
+  return op == BRAID_BAND || op == BRAID_BOR || op == BRAID_BXOR;
+}
 
 // Counts around the vector block sizes (32, 64, 128 or 256 elements) and tails.
 constexpr size_t kCounts[] = {0, 1, 7, 33, 63, 64, 65, 255, 257, 1000, 1031};
@@ -92,7 +97,7 @@ TEST(KernelsSupport, IsFloating) {
 TEST(KernelsSupport, RedopSupported) {
   for (braid_dtype_t dt : kAllDtypes) {
     for (braid_redop_t op : kAllOps) {
-      const bool want = op != BRAID_AVG || is_floating(dt);
+      const bool want = bitwise(op) ? !is_floating(dt) : (op != BRAID_AVG || is_floating(dt));
       EXPECT_EQ(redop_supported(dt, op), want) << name_of(dt, op);
     }
   }
@@ -105,11 +110,11 @@ TEST(KernelsSupport, RedopSupported) {
 }
 
 TEST(KernelsSupport, UnknownDtypeOrOpIsRejectedAndIgnored) {
-  // Values inside the enums' value ranges (0..15 and 0..7) but not enumerators.
+  // Values inside the enums' value ranges (0..15 for both) but not enumerators.
   const auto bad_dtype = static_cast<braid_dtype_t>(BRAID_NUM_DTYPES);
   const auto bad_dtype2 = static_cast<braid_dtype_t>(15);
   const auto bad_op = static_cast<braid_redop_t>(BRAID_NUM_OPS);
-  const auto bad_op2 = static_cast<braid_redop_t>(7);
+  const auto bad_op2 = static_cast<braid_redop_t>(15);
   EXPECT_FALSE(redop_supported(bad_dtype, BRAID_SUM));
   EXPECT_FALSE(redop_supported(bad_dtype2, BRAID_SUM));
   EXPECT_FALSE(redop_supported(BRAID_FLOAT32, bad_op));
@@ -564,6 +569,12 @@ T ref_int(braid_redop_t op, T a, T b) {
       return static_cast<T>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
     case BRAID_MIN:
       return a < b ? a : b;
+    case BRAID_BAND:
+      return static_cast<T>(a & b);
+    case BRAID_BOR:
+      return static_cast<T>(a | b);
+    case BRAID_BXOR:
+      return static_cast<T>(a ^ b);
     default:
       return a > b ? a : b;
   }
@@ -712,6 +723,7 @@ TEST(KernelsReduceRandom, EveryDtypeOpCountAliasingAndAlignment) {
   for (braid_dtype_t dt : kAllDtypes) {
     const size_t es = elem_size(dt);
     for (braid_redop_t op : kAllOps) {
+      if (!redop_supported(dt, op)) continue;
       for (size_t n : kCounts) {
         for (size_t misalign : {size_t{0}, size_t{1}}) {
           for (Alias alias : {Alias::kNone, Alias::kDstIsA, Alias::kDstIsB}) {

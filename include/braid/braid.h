@@ -59,14 +59,18 @@ typedef enum {
 } braid_dtype_t;
 
 /* BRAID_AVG is defined for floating types only: sum, then divide by the
- * number of ranks. Integer AVG is rejected with BRAID_ERR_INVALID_ARGUMENT. */
+ * number of ranks. The bitwise BAND, BOR and BXOR are defined for integer
+ * types only. Other pairings are rejected with BRAID_ERR_INVALID_ARGUMENT. */
 typedef enum {
   BRAID_SUM = 0,
   BRAID_PROD = 1,
   BRAID_MIN = 2,
   BRAID_MAX = 3,
   BRAID_AVG = 4,
-  BRAID_NUM_OPS = 5
+  BRAID_BAND = 5,
+  BRAID_BOR = 6,
+  BRAID_BXOR = 7,
+  BRAID_NUM_OPS = 8
 } braid_redop_t;
 
 typedef struct braid_comm* braid_comm_t;

@@ -252,6 +252,26 @@ struct OpMax {
   }
 };
 
+// Bitwise ops, integer types only (vectors of integers too).
+struct OpBand {
+  template <class T>
+  BRAID_ALWAYS_INLINE void operator()(T& acc, const T& x) const {
+    acc = acc & x;
+  }
+};
+struct OpBor {
+  template <class T>
+  BRAID_ALWAYS_INLINE void operator()(T& acc, const T& x) const {
+    acc = acc | x;
+  }
+};
+struct OpBxor {
+  template <class T>
+  BRAID_ALWAYS_INLINE void operator()(T& acc, const T& x) const {
+    acc = acc ^ x;
+  }
+};
+
 // divide(): acc /= divisor; the second input is ignored. T is C or a vector of C.
 template <class C>
 struct OpDivide {
@@ -395,6 +415,15 @@ void reduce_as(braid_redop_t op, void* dst, const void* a, const void* b, size_t
     case BRAID_MAX:
       run<E>(dst, a, b, n, OpMax{});
       break;
+    case BRAID_BAND:
+    case BRAID_BOR:
+    case BRAID_BXOR:
+      if constexpr (std::is_integral_v<typename E::Compute>) {
+        if (op == BRAID_BAND) run<E>(dst, a, b, n, OpBand{});
+        if (op == BRAID_BOR) run<E>(dst, a, b, n, OpBor{});
+        if (op == BRAID_BXOR) run<E>(dst, a, b, n, OpBxor{});
+      }
+      break;
     default:
       break;
   }
@@ -444,6 +473,10 @@ bool redop_supported(braid_dtype_t dtype, braid_redop_t op) {
       return true;
     case BRAID_AVG:
       return is_floating(dtype);
+    case BRAID_BAND:
+    case BRAID_BOR:
+    case BRAID_BXOR:
+      return !is_floating(dtype);
     default:
       return false;
   }

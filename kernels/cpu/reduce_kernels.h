@@ -10,7 +10,8 @@
 
 namespace braid::kernels {
 
-// Whether `op` is defined for `dtype` (AVG only for floating types).
+// Whether `op` is defined for `dtype` (AVG only for floating types, the
+// bitwise ops only for integer types).
 bool redop_supported(braid_dtype_t dtype, braid_redop_t op);
 bool is_floating(braid_dtype_t dtype);
 

@@ -67,6 +67,18 @@ def collectives():
         dist.all_reduce(t)
         s = sum(range(1, world + 1))
         expect_equal(t, torch.tensor([s, 2 * s, world], dtype=dtype), f"all_reduce sum {dtype}")
+    for op, combine in [(dist.ReduceOp.BAND, lambda a, b: a & b), (dist.ReduceOp.BOR, lambda a, b: a | b),
+                        (dist.ReduceOp.BXOR, lambda a, b: a ^ b)]:
+        vals = [torch.tensor([0b1011 << r, 0x7F ^ r, -1 - r], dtype=torch.int64) for r in range(world)]
+        want = vals[0]
+        for v in vals[1:]:
+            want = combine(want, v)
+        t = vals[rank].clone()
+        dist.all_reduce(t, op=op)
+        expect_equal(t, want, f"all_reduce {op}")
+    t = torch.tensor([rank == 0, True, False])
+    dist.all_reduce(t, op=dist.ReduceOp.BXOR)
+    expect_equal(t, torch.tensor([True, world % 2 == 1, False]), "all_reduce bool bxor")
     t = torch.tensor([rank == 0, True, False])
     dist.all_reduce(t)
     expect_equal(t, torch.tensor([True, True, False]), "all_reduce bool sum (logical or)")
@@ -175,6 +187,9 @@ def collectives():
         assert senders == set(range(1, world)), senders
     else:
         dist.send(torch.full((2,), float(rank)), 0)
+    # Without it a sender's next message (below) could meet rank 0's second
+    # any-source receive, as it would in MPI.
+    dist.barrier()
     recv = torch.empty(3)
     ops = [dist.P2POp(dist.isend, torch.full((3,), float(rank)), nxt), dist.P2POp(dist.irecv, recv, prv)]
     for q in dist.batch_isend_irecv(ops):
@@ -207,7 +222,7 @@ def collectives():
 def bad_input():
     rank, world = init()
     t = torch.ones(4, dtype=torch.int32)
-    expect_raises(lambda: dist.all_reduce(t, op=dist.ReduceOp.BAND), "braid", "BAND")
+    expect_raises(lambda: dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND), "braid", "need an integer")
     expect_raises(lambda: dist.all_reduce(t, op=dist.ReduceOp.AVG), "braid", "AVG needs a floating dtype")
     expect_raises(lambda: dist.all_reduce(torch.ones(2, dtype=torch.int16)), "braid", "cannot reduce dtype")
     # No GPU here: a meta tensor handed to the backend directly (torch's

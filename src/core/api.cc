@@ -145,8 +145,9 @@ Status check_redop(const braid_redop_t& op, braid_dtype_t dtype) {
                                     " is not a braid_redop_t (valid: 0.." +
                                     std::to_string(BRAID_NUM_OPS - 1) + ")");
   if (!kernels::redop_supported(dtype, op))
-    return Status::invalid_argument(std::string("op=") + braid_redop_name(op) + " is not defined for dtype=" +
-                                    braid_dtype_name(dtype) + " (avg needs a floating type)");
+    return Status::invalid_argument(std::string("op=") + braid_redop_name(op) +
+                                    " is not defined for dtype=" + braid_dtype_name(dtype) +
+                                    " (avg needs a floating type, band/bor/bxor an integer type)");
   return Status::ok();
 }
 
@@ -373,7 +374,7 @@ BRAID_API const char* braid_dtype_name(braid_dtype_t dtype) {
 }
 
 BRAID_API const char* braid_redop_name(braid_redop_t op) {
-  static const char* kNames[] = {"sum", "prod", "min", "max", "avg"};
+  static const char* kNames[] = {"sum", "prod", "min", "max", "avg", "band", "bor", "bxor"};
   int v = raw_value(op);
   return (v >= 0 && v < BRAID_NUM_OPS) ? kNames[v] : "unknown";
 }

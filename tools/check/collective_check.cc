@@ -22,7 +22,7 @@ namespace {
 constexpr size_t kDtypeSize[BRAID_NUM_DTYPES] = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8};
 constexpr const char* kDtypeNames[BRAID_NUM_DTYPES] = {"int8",   "uint8",   "int32",    "uint32",  "int64",
                                                        "uint64", "float16", "bfloat16", "float32", "float64"};
-constexpr const char* kOpNames[BRAID_NUM_OPS] = {"sum", "prod", "min", "max", "avg"};
+constexpr const char* kOpNames[BRAID_NUM_OPS] = {"sum", "prod", "min", "max", "avg", "band", "bor", "bxor"};
 constexpr const char* kCollNames[static_cast<int>(Collective::kNumCollectives)] = {
     "all_reduce", "broadcast",  "reduce",  "all_gather", "reduce_scatter", "gather",
     "scatter",    "all_to_all", "barrier", "send_recv",  "isend_irecv"};
@@ -41,6 +41,7 @@ uint64_t width_mask(size_t es) {
 }
 
 bool op_valid(braid_dtype_t dt, braid_redop_t op) {
+  if (op == BRAID_BAND || op == BRAID_BOR || op == BRAID_BXOR) return !is_float(dt);
   return op != BRAID_AVG || is_float(dt);
 }
 
@@ -438,6 +439,15 @@ Expect reduce_ref(const Gen& g, braid_redop_t op, uint64_t idx) {
           if ((op == BRAID_MIN) == less) acc = b;
           break;
         }
+        case BRAID_BAND:
+          acc &= b;
+          break;
+        case BRAID_BOR:
+          acc |= b;
+          break;
+        case BRAID_BXOR:
+          acc ^= b;
+          break;
         default:
           break;
       }

@@ -138,18 +138,30 @@ Reduction reduction_for(const at::Tensor& t, const c10d::ReduceOp& rop, const ch
                   ": PREMUL_SUM needs a floating dtype, got ", st);
       break;
     }
+    case c10d::ReduceOp::BAND:
+      r.op = BRAID_BAND;
+      break;
+    case c10d::ReduceOp::BOR:
+      r.op = BRAID_BOR;
+      break;
+    case c10d::ReduceOp::BXOR:
+      r.op = BRAID_BXOR;
+      break;
     default:
-      TORCH_CHECK(
-          false, "braid: ", op, ": reduce op ", static_cast<int>(rop.op_),
-          " (BAND, BOR or BXOR) is not supported by braid; SUM, AVG, PRODUCT, MIN, MAX and PREMUL_SUM are");
+      TORCH_CHECK(false, "braid: ", op, ": unknown reduce op ", static_cast<int>(rop.op_));
   }
+  if (r.op == BRAID_BAND || r.op == BRAID_BOR || r.op == BRAID_BXOR)
+    TORCH_CHECK(!at::isFloatingType(st) && !complex, "braid: ", op,
+                ": BAND, BOR and BXOR need an integer or bool dtype, got ", st);
   if (complex)
     TORCH_CHECK(r.op == BRAID_SUM || r.op == BRAID_AVG, "braid: ", op,
                 ": complex tensors reduce with SUM, AVG or PREMUL_SUM only");
   if (boolean) {
-    // bool as bytes: SUM/MAX is logical or, PRODUCT/MIN logical and.
+    // bool as bytes 0/1: SUM, MAX and BOR are logical or, PRODUCT, MIN and
+    // BAND logical and; BXOR stays as it is.
     TORCH_CHECK(r.op != BRAID_AVG, "braid: ", op, ": AVG is not defined for bool");
-    r.op = (r.op == BRAID_SUM || r.op == BRAID_MAX) ? BRAID_MAX : BRAID_MIN;
+    if (r.op == BRAID_SUM || r.op == BRAID_MAX || r.op == BRAID_BOR) r.op = BRAID_MAX;
+    if (r.op == BRAID_PROD || r.op == BRAID_MIN || r.op == BRAID_BAND) r.op = BRAID_MIN;
   }
   if (r.op == BRAID_AVG)
     TORCH_CHECK(at::isFloatingType(st) || complex, "braid: ", op, ": AVG needs a floating dtype, got ", st);
