@@ -299,17 +299,24 @@ bool BraidWork::isSuccess() const {
 bool BraidWork::wait(std::chrono::milliseconds timeout) {
   if (timeout == kNoTimeout) {
     // Drive braid on this thread: the quickest way to the result.
+    waiter_.store(true);
     std::vector<braid_request_t> mine;
     {
       std::lock_guard<std::mutex> lock(requests_mu_);
       mine.swap(requests_);
     }
-    for (braid_request_t& r : mine) {
-      braid_result_t code = braid_wait(&r);
-      if (code != BRAID_SUCCESS) record_error(code, braid_get_last_error());
+    if (!mine.empty()) {
+      for (braid_request_t& r : mine) {
+        braid_result_t code = braid_wait(&r);
+        if (code != BRAID_SUCCESS) record_error(code, braid_get_last_error());
+      }
+      // The callbacks may not have run yet; whoever comes first finalizes.
+      finalize();
+    } else {
+      // Another waiter drives, or the work already finished.
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [&] { return completed_; });
     }
-    // The callbacks may not have run yet; whoever comes first finalizes.
-    finalize();
   } else {
     std::unique_lock<std::mutex> lock(mutex_);
     if (!cv_.wait_for(lock, timeout, [&] { return completed_; }))
@@ -349,7 +356,8 @@ void CompletionQueue::push(c10::intrusive_ptr<BraidWork> work) {
 void CompletionQueue::on_request_done(void* user, braid_result_t result, const char* message) {
   auto* slot = static_cast<CallbackSlot*>(user);
   if (result != BRAID_SUCCESS) slot->work->record_error(result, message);
-  if (slot->work->remaining_.fetch_sub(1) == 1) slot->queue->push(std::move(slot->work));
+  if (slot->work->remaining_.fetch_sub(1) == 1 && !slot->work->waiter_.load())
+    slot->queue->push(std::move(slot->work));
   delete slot;
 }
 

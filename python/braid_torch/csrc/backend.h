@@ -58,6 +58,9 @@ class BraidWork : public c10d::Work {
   std::mutex requests_mu_;
   std::vector<braid_request_t> requests_;  // still owned by this work
   std::atomic<int> remaining_{0};          // callbacks still to come
+  // A thread is in wait() and will finalize: the completion thread need not
+  // wake (on a busy host that wakeup costs the peer ranks CPU time).
+  std::atomic<bool> waiter_{false};
   std::mutex error_mu_;
   braid_result_t error_code_ = BRAID_SUCCESS;
   std::string error_message_;
