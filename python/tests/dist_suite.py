@@ -25,6 +25,7 @@ if __name__ == "__main__" and "BACKEND" not in os.environ:
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--json", help="write {test: outcome} here")
     parser.add_argument("-k", action="append", default=[], help="run cases whose name contains this")
+    parser.add_argument("--names", default="", help="comma-separated case names to run (exact)")
     ARGS = parser.parse_args()
     os.environ["BACKEND"] = ARGS.backend
     os.environ["WORLD_SIZE"] = str(ARGS.world_size)
@@ -105,6 +106,9 @@ def main():
     suite = loader.loadTestsFromTestCase(TestDistBackendWithSpawn)
     if ARGS.k:
         suite = unittest.TestSuite(t for t in suite if any(k in t.id() for k in ARGS.k))
+    if ARGS.names:
+        wanted = set(ARGS.names.split(","))
+        suite = unittest.TestSuite(t for t in suite if t.id().rsplit(".", 1)[-1] in wanted)
     runner = unittest.TextTestRunner(resultclass=RecordingResult, verbosity=2, stream=sys.stdout)
     start = time.time()
     result = runner.run(suite)
