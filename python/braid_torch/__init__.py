@@ -25,6 +25,26 @@ __all__ = ["BraidBackend", "create_backend", "monitored_barrier", "version"]
 BraidBackend = _C.BraidBackend
 
 
+def _env_from_mpi():
+    """Under mpirun, fill torch's RANK / WORLD_SIZE / LOCAL_RANK from Open MPI's
+    variables when the launcher did not set them (MASTER_ADDR and MASTER_PORT
+    still come from the user, as with any env:// job)."""
+    import os
+
+    mapping = {
+        "RANK": "OMPI_COMM_WORLD_RANK",
+        "WORLD_SIZE": "OMPI_COMM_WORLD_SIZE",
+        "LOCAL_RANK": "OMPI_COMM_WORLD_LOCAL_RANK",
+        "LOCAL_WORLD_SIZE": "OMPI_COMM_WORLD_LOCAL_SIZE",
+    }
+    for torch_name, mpi_name in mapping.items():
+        if torch_name not in os.environ and mpi_name in os.environ:
+            os.environ[torch_name] = os.environ[mpi_name]
+
+
+_env_from_mpi()
+
+
 def version() -> str:
     v = _C.version()
     return f"{v // 10000}.{v // 100 % 100}.{v % 100}"

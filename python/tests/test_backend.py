@@ -60,6 +60,32 @@ def test_ddp_matches_across_ranks_and_matches_gloo(world, tmp_path):
             assert torch.equal(braid_value, gloo_value), name
 
 
+@pytest.mark.parametrize("scheme", ["tcp", "file"])
+def test_init_methods(scheme, tmp_path):
+    method = f"tcp://127.0.0.1:{free_port()}" if scheme == "tcp" else f"file://{tmp_path / 'rendezvous'}"
+    assert_all_ok(launch("init_methods", 2, env={"INIT_METHOD": method}))
+
+
+def test_pending_recv_does_not_block_collectives():
+    assert_all_ok(launch("pending_recv", 3))
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI's mpirun is not installed")
+def test_mpirun_two_processes():
+    """mpirun sets OMPI_COMM_WORLD_*; braid_torch maps them to RANK and WORLD_SIZE."""
+    env = dict(os.environ, BRAID_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()))
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        env.pop(k, None)
+    proc = subprocess.run(
+        ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "MASTER_ADDR", "-x", "MASTER_PORT",
+         "-x", "BRAID_SOCKET_IFNAME", sys.executable, str(WORKERS), "torchrun_env"],
+        env=env, capture_output=True, text=True, timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count('"ok": true') == 2, proc.stdout
+
+
 def test_torchrun_two_processes():
     torchrun = shutil.which("torchrun")
     cmd = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]

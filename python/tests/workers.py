@@ -335,6 +335,39 @@ def ddp_train():
     print(f"rank {rank}: ddp ok after {steps} steps, loss {loss.item():.4f}", flush=True)
 
 
+def init_methods():
+    """INIT_METHOD picks tcp:// or file:// (env:// is every other scenario)."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("braid", init_method=os.environ["INIT_METHOD"], rank=rank, world_size=world)
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+    expect_equal(t, torch.tensor([world * (world + 1) / 2.0]), "all_reduce after " + os.environ["INIT_METHOD"])
+    dist.destroy_process_group()
+    print(f"rank {rank}: {os.environ['INIT_METHOD'].split(':')[0]} ok", flush=True)
+
+
+def pending_recv():
+    """A receive that waits for a message sent only later does not hold up the
+    group's collectives, which also keep their order across async calls."""
+    rank, world = init()
+    if rank == 0:
+        early = torch.zeros(4)
+        work = dist.irecv(early, src=1)
+    outs = [dist.all_reduce(torch.full((3,), float(k + rank)), async_op=True) for k in range(5)]
+    for k, w in enumerate(outs):
+        w.wait()
+        got = w.result()[0]
+        expect_equal(got, torch.full((3,), float(k * world + sum(range(world)))), f"async all_reduce #{k}")
+    dist.barrier()
+    if rank == 1:
+        dist.send(torch.full((4,), 9.0), 0)
+    if rank == 0:
+        work.wait()
+        expect_equal(early, torch.full((4,), 9.0), "late message")
+    dist.destroy_process_group()
+    print(f"rank {rank}: pending recv ok", flush=True)
+
+
 def torchrun_env():
     """Under torchrun: init from the environment it sets, nothing else."""
     dist.init_process_group("braid")
@@ -350,7 +383,10 @@ def torchrun_env():
 
 SCENARIOS = {
     f.__name__: f
-    for f in (collectives, bad_input, dead_peer, hung_peer, absent_from_barrier, ddp_train, torchrun_env)
+    for f in (
+        collectives, bad_input, dead_peer, hung_peer, absent_from_barrier, ddp_train, torchrun_env, init_methods,
+        pending_recv,
+    )
 }
 
 if __name__ == "__main__":
