@@ -174,6 +174,16 @@ at::Tensor reduction_buffer(const at::Tensor& t, const Reduction& r) {
   return staged(t);
 }
 
+// Starts braid_NAME inside a StartFn: the blocking form when torch will wait
+// at once (asyncOp=false: no progress-thread handoff, as fast as the C API),
+// else the i-form, whose request joins `reqs`.
+#define BRAID_START(name, op, ...)                                                     \
+  do {                                                                                 \
+    braid_request_t r_ = nullptr;                                                      \
+    check(blocking ? braid_##name(__VA_ARGS__) : braid_i##name(__VA_ARGS__, &r_), op); \
+    if (!blocking) reqs.push_back(r_);                                                 \
+  } while (0)
+
 struct CallbackSlot {
   c10::intrusive_ptr<BraidWork> work;
   CompletionQueue* queue;
@@ -450,24 +460,30 @@ c10::intrusive_ptr<BraidWork> BraidBackend::make_work(c10d::OpType type, const c
                                         std::move(outputs));
 }
 
-c10::intrusive_ptr<c10d::Work> BraidBackend::launch(
-    const c10::intrusive_ptr<BraidWork>& work,
-    const std::function<void(std::vector<braid_request_t>&)>& start, bool grouped) {
+c10::intrusive_ptr<c10d::Work> BraidBackend::launch(const c10::intrusive_ptr<BraidWork>& work,
+                                                    const StartFn& start, bool grouped, bool blocking) {
   std::vector<braid_request_t> requests;
-  std::lock_guard<std::mutex> lock(launch_mu_);
-  if (grouped) braid_group_start();
-  try {
-    start(requests);
-  } catch (...) {
-    if (grouped) braid_group_end();
-    for (braid_request_t r : requests) braid_request_free(r);
-    throw;
+  {
+    // Blocking calls run under the lock too: they are this rank's next
+    // operations in order, and braid drives them on this thread.
+    std::lock_guard<std::mutex> lock(launch_mu_);
+    if (grouped) braid_group_start();
+    try {
+      start(requests, blocking);
+    } catch (...) {
+      if (grouped) braid_group_end();
+      for (braid_request_t r : requests) braid_request_free(r);
+      throw;
+    }
+    if (grouped) {
+      braid_result_t code = braid_group_end();
+      if (code != BRAID_SUCCESS) {
+        for (braid_request_t r : requests) braid_request_free(r);
+        fail_call(work->what().c_str(), code);
+      }
+    }
   }
-  if (grouped && braid_group_end() != BRAID_SUCCESS) {
-    for (braid_request_t r : requests) braid_request_free(r);
-    fail_call("group_end", BRAID_ERR_INTERNAL);
-  }
-  work->track(std::move(requests), &completions_);
+  work->track(std::move(requests), &completions_);  // none when blocking: completes at once
   return work;
 }
 
@@ -481,13 +497,16 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::broadcast(std::vector<at::Tensor>& 
   work->keep_alive = {buf};
   if (!buf.is_same(t)) work->on_success = [t, buf]() mutable { t.copy_(buf); };
   const int root = static_cast<int>(opts.rootRank);
-  return launch(work, [&](std::vector<braid_request_t>& reqs) {
-    braid_request_t r = nullptr;
-    check(
-        braid_ibroadcast(buf.data_ptr(), buf.data_ptr(), nbytes(buf), BRAID_UINT8, root, comm_, nullptr, &r),
-        "broadcast");
-    reqs.push_back(r);
-  });
+  return launch(
+      work,
+      [&](std::vector<braid_request_t>& reqs, bool blocking) {
+        braid_request_t r = nullptr;
+        check(braid_ibroadcast(buf.data_ptr(), buf.data_ptr(), nbytes(buf), BRAID_UINT8, root, comm_, nullptr,
+                               &r),
+              "broadcast");
+        reqs.push_back(r);
+      },
+      false, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::allreduce(std::vector<at::Tensor>& tensors,
@@ -499,13 +518,13 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allreduce(std::vector<at::Tensor>& 
   auto work = make_work(c10d::OpType::ALLREDUCE, "all_reduce", {t});
   work->keep_alive = {buf};
   if (!buf.is_same(t)) work->on_success = [t, buf]() mutable { t.copy_(buf); };
-  return launch(work, [&](std::vector<braid_request_t>& reqs) {
-    braid_request_t r = nullptr;
-    check(braid_iall_reduce(buf.data_ptr(), buf.data_ptr(), buf.numel() * red.per_element, red.dtype, red.op,
-                            comm_, nullptr, &r),
-          "all_reduce");
-    reqs.push_back(r);
-  });
+  return launch(
+      work,
+      [&](std::vector<braid_request_t>& reqs, bool blocking) {
+        BRAID_START(all_reduce, "all_reduce", buf.data_ptr(), buf.data_ptr(), buf.numel() * red.per_element,
+                    red.dtype, red.op, comm_, nullptr);
+      },
+      false, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::allreduce_coalesced(
@@ -528,13 +547,13 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allreduce_coalesced(
       off += t.numel();
     }
   };
-  return launch(work, [&](std::vector<braid_request_t>& reqs) {
-    braid_request_t r = nullptr;
-    check(braid_iall_reduce(flat.data_ptr(), flat.data_ptr(), flat.numel() * red.per_element, red.dtype,
-                            red.op, comm_, nullptr, &r),
-          "all_reduce_coalesced");
-    reqs.push_back(r);
-  });
+  return launch(
+      work,
+      [&](std::vector<braid_request_t>& reqs, bool blocking) {
+        BRAID_START(all_reduce, "all_reduce_coalesced", flat.data_ptr(), flat.data_ptr(),
+                    flat.numel() * red.per_element, red.dtype, red.op, comm_, nullptr);
+      },
+      false, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::reduce(std::vector<at::Tensor>& tensors,
@@ -547,18 +566,18 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::reduce(std::vector<at::Tensor>& ten
   auto work = make_work(c10d::OpType::REDUCE, "reduce", {t});
   work->keep_alive = {buf};
   if (!buf.is_same(t) && root == rank_) work->on_success = [t, buf]() mutable { t.copy_(buf); };
-  return launch(work, [&](std::vector<braid_request_t>& reqs) {
-    braid_request_t r = nullptr;
-    check(braid_ireduce(buf.data_ptr(), buf.data_ptr(), buf.numel() * red.per_element, red.dtype, red.op,
-                        root, comm_, nullptr, &r),
-          "reduce");
-    reqs.push_back(r);
-  });
+  return launch(
+      work,
+      [&](std::vector<braid_request_t>& reqs, bool blocking) {
+        BRAID_START(reduce, "reduce", buf.data_ptr(), buf.data_ptr(), buf.numel() * red.per_element,
+                    red.dtype, red.op, root, comm_, nullptr);
+      },
+      false, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                        std::vector<at::Tensor>& inputs,
-                                                       const c10d::AllgatherOptions&) {
+                                                       const c10d::AllgatherOptions& opts) {
   check_single(inputs, "all_gather");
   TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_, "braid: all_gather needs ",
               size_, " output tensors (one per rank)");
@@ -577,16 +596,17 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allgather(std::vector<std::vector<a
     for (size_t i = 0; i < outs.size(); ++i)
       outs[i].copy_(flat.narrow(0, static_cast<int64_t>(i) * n, n).view(outs[i].sizes()));
   };
-  return launch(work, [&](std::vector<braid_request_t>& reqs) {
-    braid_request_t r = nullptr;
-    check(braid_iall_gather(in.data_ptr(), flat.data_ptr(), nbytes(in), BRAID_UINT8, comm_, nullptr, &r),
-          "all_gather");
-    reqs.push_back(r);
-  });
+  return launch(
+      work,
+      [&](std::vector<braid_request_t>& reqs, bool blocking) {
+        BRAID_START(all_gather, "all_gather", in.data_ptr(), flat.data_ptr(), nbytes(in), BRAID_UINT8, comm_,
+                    nullptr);
+      },
+      false, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
-                                                             const c10d::AllgatherOptions&) {
+                                                             const c10d::AllgatherOptions& opts) {
   check_tensor(input, "all_gather_into_tensor");
   check_same(input, output, "all_gather_into_tensor", "the output");
   TORCH_CHECK(output.numel() == input.numel() * size_, "braid: all_gather_into_tensor: the output has ",
@@ -595,17 +615,18 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::_allgather_base(at::Tensor& output,
   auto work = make_work(c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output});
   work->keep_alive = {in, out};
   if (!out.is_same(output)) work->on_success = [output, out]() mutable { output.copy_(out); };
-  return launch(work, [&](std::vector<braid_request_t>& reqs) {
-    braid_request_t r = nullptr;
-    check(braid_iall_gather(in.data_ptr(), out.data_ptr(), nbytes(in), BRAID_UINT8, comm_, nullptr, &r),
-          "all_gather_into_tensor");
-    reqs.push_back(r);
-  });
+  return launch(
+      work,
+      [&](std::vector<braid_request_t>& reqs, bool blocking) {
+        BRAID_START(all_gather, "all_gather_into_tensor", in.data_ptr(), out.data_ptr(), nbytes(in),
+                    BRAID_UINT8, comm_, nullptr);
+      },
+      false, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-    const c10d::AllgatherOptions&) {
+    const c10d::AllgatherOptions& opts) {
   TORCH_CHECK(!inputs.empty(), "braid: all_gather_coalesced needs at least one input");
   TORCH_CHECK(static_cast<int>(outputs.size()) == size_, "braid: all_gather_coalesced needs ", size_,
               " output lists (one per rank), got ", outputs.size());
@@ -638,18 +659,17 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allgather_coalesced(
       }
     }
   };
-  return launch(work, [&](std::vector<braid_request_t>& reqs) {
-    braid_request_t r = nullptr;
-    check(braid_iall_gather(flat_in.data_ptr(), flat_out.data_ptr(), nbytes(flat_in), BRAID_UINT8, comm_,
-                            nullptr, &r),
-          "all_gather_coalesced");
-    reqs.push_back(r);
-  });
+  return launch(
+      work,
+      [&](std::vector<braid_request_t>& reqs, bool blocking) {
+        BRAID_START(all_gather, "all_gather_coalesced", flat_in.data_ptr(), flat_out.data_ptr(),
+                    nbytes(flat_in), BRAID_UINT8, comm_, nullptr);
+      },
+      false, !opts.asyncOp);
 }
 
-c10::intrusive_ptr<c10d::Work> BraidBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
-                                                                             std::vector<at::Tensor>& inputs,
-                                                                             const c10d::AllgatherOptions&) {
+c10::intrusive_ptr<c10d::Work> BraidBackend::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
   TORCH_CHECK(outputs.size() == inputs.size(), "braid: all_gather_into_tensor_coalesced: ", outputs.size(),
               " outputs for ", inputs.size(), " inputs");
   std::vector<at::Tensor> ins, outs;
@@ -672,16 +692,13 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allgather_into_tensor_coalesced(std
   };
   return launch(
       work,
-      [&](std::vector<braid_request_t>& reqs) {
+      [&](std::vector<braid_request_t>& reqs, bool blocking) {
         for (size_t i = 0; i < ins.size(); ++i) {
-          braid_request_t r = nullptr;
-          check(braid_iall_gather(ins[i].data_ptr(), outs[i].data_ptr(), nbytes(ins[i]), BRAID_UINT8, comm_,
-                                  nullptr, &r),
-                "all_gather_into_tensor_coalesced");
-          reqs.push_back(r);
+          BRAID_START(all_gather, "all_gather_into_tensor_coalesced", ins[i].data_ptr(), outs[i].data_ptr(),
+                      nbytes(ins[i]), BRAID_UINT8, comm_, nullptr);
         }
       },
-      true);
+      true, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -717,13 +734,13 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::gather(std::vector<std::vector<at::
         outs[i].copy_(flat.narrow(0, static_cast<int64_t>(i) * n, n).view(outs[i].sizes()));
     };
   }
-  return launch(work, [&](std::vector<braid_request_t>& reqs) {
-    braid_request_t r = nullptr;
-    check(braid_igather(in.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr, nbytes(in), BRAID_UINT8,
-                        root, comm_, nullptr, &r),
-          "gather");
-    reqs.push_back(r);
-  });
+  return launch(
+      work,
+      [&](std::vector<braid_request_t>& reqs, bool blocking) {
+        BRAID_START(gather, "gather", in.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr, nbytes(in),
+                    BRAID_UINT8, root, comm_, nullptr);
+      },
+      false, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::scatter(std::vector<at::Tensor>& outputs,
@@ -754,13 +771,13 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::scatter(std::vector<at::Tensor>& ou
   work->keep_alive = {out};
   if (flat.defined()) work->keep_alive.push_back(flat);
   if (!out.is_same(target)) work->on_success = [target, out]() mutable { target.copy_(out); };
-  return launch(work, [&](std::vector<braid_request_t>& reqs) {
-    braid_request_t r = nullptr;
-    check(braid_iscatter(flat.defined() ? flat.data_ptr() : nullptr, out.data_ptr(), nbytes(out), BRAID_UINT8,
-                         root, comm_, nullptr, &r),
-          "scatter");
-    reqs.push_back(r);
-  });
+  return launch(
+      work,
+      [&](std::vector<braid_request_t>& reqs, bool blocking) {
+        BRAID_START(scatter, "scatter", flat.defined() ? flat.data_ptr() : nullptr, out.data_ptr(),
+                    nbytes(out), BRAID_UINT8, root, comm_, nullptr);
+      },
+      false, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -782,13 +799,13 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::reduce_scatter(std::vector<at::Tens
   auto work = make_work(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", {target});
   work->keep_alive = {flat, out};
   if (!out.is_same(target)) work->on_success = [target, out]() mutable { target.copy_(out); };
-  return launch(work, [&](std::vector<braid_request_t>& reqs) {
-    braid_request_t r = nullptr;
-    check(braid_ireduce_scatter(flat.data_ptr(), out.data_ptr(), out.numel() * red.per_element, red.dtype,
-                                red.op, comm_, nullptr, &r),
-          "reduce_scatter");
-    reqs.push_back(r);
-  });
+  return launch(
+      work,
+      [&](std::vector<braid_request_t>& reqs, bool blocking) {
+        BRAID_START(reduce_scatter, "reduce_scatter", flat.data_ptr(), out.data_ptr(),
+                    out.numel() * red.per_element, red.dtype, red.op, comm_, nullptr);
+      },
+      false, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -825,23 +842,19 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::reduce_scatter_tensor_coalesced(
   };
   return launch(
       work,
-      [&](std::vector<braid_request_t>& reqs) {
+      [&](std::vector<braid_request_t>& reqs, bool blocking) {
         for (size_t i = 0; i < ins.size(); ++i) {
-          braid_request_t r = nullptr;
-          check(braid_ireduce_scatter(ins[i].data_ptr(), outs[i].data_ptr(),
-                                      outs[i].numel() * reds[i].per_element, reds[i].dtype, reds[i].op, comm_,
-                                      nullptr, &r),
-                name);
-          reqs.push_back(r);
+          BRAID_START(reduce_scatter, name, ins[i].data_ptr(), outs[i].data_ptr(),
+                      outs[i].numel() * reds[i].per_element, reds[i].dtype, reds[i].op, comm_, nullptr);
         }
       },
-      ins.size() > 1);
+      ins.size() > 1, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                            std::vector<int64_t>& output_split_sizes,
                                                            std::vector<int64_t>& input_split_sizes,
-                                                           const c10d::AllToAllOptions&) {
+                                                           const c10d::AllToAllOptions& opts) {
   check_tensor(input, "all_to_all_single");
   check_same(input, output, "all_to_all_single", "the output");
   at::Tensor in = staged(input), out = staged(output);
@@ -852,29 +865,29 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::alltoall_base(at::Tensor& output, a
     TORCH_CHECK(in.numel() == out.numel() && in.numel() % size_ == 0, "braid: all_to_all_single: input (",
                 in.numel(), " elements) and output (", out.numel(),
                 ") must match and divide evenly by the group size ", size_);
-    return launch(work, [&](std::vector<braid_request_t>& reqs) {
-      braid_request_t r = nullptr;
-      check(braid_iall_to_all(in.data_ptr(), out.data_ptr(), nbytes(in) / size_, BRAID_UINT8, comm_, nullptr,
-                              &r),
-            "all_to_all_single");
-      reqs.push_back(r);
-    });
+    return launch(
+        work,
+        [&](std::vector<braid_request_t>& reqs, bool blocking) {
+          BRAID_START(all_to_all, "all_to_all_single", in.data_ptr(), out.data_ptr(), nbytes(in) / size_,
+                      BRAID_UINT8, comm_, nullptr);
+        },
+        false, !opts.asyncOp);
   }
   std::vector<size_t> sc, sd, rc, rd;
   split_layout(in, input_split_sizes, size_, "the input", &sc, &sd);
   split_layout(out, output_split_sizes, size_, "the output", &rc, &rd);
-  return launch(work, [&](std::vector<braid_request_t>& reqs) {
-    braid_request_t r = nullptr;
-    check(braid_iall_to_allv(in.data_ptr(), sc.data(), sd.data(), out.data_ptr(), rc.data(), rd.data(),
-                             BRAID_UINT8, comm_, nullptr, &r),
-          "all_to_all_single");
-    reqs.push_back(r);
-  });
+  return launch(
+      work,
+      [&](std::vector<braid_request_t>& reqs, bool blocking) {
+        BRAID_START(all_to_allv, "all_to_all_single", in.data_ptr(), sc.data(), sd.data(), out.data_ptr(),
+                    rc.data(), rd.data(), BRAID_UINT8, comm_, nullptr);
+      },
+      false, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                       std::vector<at::Tensor>& inputs,
-                                                      const c10d::AllToAllOptions&) {
+                                                      const c10d::AllToAllOptions& opts) {
   TORCH_CHECK(static_cast<int>(outputs.size()) == size_ && static_cast<int>(inputs.size()) == size_,
               "braid: all_to_all needs ", size_, " input and output tensors, got ", inputs.size(), " and ",
               outputs.size());
@@ -906,13 +919,13 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::alltoall(std::vector<at::Tensor>& o
       off += t.numel();
     }
   };
-  return launch(work, [&](std::vector<braid_request_t>& reqs) {
-    braid_request_t r = nullptr;
-    check(braid_iall_to_allv(flat_in.data_ptr(), sc.data(), sd.data(), flat_out.data_ptr(), rc.data(),
-                             rd.data(), BRAID_UINT8, comm_, nullptr, &r),
-          "all_to_all");
-    reqs.push_back(r);
-  });
+  return launch(
+      work,
+      [&](std::vector<braid_request_t>& reqs, bool blocking) {
+        BRAID_START(all_to_allv, "all_to_all", flat_in.data_ptr(), sc.data(), sd.data(), flat_out.data_ptr(),
+                    rc.data(), rd.data(), BRAID_UINT8, comm_, nullptr);
+      },
+      false, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::send(std::vector<at::Tensor>& tensors, int dst_rank, int) {
@@ -920,10 +933,8 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::send(std::vector<at::Tensor>& tenso
   at::Tensor buf = staged(tensors[0]);
   auto work = make_work(c10d::OpType::SEND, "send", {tensors[0]});
   work->keep_alive = {buf};
-  return launch(work, [&](std::vector<braid_request_t>& reqs) {
-    braid_request_t r = nullptr;
-    check(braid_isend(buf.data_ptr(), nbytes(buf), BRAID_UINT8, dst_rank, comm_, nullptr, &r), "send");
-    reqs.push_back(r);
+  return launch(work, [&](std::vector<braid_request_t>& reqs, bool blocking) {
+    BRAID_START(send, "send", buf.data_ptr(), nbytes(buf), BRAID_UINT8, dst_rank, comm_, nullptr);
   });
 }
 
@@ -934,10 +945,8 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::recv(std::vector<at::Tensor>& tenso
   work->keep_alive = {buf};
   work->source_rank_ = src_rank;
   if (!buf.is_same(t)) work->on_success = [t, buf]() mutable { t.copy_(buf); };
-  return launch(work, [&](std::vector<braid_request_t>& reqs) {
-    braid_request_t r = nullptr;
-    check(braid_irecv(buf.data_ptr(), nbytes(buf), BRAID_UINT8, src_rank, comm_, nullptr, &r), "recv");
-    reqs.push_back(r);
+  return launch(work, [&](std::vector<braid_request_t>& reqs, bool blocking) {
+    BRAID_START(recv, "recv", buf.data_ptr(), nbytes(buf), BRAID_UINT8, src_rank, comm_, nullptr);
   });
 }
 
@@ -948,21 +957,20 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::recvAnysource(std::vector<at::Tenso
   work->keep_alive = {buf};
   if (!buf.is_same(t)) work->on_success = [t, buf]() mutable { t.copy_(buf); };
   BraidWork* w = work.get();  // braid writes the sender's rank once it is known
-  return launch(work, [&](std::vector<braid_request_t>& reqs) {
-    braid_request_t r = nullptr;
-    check(braid_irecv_any(buf.data_ptr(), nbytes(buf), BRAID_UINT8, &w->source_rank_, comm_, nullptr, &r),
-          "recv (any source)");
-    reqs.push_back(r);
+  return launch(work, [&](std::vector<braid_request_t>& reqs, bool blocking) {
+    BRAID_START(recv_any, "recv (any source)", buf.data_ptr(), nbytes(buf), BRAID_UINT8, &w->source_rank_,
+                comm_, nullptr);
   });
 }
 
-c10::intrusive_ptr<c10d::Work> BraidBackend::barrier(const c10d::BarrierOptions&) {
+c10::intrusive_ptr<c10d::Work> BraidBackend::barrier(const c10d::BarrierOptions& opts) {
   auto work = make_work(c10d::OpType::BARRIER, "barrier", {});
-  return launch(work, [&](std::vector<braid_request_t>& reqs) {
-    braid_request_t r = nullptr;
-    check(braid_ibarrier(comm_, nullptr, &r), "barrier");
-    reqs.push_back(r);
-  });
+  return launch(
+      work,
+      [&](std::vector<braid_request_t>& reqs, bool blocking) {
+        BRAID_START(barrier, "barrier", comm_, nullptr);
+      },
+      false, !opts.asyncOp);
 }
 
 void BraidBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {

@@ -49,6 +49,7 @@ class BraidWork : public c10d::Work {
   // Completes the work once: copy-out, then the Future. Idempotent.
   void finalize();
   void record_error(braid_result_t code, const std::string& message);
+  const std::string& what() const { return what_; }
 
  private:
   friend class CompletionQueue;
@@ -146,11 +147,12 @@ class BraidBackend : public c10d::Backend {
 
  private:
   // Starts the braid calls `start` makes (inside a braid group when
-  // `grouped`), wires their requests to a new work and returns it. A call
-  // braid rejects throws at once, naming the operation.
-  c10::intrusive_ptr<c10d::Work> launch(const c10::intrusive_ptr<BraidWork>& work,
-                                        const std::function<void(std::vector<braid_request_t>&)>& start,
-                                        bool grouped = false);
+  // `grouped`), wires their requests to the work and returns it. With
+  // `blocking`, start uses braid's blocking calls and the work is complete
+  // on return. A call braid rejects throws at once, naming the operation.
+  using StartFn = std::function<void(std::vector<braid_request_t>& reqs, bool blocking)>;
+  c10::intrusive_ptr<c10d::Work> launch(const c10::intrusive_ptr<BraidWork>& work, const StartFn& start,
+                                        bool grouped = false, bool blocking = false);
   c10::intrusive_ptr<BraidWork> make_work(c10d::OpType type, const char* op, std::vector<at::Tensor> outputs);
   std::string describe() const;
   [[noreturn]] void fail_call(const char* op, braid_result_t code) const;
