@@ -21,13 +21,16 @@ import unittest
 
 if __name__ == "__main__" and "BACKEND" not in os.environ:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="braid", choices=["braid", "gloo"])
+    parser.add_argument("--backend", default="braid", choices=["braid", "gloo", "braid-as-gloo"],
+                        help="braid-as-gloo: the suite believes it tests gloo (so cases torch gates "
+                        "to gloo by name run) while every process group is braid")
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--json", help="write {test: outcome} here")
     parser.add_argument("-k", action="append", default=[], help="run cases whose name contains this")
     parser.add_argument("--names", default="", help="comma-separated case names to run (exact)")
     ARGS = parser.parse_args()
-    os.environ["BACKEND"] = ARGS.backend
+    os.environ["BACKEND"] = "gloo" if ARGS.backend == "braid-as-gloo" else ARGS.backend
+    os.environ["DIST_SUITE_BRAID_AS_GLOO"] = "1" if ARGS.backend == "braid-as-gloo" else "0"
     os.environ["WORLD_SIZE"] = str(ARGS.world_size)
     os.environ.setdefault("INIT_METHOD", "env://")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -45,6 +48,19 @@ import torch.distributed as dist  # noqa: E402
 
 import braid_torch  # noqa: E402,F401  registers "braid"
 from torch.testing._internal import common_distributed  # noqa: E402
+
+if os.environ.get("DIST_SUITE_BRAID_AS_GLOO") == "1":
+    # Every group the suite asks gloo for is made by braid instead.
+    import torch.distributed.distributed_c10d as c10d
+
+    _make_group = c10d._new_process_group_helper
+
+    def _braid_instead_of_gloo(group_size, group_rank, global_ranks_in_group, backend, *args, **kwargs):
+        if str(backend).lower() == "gloo":
+            backend = c10d.Backend("braid")
+        return _make_group(group_size, group_rank, global_ranks_in_group, backend, *args, **kwargs)
+
+    c10d._new_process_group_helper = _braid_instead_of_gloo
 
 features = common_distributed.DistTestCases.backend_feature
 for feature in ("plugin", "ddp", "subgroup"):

@@ -88,6 +88,15 @@ def collectives():
     t = torch.full((5,), float(r1))
     dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5))
     expect_equal(t, torch.full((5,), 0.5 * sum(range(1, world + 1))), "premul_sum")
+    # Sparse COO sum: rank r contributes r + 1 at (r, r) and 1 at (0, 1).
+    i = torch.tensor([[rank, 0], [rank, 1]])
+    sp = torch.sparse_coo_tensor(i, torch.tensor([float(r1), 1.0]), (world, world))
+    dist.all_reduce(sp)
+    want = torch.zeros(world, world)
+    for r in range(world):
+        want[r, r] += r + 1
+    want[0, 1] += world
+    expect_equal(sp.to_dense(), want, "sparse all_reduce")
     # Non-contiguous input: the strided view is reduced and written back.
     m = torch.zeros(4, 6)
     m[:, 1] = r1

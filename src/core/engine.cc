@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 
 #include "src/core/logging.h"
 
@@ -103,6 +104,13 @@ void frame_free(void* frame, size_t bytes) {
 }
 
 namespace {
+
+// "1.5 s", "600 s": the timeout as people write it.
+std::string seconds_text(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g s", s);
+  return buf;
+}
 
 // How long a blocked driver sleeps before it re-checks deadlines and peers.
 constexpr int kBlockMs = 20;
@@ -316,9 +324,9 @@ void Engine::check_peers(bool thorough) {
     Op& op = *any->ops.front();
     if (op.deadline.expired()) {
       log_pending("timed out");
-      fail_all(Status::timeout("rank " + std::to_string(rank_) + ": " + op.name + " #" +
-                               std::to_string(op.seq) + " timed out after " +
-                               std::to_string(timeout_s_.load()) + " s waiting for a message from any rank"));
+      fail_all(Status::timeout("rank " + std::to_string(rank_) + ": " + op.name + " #" + std::to_string(op.seq) +
+                               " timed out: no progress within the timeout of " + seconds_text(timeout_s_.load()) +
+                               ", waiting for a message from any rank"));
       return;
     }
   }
@@ -329,10 +337,9 @@ void Engine::check_peers(bool thorough) {
       const char* what = op.wait ? op.wait->what : "to start";
       int peer = op.wait ? op.wait->peer : -1;
       log_pending("timed out");
-      fail_all(Status::timeout("rank " + std::to_string(rank_) + ": " + op.name + " #" +
-                               std::to_string(op.seq) + " timed out after " +
-                               std::to_string(timeout_s_.load()) + " s waiting " + what +
-                               (peer >= 0 ? " rank " + std::to_string(peer) : std::string())));
+      fail_all(Status::timeout("rank " + std::to_string(rank_) + ": " + op.name + " #" + std::to_string(op.seq) +
+                               " timed out: no progress within the timeout of " + seconds_text(timeout_s_.load()) +
+                               ", waiting " + what + (peer >= 0 ? " rank " + std::to_string(peer) : std::string())));
       return;
     }
     if (op.wait == nullptr) continue;

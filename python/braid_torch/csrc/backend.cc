@@ -3,6 +3,7 @@
 #include <ATen/Functions.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <utility>
@@ -456,6 +457,7 @@ void BraidBackend::shutdown() {
 c10::intrusive_ptr<BraidWork> BraidBackend::make_work(c10d::OpType type, const char* op,
                                                       std::vector<at::Tensor> outputs) {
   TORCH_CHECK(comm_ != nullptr, "braid: ", op, " on a process group that was shut down or aborted");
+  if (!c10d::isP2POp(type)) seq_.fetch_add(1);
   return c10::make_intrusive<BraidWork>(rank_, type, std::string(op) + " (" + describe() + ")",
                                         std::move(outputs));
 }
@@ -511,6 +513,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::broadcast(std::vector<at::Tensor>& 
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::AllreduceOptions& opts) {
+  if (tensors.size() == 1 && tensors[0].layout() == c10::kSparse) return sparse_allreduce(tensors[0], opts);
   check_single(tensors, "all_reduce");
   at::Tensor t = tensors[0];
   Reduction red = reduction_for(t, opts.reduceOp, "all_reduce");
@@ -525,6 +528,49 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allreduce(std::vector<at::Tensor>& 
                     red.dtype, red.op, comm_, nullptr);
       },
       false, !opts.asyncOp);
+}
+
+// Sparse COO sum: every rank's (indices, values) gathered, padded to the
+// largest nnz, then summed by coalescing. It completes before returning.
+c10::intrusive_ptr<c10d::Work> BraidBackend::sparse_allreduce(at::Tensor t,
+                                                              const c10d::AllreduceOptions& opts) {
+  const char* name = "all_reduce (sparse)";
+  TORCH_CHECK(t.device().is_cpu(), "braid: ", name, " got a tensor on ", t.device(), "; CPU tensors only");
+  TORCH_CHECK(opts.reduceOp.op_ == c10d::ReduceOp::SUM, "braid: ", name, " supports SUM only");
+  auto work = make_work(c10d::OpType::ALLREDUCE, name, {t});
+  at::Tensor in = t.coalesce();
+  at::Tensor idx = in.indices().contiguous(), val = in.values().contiguous();
+  std::lock_guard<std::mutex> lock(launch_mu_);
+  int64_t nnz = in._nnz();
+  std::vector<int64_t> counts(size_);
+  check(braid_all_gather(&nnz, counts.data(), 1, BRAID_INT64, comm_, nullptr), name);
+  const int64_t most = *std::max_element(counts.begin(), counts.end());
+  std::vector<int64_t> val_shape = val.sizes().vec();
+  val_shape[0] = most;
+  at::Tensor idx_pad = at::zeros({idx.size(0), most}, idx.options()),
+             val_pad = at::zeros(val_shape, val.options());
+  idx_pad.narrow(1, 0, nnz).copy_(idx);
+  val_pad.narrow(0, 0, nnz).copy_(val);
+  std::vector<int64_t> all_val_shape = {size_};
+  all_val_shape.insert(all_val_shape.end(), val_shape.begin(), val_shape.end());
+  at::Tensor idx_all = at::empty({size_, idx.size(0), most}, idx.options()),
+             val_all = at::empty(all_val_shape, val.options());
+  braid_group_start();
+  braid_result_t a =
+      braid_all_gather(idx_pad.data_ptr(), idx_all.data_ptr(), nbytes(idx_pad), BRAID_UINT8, comm_, nullptr);
+  braid_result_t b =
+      braid_all_gather(val_pad.data_ptr(), val_all.data_ptr(), nbytes(val_pad), BRAID_UINT8, comm_, nullptr);
+  check(braid_group_end(), name);
+  check(a != BRAID_SUCCESS ? a : b, name);
+  std::vector<at::Tensor> idx_parts, val_parts;
+  for (int r = 0; r < size_; ++r) {
+    idx_parts.push_back(idx_all[r].narrow(1, 0, counts[r]));
+    val_parts.push_back(val_all[r].narrow(0, 0, counts[r]));
+  }
+  at::Tensor sum = at::sparse_coo_tensor(at::cat(idx_parts, 1), at::cat(val_parts, 0), in.sizes()).coalesce();
+  work->on_success = [t, sum]() mutable { t.copy_(sum); };
+  work->track({}, &completions_);
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::allreduce_coalesced(

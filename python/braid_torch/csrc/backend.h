@@ -142,6 +142,10 @@ class BraidBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
+  // Counts collectives (not point-to-point, whose counts differ by rank);
+  // TORCH_DISTRIBUTED_DEBUG=DETAIL's wrapper compares it across ranks.
+  void setSequenceNumberForGroup() override { seq_.store(0); }
+  uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
 
   braid_comm_t comm() const { return comm_; }
 
@@ -153,6 +157,7 @@ class BraidBackend : public c10d::Backend {
   using StartFn = std::function<void(std::vector<braid_request_t>& reqs, bool blocking)>;
   c10::intrusive_ptr<c10d::Work> launch(const c10::intrusive_ptr<BraidWork>& work, const StartFn& start,
                                         bool grouped = false, bool blocking = false);
+  c10::intrusive_ptr<c10d::Work> sparse_allreduce(at::Tensor t, const c10d::AllreduceOptions& opts);
   c10::intrusive_ptr<BraidWork> make_work(c10d::OpType type, const char* op, std::vector<at::Tensor> outputs);
   std::string describe() const;
   [[noreturn]] void fail_call(const char* op, braid_result_t code) const;
@@ -166,6 +171,7 @@ class BraidBackend : public c10d::Backend {
   std::mutex launch_mu_;
   std::string group_name_;
   std::chrono::milliseconds timeout_;
+  std::atomic<uint64_t> seq_{0};
   CompletionQueue completions_;
 };
 
