@@ -44,6 +44,13 @@ SUBSET = [
     "test_static_graph_api_cpu",
 ]
 
+# Cases torch runs only for a backend named gloo, run on braid groups.
+GLOO_GATED_SUBSET = [
+    "test_get_future", "test_accumulate_gradients_no_sync_allreduce_with_then_hook",
+    "test_grads_same_across_ranks_with_no_sync", "test_sparse_all_reduce_sum", "test_barrier_timeout_full_group",
+    "test_all_reduce_coalesced_sum", "test_scatter_object_list", "test_batch_isend_irecv_gloo",
+]
+
 
 def run_suite(backend, world, names=None, timeout=7200, tmp_path=None):
     out = tmp_path / f"{backend}-{world}.json"
@@ -63,6 +70,12 @@ def test_subset_of_torch_suite_passes_with_braid(tmp_path):
     failed = sorted(k for k, v in outcomes.items() if v == "fail")
     assert not failed, f"{summary}; failed: {failed}"
     assert sum(v == "pass" for v in outcomes.values()) >= len(SUBSET) // 2, outcomes
+
+
+def test_gloo_gated_subset_passes_as_braid(tmp_path):
+    outcomes, summary = run_suite("braid-as-gloo", 2, GLOO_GATED_SUBSET, timeout=1800, tmp_path=tmp_path)
+    print(summary)
+    assert sorted(k for k, v in outcomes.items() if v == "pass") == sorted(GLOO_GATED_SUBSET), summary
 
 
 @pytest.mark.skipif(os.environ.get("BRAID_TORCH_FULL_SUITE") != "1", reason="set BRAID_TORCH_FULL_SUITE=1")
