@@ -185,6 +185,11 @@ at::Tensor reduction_buffer(const at::Tensor& t, const Reduction& r) {
     if (!blocking) reqs.push_back(r_);                                                 \
   } while (0)
 
+const c10::TypePtr& tensor_list_type() {
+  static const c10::TypePtr type = c10::ListType::create(c10::TensorType::get());
+  return type;
+}
+
 struct CallbackSlot {
   c10::intrusive_ptr<BraidWork> work;
   CompletionQueue* queue;
@@ -224,7 +229,7 @@ BraidWork::BraidWork(int rank, c10d::OpType type, std::string what, std::vector<
     : c10d::Work(rank, type),
       what_(std::move(what)),
       outputs_(std::move(outputs)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+      future_(c10::make_intrusive<c10::ivalue::Future>(tensor_list_type())) {}
 
 BraidWork::~BraidWork() {
   for (braid_request_t r : requests_) braid_request_free(r);
