@@ -324,9 +324,9 @@ void Engine::check_peers(bool thorough) {
     Op& op = *any->ops.front();
     if (op.deadline.expired()) {
       log_pending("timed out");
-      fail_all(Status::timeout("rank " + std::to_string(rank_) + ": " + op.name + " #" + std::to_string(op.seq) +
-                               " timed out: no progress within the timeout of " + seconds_text(timeout_s_.load()) +
-                               ", waiting for a message from any rank"));
+      fail_all(Status::timeout("rank " + std::to_string(rank_) + ": " + op.name + " #" +
+                               std::to_string(op.seq) + " timed out: no progress within the timeout of " +
+                               seconds_text(timeout_s_.load()) + ", waiting for a message from any rank"));
       return;
     }
   }
@@ -337,9 +337,10 @@ void Engine::check_peers(bool thorough) {
       const char* what = op.wait ? op.wait->what : "to start";
       int peer = op.wait ? op.wait->peer : -1;
       log_pending("timed out");
-      fail_all(Status::timeout("rank " + std::to_string(rank_) + ": " + op.name + " #" + std::to_string(op.seq) +
-                               " timed out: no progress within the timeout of " + seconds_text(timeout_s_.load()) +
-                               ", waiting " + what + (peer >= 0 ? " rank " + std::to_string(peer) : std::string())));
+      fail_all(Status::timeout("rank " + std::to_string(rank_) + ": " + op.name + " #" +
+                               std::to_string(op.seq) + " timed out: no progress within the timeout of " +
+                               seconds_text(timeout_s_.load()) + ", waiting " + what +
+                               (peer >= 0 ? " rank " + std::to_string(peer) : std::string())));
       return;
     }
     if (op.wait == nullptr) continue;

@@ -185,6 +185,16 @@ at::Tensor reduction_buffer(const at::Tensor& t, const Reduction& r) {
     if (!blocking) reqs.push_back(r_);                                                 \
   } while (0)
 
+// Copies consecutive slices of the 1-D staging tensor `flat` into `outs`, in
+// order: how every op that stages through one flat buffer hands results back.
+void copy_slices(const at::Tensor& flat, std::vector<at::Tensor>& outs) {
+  int64_t off = 0;
+  for (auto& t : outs) {
+    t.copy_(flat.narrow(0, off, t.numel()).view(t.sizes()));
+    off += t.numel();
+  }
+}
+
 const c10::TypePtr& tensor_list_type() {
   static const c10::TypePtr type = c10::ListType::create(c10::TensorType::get());
   return type;
@@ -591,13 +601,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allreduce_coalesced(
   auto work = make_work(c10d::OpType::ALLREDUCE_COALESCED, "all_reduce_coalesced", tensors);
   work->keep_alive = {flat};
   std::vector<at::Tensor> outs = tensors;
-  work->on_success = [outs, flat]() mutable {
-    int64_t off = 0;
-    for (auto& t : outs) {
-      t.copy_(flat.narrow(0, off, t.numel()).view(t.sizes()));
-      off += t.numel();
-    }
-  };
+  work->on_success = [outs, flat]() mutable { copy_slices(flat, outs); };
   return launch(
       work,
       [&](std::vector<braid_request_t>& reqs, bool blocking) {
@@ -643,10 +647,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allgather(std::vector<std::vector<a
   auto work = make_work(c10d::OpType::ALLGATHER, "all_gather", outputs[0]);
   work->keep_alive = {in, flat};
   std::vector<at::Tensor> outs = outputs[0];
-  work->on_success = [outs, flat, n]() mutable {
-    for (size_t i = 0; i < outs.size(); ++i)
-      outs[i].copy_(flat.narrow(0, static_cast<int64_t>(i) * n, n).view(outs[i].sizes()));
-  };
+  work->on_success = [outs, flat]() mutable { copy_slices(flat, outs); };
   return launch(
       work,
       [&](std::vector<braid_request_t>& reqs, bool blocking) {
@@ -700,16 +701,8 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allgather_coalesced(
   for (auto& list : outputs) all_outputs.insert(all_outputs.end(), list.begin(), list.end());
   auto work = make_work(c10d::OpType::ALLGATHER_COALESCED, "all_gather_coalesced", all_outputs);
   work->keep_alive = {flat_in, flat_out};
-  std::vector<std::vector<at::Tensor>> outs = outputs;
-  work->on_success = [outs, flat_out, total]() mutable {
-    for (size_t i = 0; i < outs.size(); ++i) {
-      int64_t off = static_cast<int64_t>(i) * total;
-      for (auto& t : outs[i]) {
-        t.copy_(flat_out.narrow(0, off, t.numel()).view(t.sizes()));
-        off += t.numel();
-      }
-    }
-  };
+  // Rank by rank, each rank's tensors in order: the layout of flat_out.
+  work->on_success = [all_outputs, flat_out]() mutable { copy_slices(flat_out, all_outputs); };
   return launch(
       work,
       [&](std::vector<braid_request_t>& reqs, bool blocking) {
@@ -780,10 +773,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::gather(std::vector<std::vector<at::
   work->keep_alive = {in};
   if (flat.defined()) {
     work->keep_alive.push_back(flat);
-    work->on_success = [outs, flat, n]() mutable {
-      for (size_t i = 0; i < outs.size(); ++i)
-        outs[i].copy_(flat.narrow(0, static_cast<int64_t>(i) * n, n).view(outs[i].sizes()));
-    };
+    work->on_success = [outs, flat]() mutable { copy_slices(flat, outs); };
   }
   return launch(
       work,
@@ -963,13 +953,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::alltoall(std::vector<at::Tensor>& o
   auto work = make_work(c10d::OpType::ALLTOALL, "all_to_all", outputs);
   work->keep_alive = {flat_in, flat_out};
   std::vector<at::Tensor> outs = outputs;
-  work->on_success = [outs, flat_out]() mutable {
-    int64_t off = 0;
-    for (auto& t : outs) {
-      t.copy_(flat_out.narrow(0, off, t.numel()).view(t.sizes()));
-      off += t.numel();
-    }
-  };
+  work->on_success = [outs, flat_out]() mutable { copy_slices(flat_out, outs); };
   return launch(
       work,
       [&](std::vector<braid_request_t>& reqs, bool blocking) {
