@@ -846,19 +846,12 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
   std::memset(sendbuf, 0, alloc);  // touch every page before timing
   std::memset(recvbuf, 0, alloc);
 
-  braid_unique_id_t id;
-  std::memset(&id, 0, sizeof id);
   braid_comm_t comm = nullptr;
   MPI_Comm mpi_comm = MPI_COMM_NULL;
   if (opt.compare_mpi) MPI_Comm_dup(MPI_COMM_WORLD, &mpi_comm);
   Context ctx{desc, opt, nullptr, mpi_comm, rank, nranks, me.host, sendbuf, recvbuf};
-  if (rank == 0) {
-    const braid_result_t r = braid_get_unique_id(&id);
-    if (r != BRAID_SUCCESS) die(ctx, "braid_get_unique_id", r);
-  }
-  MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
-  if (braid_result_t r = braid_comm_init_rank(&comm, nranks, id, rank); r != BRAID_SUCCESS) {
-    die(ctx, "braid_comm_init_rank", r);
+  if (braid_result_t r = braid_bench::braid_comm_from_mpi(MPI_COMM_WORLD, &comm); r != BRAID_SUCCESS) {
+    die(ctx, "making the braid communicator", r);
   }
   ctx.comm = comm;
 

@@ -36,14 +36,7 @@
 
 #include <braid/braid.h>
 
-// Only MPI's C API is used; keep Open MPI's and MPICH's C++ bindings out.
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
-#include <mpi.h>
+#include "mpi_comm.h"  // <mpi.h>, C API only
 
 #include <cstddef>
 #include <cstdint>

@@ -1,5 +1,5 @@
 # Installs braid into a scratch prefix, then builds and runs a consumer with
-# find_package(braid) and with pkg-config.
+# find_package(braid) and with pkg-config; and a DDP-layer consumer.
 set(prefix ${BUILD_DIR}/install-test/prefix)
 file(REMOVE_RECURSE ${BUILD_DIR}/install-test)
 execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix} RESULT_VARIABLE rc)
@@ -19,6 +19,11 @@ execute_process(COMMAND ${CMAKE_COMMAND} -E env BRAID_SOCKET_IFNAME=lo LD_LIBRAR
                         ${BUILD_DIR}/install-test/build/consumer RESULT_VARIABLE rc)
 if(rc)
   message(FATAL_ERROR "the consumer (find_package) failed")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -E env BRAID_SOCKET_IFNAME=lo LD_LIBRARY_PATH=${prefix}/lib
+                        ${BUILD_DIR}/install-test/build/ddp_consumer RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "the DDP consumer (find_package, braid::braid_ddp) failed")
 endif()
 # pkg-config: compile the same program with the flags the .pc file gives.
 execute_process(COMMAND ${CMAKE_COMMAND} -E env PKG_CONFIG_PATH=${prefix}/lib/pkgconfig pkg-config --cflags --libs braid

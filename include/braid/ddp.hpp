@@ -1,0 +1,141 @@
+// braid::ddp — data-parallel training over braid's C API.
+//
+// Each rank holds a full replica of the model and trains on its own shard of
+// the batch. The Reducer averages the gradients across ranks during the
+// backward pass: parameters are packed into buckets in reverse registration
+// order (the order a backward pass usually produces gradients), and a
+// bucket's all_reduce starts as soon as its last gradient is marked ready,
+// so communication overlaps the rest of the backward pass.
+//
+//   std::unique_ptr<braid::ddp::Reducer> ddp;
+//   auto r = braid::ddp::Reducer::create(comm, params, buffers, {}, &ddp);
+//   for each step:
+//     forward; backward, calling ddp->mark_ready(i) as gradient i is final;
+//     r = ddp->finish();           // gradients now hold the average over ranks
+//     optimizer step
+//
+// Host memory only in this build (braid's CUDA path is not there yet).
+// Errors are values: every call that can fail returns a Result naming what
+// went wrong. Needs C++17.
+#ifndef BRAID_DDP_HPP_
+#define BRAID_DDP_HPP_
+
+#include <braid/braid.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace braid::ddp {
+
+struct Result {
+  braid_result_t code = BRAID_SUCCESS;
+  std::string message;
+
+  bool ok() const { return code == BRAID_SUCCESS; }
+  explicit operator bool() const { return ok(); }
+};
+
+// A trainable tensor. `data` is broadcast from rank 0 when the Reducer is
+// created. `grad` is where the backward pass leaves the gradient; the Reducer
+// copies it into the bucket at mark_ready and the average back at finish().
+// With grad == nullptr the gradient lives in the bucket itself (no copies):
+// the backward pass writes it to Reducer::grad(i).
+struct Parameter {
+  std::string name;
+  void* data = nullptr;
+  void* grad = nullptr;
+  size_t count = 0;
+  braid_dtype_t dtype = BRAID_FLOAT32;
+};
+
+// State that is not trained but must agree across ranks (e.g. running
+// statistics): broadcast from rank 0 at creation and by sync_buffers().
+struct Buffer {
+  std::string name;
+  void* data = nullptr;
+  size_t count = 0;
+  braid_dtype_t dtype = BRAID_FLOAT32;
+};
+
+struct Options {
+  // Bucket capacity in bytes. The first bucket (the last parameters
+  // registered, the first gradients of a backward pass) is capped at
+  // first_bucket_bytes so that communication starts early.
+  size_t bucket_bytes = size_t{25} << 20;
+  size_t first_bucket_bytes = size_t{1} << 20;
+  // When false, finish() fails if a parameter was never marked ready in the
+  // step, naming it. When true such a parameter contributes zeros: its
+  // gradient becomes the sum over the ranks that used it divided by the
+  // world size, as with torch's DDP and find_unused_parameters.
+  bool allow_unused_parameters = false;
+};
+
+struct BucketInfo {
+  std::vector<size_t> parameters;  // parameter indices, in bucket order
+  size_t bytes = 0;
+  braid_dtype_t dtype = BRAID_FLOAT32;
+};
+
+class Reducer {
+ public:
+  // Validates the parameters, checks that every rank registered the same
+  // shapes and dtypes, builds the buckets and broadcasts parameters and
+  // buffers from rank 0. Collective over comm. Gradients must be of a
+  // floating dtype (float16, bfloat16, float32, float64).
+  static Result create(braid_comm_t comm, std::vector<Parameter> parameters, std::vector<Buffer> buffers,
+                       const Options& options, std::unique_ptr<Reducer>* out);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Gradient i is final for this step. Starts the all_reduce of every bucket
+  // that is now complete, in bucket order (every rank must start the same
+  // all_reduces in the same order, whatever order its gradients arrive in).
+  // Safe to call from several threads.
+  Result mark_ready(size_t i);
+
+  // Ends the step: waits for every bucket, leaves the average over ranks in
+  // each gradient, and resets for the next step. Inside a no_sync scope it
+  // only resets: gradients keep accumulating locally.
+  Result finish();
+
+  // Where gradient i lives: the Parameter's grad, or its slot in the bucket
+  // when grad was nullptr.
+  void* grad(size_t i) const;
+
+  // While a NoSync is alive, steps do not communicate; the first step after
+  // it ends averages the accumulated gradients (gradient accumulation).
+  class NoSync {
+   public:
+    explicit NoSync(Reducer* reducer);
+    ~NoSync();
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    Reducer* reducer_;
+    bool previous_;
+  };
+  NoSync no_sync() { return NoSync(this); }
+
+  // Broadcasts every Buffer from rank 0 again.
+  Result sync_buffers();
+
+  const std::vector<BucketInfo>& buckets() const;
+  // Buckets whose all_reduce started in the current step (0 after finish()).
+  size_t buckets_started() const;
+  // The order in which buckets started in the last synchronised step.
+  std::vector<size_t> last_start_order() const;
+  size_t num_parameters() const;
+
+ private:
+  struct State;
+  explicit Reducer(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace braid::ddp
+
+#endif  // BRAID_DDP_HPP_

@@ -1,0 +1,363 @@
+// The DDP Reducer: buckets of gradients all-reduced while the backward pass
+// runs. Uses braid's public C API only.
+#include <braid/ddp.hpp>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <utility>
+
+namespace braid::ddp {
+namespace {
+
+Result fail(braid_result_t code, std::string message) {
+  return Result{code, std::move(message)};
+}
+
+Result from_call(braid_result_t code, const std::string& what) {
+  if (code == BRAID_SUCCESS) return {};
+  return fail(code, what + ": " + braid_get_last_error());
+}
+
+bool is_floating(braid_dtype_t t) {
+  return t == BRAID_FLOAT16 || t == BRAID_BFLOAT16 || t == BRAID_FLOAT32 || t == BRAID_FLOAT64;
+}
+
+std::string label(const std::string& name, size_t index) {
+  std::string s = "parameter ";
+  if (!name.empty()) s += "'" + name + "' ";
+  return s + "(index " + std::to_string(index) + ")";
+}
+
+// FNV-1a over the shapes and dtypes: what every rank must agree on.
+void mix(uint64_t* h, uint64_t v) {
+  for (int b = 0; b < 8; ++b) {
+    *h ^= (v >> (8 * b)) & 0xff;
+    *h *= 1099511628211ull;
+  }
+}
+
+struct AlignedFree {
+  void operator()(unsigned char* p) const { std::free(p); }
+};
+
+}  // namespace
+
+struct Reducer::State {
+  struct Bucket {
+    BucketInfo info;
+    size_t count = 0;             // elements
+    std::vector<size_t> offsets;  // element offset of each parameter, as info.parameters
+    std::unique_ptr<unsigned char[], AlignedFree> storage;
+    size_t pending = 0;  // parameters not yet ready in this step
+    braid_request_t request = nullptr;
+  };
+
+  braid_comm_t comm = nullptr;
+  int rank = 0;
+  int nranks = 1;
+  Options options;
+  std::vector<Parameter> params;
+  std::vector<Buffer> buffers;
+  std::vector<Bucket> buckets;
+  std::vector<BucketInfo> infos;
+  std::vector<size_t> bucket_of;  // per parameter
+  std::vector<size_t> offset_of;  // per parameter, element offset in its bucket
+  std::vector<bool> ready;
+
+  mutable std::mutex mu;
+  bool sync = true;
+  size_t next_to_start = 0;
+  std::vector<size_t> start_order;
+  std::vector<size_t> last_order;
+  Result step_error;  // the first failure of this step, reported again by finish()
+
+  unsigned char* slot(size_t i) const {
+    const Bucket& b = buckets[bucket_of[i]];
+    return b.storage.get() + offset_of[i] * braid_dtype_size(b.info.dtype);
+  }
+  size_t bytes(size_t i) const { return params[i].count * braid_dtype_size(params[i].dtype); }
+
+  // Starts, in bucket order, every bucket whose gradients are all ready.
+  Result start_ready_buckets() {
+    while (step_error.ok() && next_to_start < buckets.size() && buckets[next_to_start].pending == 0) {
+      Bucket& b = buckets[next_to_start];
+      braid_result_t r = braid_iall_reduce(b.storage.get(), b.storage.get(), b.count, b.info.dtype, BRAID_AVG,
+                                           comm, nullptr, &b.request);
+      if (r != BRAID_SUCCESS) {
+        b.request = nullptr;
+        step_error = from_call(r, "all_reduce of gradient bucket " + std::to_string(next_to_start));
+        return step_error;
+      }
+      start_order.push_back(next_to_start);
+      ++next_to_start;
+    }
+    return step_error;
+  }
+
+  // Waits for every started bucket; the first failure wins.
+  Result wait_started() {
+    Result result = step_error;
+    for (size_t k = 0; k < next_to_start; ++k) {
+      Bucket& b = buckets[k];
+      if (b.request == nullptr) continue;
+      braid_result_t r = braid_wait(&b.request);
+      b.request = nullptr;
+      if (r != BRAID_SUCCESS && result.ok()) {
+        result = from_call(r, "all_reduce of gradient bucket " + std::to_string(k));
+      }
+    }
+    return result;
+  }
+
+  void reset_step() {
+    for (size_t i = 0; i < ready.size(); ++i) ready[i] = false;
+    for (Bucket& b : buckets) b.pending = b.info.parameters.size();
+    next_to_start = 0;
+    start_order.clear();
+    step_error = {};
+  }
+
+  Result broadcast(void* data, size_t count, braid_dtype_t dtype, const std::string& what) {
+    return from_call(braid_broadcast(data, data, count, dtype, 0, comm, nullptr), "broadcast of " + what);
+  }
+};
+
+Result Reducer::create(braid_comm_t comm, std::vector<Parameter> parameters, std::vector<Buffer> buffers,
+                       const Options& options, std::unique_ptr<Reducer>* out) {
+  if (out == nullptr) return fail(BRAID_ERR_INVALID_ARGUMENT, "Reducer::create: out is null");
+  out->reset();
+  auto s = std::make_unique<State>();
+  s->comm = comm;
+  if (Result r = from_call(braid_comm_rank(comm, &s->rank), "Reducer::create: comm"); !r) return r;
+  if (Result r = from_call(braid_comm_size(comm, &s->nranks), "Reducer::create: comm"); !r) return r;
+  if (options.bucket_bytes == 0 || options.first_bucket_bytes == 0) {
+    return fail(BRAID_ERR_INVALID_ARGUMENT,
+                "Reducer::create: bucket_bytes and first_bucket_bytes must be > 0");
+  }
+  if (parameters.empty()) return fail(BRAID_ERR_INVALID_ARGUMENT, "Reducer::create: no parameters");
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    const Parameter& p = parameters[i];
+    const std::string who = "Reducer::create: " + label(p.name, i);
+    if (braid_dtype_size(p.dtype) == 0) {
+      return fail(BRAID_ERR_INVALID_ARGUMENT, who + " has an unknown dtype " + std::to_string(p.dtype));
+    }
+    if (!is_floating(p.dtype)) {
+      return fail(BRAID_ERR_INVALID_ARGUMENT,
+                  who + " has dtype " + braid_dtype_name(p.dtype) +
+                      "; gradients must be float16, bfloat16, float32 or float64");
+    }
+    if (p.count == 0) return fail(BRAID_ERR_INVALID_ARGUMENT, who + " has count 0");
+    if (p.data == nullptr) return fail(BRAID_ERR_INVALID_ARGUMENT, who + " has data == nullptr");
+  }
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    const Buffer& b = buffers[i];
+    const std::string who = "Reducer::create: buffer " + (b.name.empty() ? "" : "'" + b.name + "' ") +
+                            "(index " + std::to_string(i) + ")";
+    if (braid_dtype_size(b.dtype) == 0) {
+      return fail(BRAID_ERR_INVALID_ARGUMENT, who + " has an unknown dtype " + std::to_string(b.dtype));
+    }
+    if (b.count > 0 && b.data == nullptr)
+      return fail(BRAID_ERR_INVALID_ARGUMENT, who + " has data == nullptr");
+  }
+
+  // Every rank must register the same model: compare shapes before any
+  // bucket all_reduce could pair up mismatched data.
+  uint64_t mine[4] = {parameters.size(), 14695981039346656037ull, buffers.size(), 14695981039346656037ull};
+  for (const Parameter& p : parameters) mix(&mine[1], (uint64_t{p.count} << 8) | p.dtype);
+  for (const Buffer& b : buffers) mix(&mine[3], (uint64_t{b.count} << 8) | b.dtype);
+  std::vector<uint64_t> all(4 * static_cast<size_t>(s->nranks));
+  if (Result r = from_call(braid_all_gather(mine, all.data(), 4, BRAID_UINT64, comm, nullptr),
+                           "Reducer::create: comparing the model across ranks");
+      !r) {
+    return r;
+  }
+  for (int q = 1; q < s->nranks; ++q) {
+    const uint64_t* other = &all[4 * static_cast<size_t>(q)];
+    if (std::memcmp(other, all.data(), sizeof mine) != 0) {
+      const bool params_differ = other[0] != all[0] || other[1] != all[1];
+      return fail(BRAID_ERR_MISMATCH,
+                  "Reducer::create: rank " + std::to_string(q) + " registered " + std::to_string(other[0]) +
+                      " parameters and " + std::to_string(other[2]) + " buffers, rank 0 " +
+                      std::to_string(all[0]) + " and " + std::to_string(all[2]) + "; their " +
+                      (params_differ ? "parameter" : "buffer") + " shapes or dtypes differ");
+    }
+  }
+
+  // Buckets in reverse registration order, one open bucket per dtype.
+  s->options = options;
+  s->params = std::move(parameters);
+  s->buffers = std::move(buffers);
+  const size_t n = s->params.size();
+  s->bucket_of.assign(n, 0);
+  s->offset_of.assign(n, 0);
+  s->ready.assign(n, false);
+  std::vector<std::pair<braid_dtype_t, size_t>> open;  // dtype -> bucket index
+  for (size_t k = n; k-- > 0;) {
+    const braid_dtype_t dt = s->params[k].dtype;
+    size_t* slot = nullptr;
+    for (auto& [t, b] : open) {
+      if (t == dt) slot = &b;
+    }
+    const size_t limit = slot != nullptr && *slot == 0 ? options.first_bucket_bytes : options.bucket_bytes;
+    if (slot != nullptr && s->buckets[*slot].info.bytes + s->bytes(k) > limit) {
+      *slot = s->buckets.size();
+      s->buckets.emplace_back();
+      s->buckets.back().info.dtype = dt;
+    } else if (slot == nullptr) {
+      open.emplace_back(dt, s->buckets.size());
+      slot = &open.back().second;
+      s->buckets.emplace_back();
+      s->buckets.back().info.dtype = dt;
+    }
+    State::Bucket& b = s->buckets[*slot];
+    s->bucket_of[k] = *slot;
+    s->offset_of[k] = b.count;
+    b.info.parameters.push_back(k);
+    b.offsets.push_back(b.count);
+    b.count += s->params[k].count;
+    b.info.bytes += s->bytes(k);
+  }
+  for (State::Bucket& b : s->buckets) {
+    const size_t alloc = (b.info.bytes + 63) / 64 * 64;
+    b.storage.reset(static_cast<unsigned char*>(std::aligned_alloc(64, alloc)));
+    if (!b.storage) {
+      return fail(BRAID_ERR_SYSTEM,
+                  "Reducer::create: cannot allocate a bucket of " + std::to_string(alloc) + " bytes");
+    }
+    b.pending = b.info.parameters.size();
+    s->infos.push_back(b.info);
+  }
+
+  // Start every replica from rank 0's values: parameters packed per bucket.
+  for (size_t k = 0; k < s->buckets.size(); ++k) {
+    State::Bucket& b = s->buckets[k];
+    for (size_t i : b.info.parameters) std::memcpy(s->slot(i), s->params[i].data, s->bytes(i));
+    if (Result r = s->broadcast(b.storage.get(), b.count, b.info.dtype,
+                                "the parameters of bucket " + std::to_string(k));
+        !r) {
+      return r;
+    }
+    for (size_t i : b.info.parameters) std::memcpy(s->params[i].data, s->slot(i), s->bytes(i));
+    std::memset(b.storage.get(), 0, b.info.bytes);  // gradients kept in the bucket start at zero
+  }
+  out->reset(new Reducer(std::move(s)));
+  return (*out)->sync_buffers();
+}
+
+Reducer::Reducer(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+Reducer::~Reducer() {
+  // Requests still in flight write into bucket storage: let them finish.
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->wait_started();
+}
+
+Result Reducer::mark_ready(size_t i) {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (i >= s.params.size()) {
+    return fail(BRAID_ERR_INVALID_ARGUMENT, "mark_ready: parameter index " + std::to_string(i) +
+                                                " is out of range (" + std::to_string(s.params.size()) +
+                                                " parameters)");
+  }
+  if (s.ready[i]) {
+    return fail(BRAID_ERR_INVALID_USAGE,
+                "mark_ready: " + label(s.params[i].name, i) + " was marked ready twice in one step");
+  }
+  s.ready[i] = true;
+  if (!s.sync) return {};
+  if (s.params[i].grad != nullptr) std::memcpy(s.slot(i), s.params[i].grad, s.bytes(i));
+  --s.buckets[s.bucket_of[i]].pending;
+  return s.start_ready_buckets();
+}
+
+Result Reducer::finish() {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (!s.sync) {
+    s.reset_step();
+    return {};
+  }
+  std::vector<size_t> missing;
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    if (!s.ready[i]) missing.push_back(i);
+  }
+  if (!missing.empty() && !s.options.allow_unused_parameters) {
+    std::string msg =
+        "finish: " + label(s.params[missing[0]].name, missing[0]) + " never became ready in this step";
+    if (missing.size() > 1) msg += " (and " + std::to_string(missing.size() - 1) + " more)";
+    msg +=
+        "; every parameter needs a gradient each step, or set Options::allow_unused_parameters "
+        "(peers waiting for its bucket will time out)";
+    s.wait_started();
+    s.reset_step();
+    return fail(BRAID_ERR_INVALID_USAGE, msg);
+  }
+  for (size_t i : missing) {
+    std::memset(s.slot(i), 0, s.bytes(i));  // all-zero bits are zero in every floating dtype
+    s.ready[i] = true;
+    --s.buckets[s.bucket_of[i]].pending;
+  }
+  if (!missing.empty()) s.start_ready_buckets();
+  Result result = s.wait_started();
+  if (result.ok()) {
+    for (size_t i = 0; i < s.params.size(); ++i) {
+      if (s.params[i].grad != nullptr) std::memcpy(s.params[i].grad, s.slot(i), s.bytes(i));
+    }
+  } else {
+    result.message = "finish: " + result.message;
+  }
+  s.last_order = s.start_order;
+  s.reset_step();
+  return result;
+}
+
+void* Reducer::grad(size_t i) const {
+  if (i >= state_->params.size()) return nullptr;
+  return state_->params[i].grad != nullptr ? state_->params[i].grad : state_->slot(i);
+}
+
+Reducer::NoSync::NoSync(Reducer* reducer) : reducer_(reducer) {
+  std::lock_guard<std::mutex> lock(reducer_->state_->mu);
+  previous_ = reducer_->state_->sync;
+  reducer_->state_->sync = false;
+}
+
+Reducer::NoSync::~NoSync() {
+  std::lock_guard<std::mutex> lock(reducer_->state_->mu);
+  reducer_->state_->sync = previous_;
+}
+
+Result Reducer::sync_buffers() {
+  State& s = *state_;
+  for (size_t i = 0; i < s.buffers.size(); ++i) {
+    Buffer& b = s.buffers[i];
+    if (b.count == 0) continue;
+    const std::string what =
+        "buffer " + (b.name.empty() ? "" : "'" + b.name + "' ") + "(index " + std::to_string(i) + ")";
+    if (Result r = s.broadcast(b.data, b.count, b.dtype, what); !r) return r;
+  }
+  return {};
+}
+
+const std::vector<BucketInfo>& Reducer::buckets() const {
+  return state_->infos;
+}
+
+size_t Reducer::buckets_started() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->next_to_start;
+}
+
+std::vector<size_t> Reducer::last_start_order() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->last_order;
+}
+
+size_t Reducer::num_parameters() const {
+  return state_->params.size();
+}
+
+}  // namespace braid::ddp

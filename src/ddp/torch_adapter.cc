@@ -1,0 +1,132 @@
+// The libtorch adapter of the DDP layer: autograd hooks drive the Reducer.
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <braid/ddp_torch.hpp>
+
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace braid::ddp {
+namespace {
+
+[[noreturn]] void throw_result(const Result& r) {
+  throw std::runtime_error("braid ddp: " + r.message);
+}
+
+// The braid dtype of a CPU, contiguous tensor; throws naming `what` otherwise.
+braid_dtype_t checked_dtype(const std::string& what, const torch::Tensor& t) {
+  if (!t.device().is_cpu()) {
+    throw std::runtime_error("braid ddp: " + what + " is on " + t.device().str() +
+                             "; this build of braid handles CPU tensors only");
+  }
+  if (!t.is_contiguous()) throw std::runtime_error("braid ddp: " + what + " is not contiguous");
+  static const std::pair<c10::ScalarType, braid_dtype_t> kTable[] = {
+      {c10::kFloat, BRAID_FLOAT32},     {c10::kDouble, BRAID_FLOAT64}, {c10::kHalf, BRAID_FLOAT16},
+      {c10::kBFloat16, BRAID_BFLOAT16}, {c10::kChar, BRAID_INT8},      {c10::kByte, BRAID_UINT8},
+      {c10::kBool, BRAID_UINT8},        {c10::kInt, BRAID_INT32},      {c10::kLong, BRAID_INT64}};
+  for (const auto& [torch_type, braid_type] : kTable) {
+    if (t.scalar_type() == torch_type) return braid_type;
+  }
+  throw std::runtime_error("braid ddp: " + what + " has dtype " +
+                           std::string(c10::toString(t.scalar_type())) + ", which braid does not handle");
+}
+
+}  // namespace
+
+// Runs after AccumulateGrad has added this step's gradient to param.grad.
+struct ModuleDdp::Hook : torch::autograd::FunctionPostHook {
+  Hook(ModuleDdp* owner, size_t index) : owner_(owner), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    owner_->on_gradient(index_);
+    return outputs;
+  }
+  ModuleDdp* owner_;
+  size_t index_;
+};
+
+std::unique_ptr<ModuleDdp> wrap(torch::nn::Module& module, braid_comm_t comm, const Options& options) {
+  std::unique_ptr<ModuleDdp> ddp(new ModuleDdp());
+  std::vector<Parameter> params;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    const torch::Tensor& p = item.value();
+    if (!p.requires_grad()) continue;
+    const braid_dtype_t dt = checked_dtype("parameter '" + item.key() + "'", p);
+    // grad == nullptr: the gradient lives in the bucket; param.grad becomes a view of it.
+    params.push_back({item.key(), p.data_ptr(), nullptr, static_cast<size_t>(p.numel()), dt});
+    ddp->params_.push_back(p);
+  }
+  std::vector<Buffer> buffers;
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
+    const torch::Tensor& b = item.value();
+    const braid_dtype_t dt = checked_dtype("buffer '" + item.key() + "'", b);
+    buffers.push_back({item.key(), b.data_ptr(), static_cast<size_t>(b.numel()), dt});
+    ddp->buffers_.push_back(b);
+  }
+  {
+    // Parameters are leaves that require grad: write their new values without autograd noticing.
+    torch::NoGradGuard no_grad;
+    if (Result r = Reducer::create(comm, std::move(params), std::move(buffers), options, &ddp->reducer_);
+        !r) {
+      throw_result(r);
+    }
+  }
+  for (size_t i = 0; i < ddp->params_.size(); ++i) {
+    torch::Tensor& p = ddp->params_[i];
+    ddp->grad_views_.push_back(
+        torch::from_blob(ddp->reducer_->grad(i), p.sizes(), p.options().requires_grad(false)));
+    p.mutable_grad() = ddp->grad_views_.back();
+    ddp->accumulators_.push_back(torch::autograd::impl::grad_accumulator(p));
+    ddp->hook_keys_.push_back(
+        ddp->accumulators_.back()->add_post_hook(std::make_unique<ModuleDdp::Hook>(ddp.get(), i)));
+  }
+  return ddp;
+}
+
+ModuleDdp::~ModuleDdp() {
+  for (size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
+  // A parameter's grad may still be a view of a bucket that is about to go.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].grad().defined() && params_[i].grad().data_ptr() == grad_views_[i].data_ptr()) {
+      params_[i].mutable_grad() = grad_views_[i].clone();
+    }
+  }
+}
+
+void ModuleDdp::on_gradient(size_t index) {
+  torch::Tensor& p = params_[index];
+  const torch::Tensor& view = grad_views_[index];
+  // After zero_grad(set_to_none) AccumulateGrad made a new tensor: move it into the bucket.
+  if (!p.grad().defined() || p.grad().data_ptr() != view.data_ptr()) {
+    torch::NoGradGuard no_grad;
+    if (p.grad().defined()) {
+      view.copy_(p.grad());
+    } else {
+      view.zero_();
+    }
+    p.mutable_grad() = view;
+  }
+  if (!end_queued_) {
+    end_queued_ = true;
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { end_of_backward(); });
+  }
+  if (Result r = reducer_->mark_ready(index); !r) throw_result(r);
+}
+
+void ModuleDdp::end_of_backward() {
+  end_queued_ = false;
+  if (Result r = reducer_->finish(); !r) throw_result(r);
+  // Unused parameters (allowed by the options) got their average too.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!params_[i].grad().defined()) params_[i].mutable_grad() = grad_views_[i];
+  }
+}
+
+void ModuleDdp::sync_buffers() {
+  torch::NoGradGuard no_grad;
+  if (Result r = reducer_->sync_buffers(); !r) throw_result(r);
+}
+
+}  // namespace braid::ddp

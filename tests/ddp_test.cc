@@ -1,0 +1,291 @@
+// The DDP layer on forked ranks: training on shards equals training on the
+// whole batch in one process, buckets start in order as gradients arrive,
+// no_sync accumulates, and a missing gradient or a mismatched model is named.
+#include <gtest/gtest.h>
+#include <braid/ddp.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "examples/mlp_model.h"
+#include "tests/rank_test.h"
+
+namespace {
+
+using braid::ddp::Reducer;
+using braid::examples::Dataset;
+using braid::examples::Mlp;
+
+constexpr int kIn = 8, kHidden = 16, kOut = 4, kBatch = 24, kSteps = 20;
+constexpr float kLr = 0.05f;
+
+// Buckets small enough that the 4 parameters land in 4 buckets:
+// b2 (16 B) alone in the first, then W2 (256 B), b1 (64 B), W1 (512 B).
+braid::ddp::Options small_buckets() {
+  braid::ddp::Options o;
+  o.first_bucket_bytes = 16;
+  o.bucket_bytes = 300;
+  return o;
+}
+
+std::vector<braid::ddp::Parameter> parameters_of(Mlp* m, bool grads_in_buckets) {
+  std::vector<braid::ddp::Parameter> ps;
+  for (int k = 0; k < Mlp::kParams; ++k) {
+    ps.push_back(
+        {m->names[k], m->p[k].data(), grads_in_buckets ? nullptr : m->grad[k], m->count(k), BRAID_FLOAT32});
+  }
+  return ps;
+}
+
+// Points the model's gradients at their bucket slots when they live there.
+void adopt_bucket_grads(Mlp* m, const Reducer& ddp) {
+  for (int k = 0; k < Mlp::kParams; ++k) m->grad[k] = static_cast<float*>(ddp.grad(k));
+}
+
+double expect_close(const Mlp& got, const Mlp& want, double rel, const std::string& what) {
+  double overall = 0;
+  for (int k = 0; k < Mlp::kParams; ++k) {
+    double worst = 0;
+    for (size_t e = 0; e < got.count(k); ++e) {
+      const double scale = std::max(std::fabs(static_cast<double>(want.p[k][e])), 1e-3);
+      worst = std::max(worst, std::fabs(static_cast<double>(got.p[k][e]) - want.p[k][e]) / scale);
+    }
+    EXPECT_LE(worst, rel) << what << ": " << want.names[k] << " differs by " << worst << " relative";
+    overall = std::max(overall, worst);
+  }
+  return overall;
+}
+
+// One process, the whole batch: the reference every rank compares against.
+Mlp train_alone(const Dataset& data, int steps, int micro_batches) {
+  Mlp m(kIn, kHidden, kOut, 7);
+  const int rows = data.rows / micro_batches;
+  for (int s = 0; s < steps; ++s) {
+    m.zero_grad();
+    for (int mb = 0; mb < micro_batches; ++mb)
+      m.backward(data.x_row(mb * rows), data.t_row(mb * rows), rows, {});
+    m.sgd(kLr);
+  }
+  return m;
+}
+
+void train_on_shards(int nranks, const braid::ddp::Options& options, bool grads_in_buckets) {
+  braid::test::run_ranks(nranks, {}, [&](braid_comm_t comm, int rank, int n) {
+    const Dataset data(kBatch, kIn, kOut, 1234);
+    // Ranks other than 0 start from other values: the Reducer must replace them with rank 0's.
+    Mlp m(kIn, kHidden, kOut, rank == 0 ? 7 : 100 + rank);
+    std::unique_ptr<Reducer> ddp;
+    auto r = Reducer::create(comm, parameters_of(&m, grads_in_buckets), {}, options, &ddp);
+    ASSERT_TRUE(r.ok()) << r.message;
+    if (grads_in_buckets) adopt_bucket_grads(&m, *ddp);
+    const int rows = kBatch / n;
+    for (int s = 0; s < kSteps; ++s) {
+      m.zero_grad();
+      m.backward(data.x_row(rank * rows), data.t_row(rank * rows), rows, [&](int k) {
+        auto rr = ddp->mark_ready(k);
+        EXPECT_TRUE(rr.ok()) << rr.message;
+      });
+      r = ddp->finish();
+      ASSERT_TRUE(r.ok()) << r.message;
+      m.sgd(kLr);
+    }
+    const double worst = expect_close(m, train_alone(data, kSteps, 1), 1e-5, "rank " + std::to_string(rank));
+    if (rank == 0) {
+      std::printf("%d ranks, %d steps: largest relative difference from one process %.2e\n", n, kSteps,
+                  worst);
+    }
+    // Every replica holds exactly the same parameters.
+    for (int k = 0; k < Mlp::kParams; ++k) {
+      std::vector<float> all(m.count(k) * n);
+      BRAID_ASSERT_OK(braid_all_gather(m.p[k].data(), all.data(), m.count(k), BRAID_FLOAT32, comm, nullptr));
+      for (int q = 0; q < n; ++q) {
+        EXPECT_EQ(std::memcmp(&all[q * m.count(k)], m.p[k].data(), m.count(k) * sizeof(float)), 0)
+            << m.names[k] << " differs between rank " << rank << " and rank " << q;
+      }
+    }
+  });
+}
+
+TEST(Ddp, TwoRanksTrainLikeOneProcess) {
+  train_on_shards(2, small_buckets(), false);
+}
+TEST(Ddp, ThreeRanksTrainLikeOneProcessWithGradientsInBuckets) {
+  train_on_shards(3, small_buckets(), true);
+}
+TEST(Ddp, FourRanksTrainLikeOneProcessWithDefaultBuckets) {
+  train_on_shards(4, braid::ddp::Options{}, false);
+}
+
+TEST(Ddp, BucketsStartInOrderAsGradientsArrive) {
+  braid::test::run_ranks(2, {}, [&](braid_comm_t comm, int, int) {
+    Mlp m(kIn, kHidden, kOut, 7);
+    std::unique_ptr<Reducer> ddp;
+    auto r = Reducer::create(comm, parameters_of(&m, false), {}, small_buckets(), &ddp);
+    ASSERT_TRUE(r.ok()) << r.message;
+    ASSERT_EQ(ddp->buckets().size(), 4u);
+    for (size_t b = 0; b < 4; ++b) {
+      ASSERT_EQ(ddp->buckets()[b].parameters, std::vector<size_t>{3 - b}) << "bucket " << b;
+    }
+    EXPECT_EQ(ddp->buckets()[0].bytes, 16u);
+    EXPECT_EQ(ddp->buckets()[3].bytes, 512u);
+    // Each bucket starts the moment its gradient is ready...
+    ASSERT_TRUE(ddp->mark_ready(3).ok());
+    EXPECT_EQ(ddp->buckets_started(), 1u);
+    ASSERT_TRUE(ddp->mark_ready(2).ok());
+    EXPECT_EQ(ddp->buckets_started(), 2u);
+    // ...but never ahead of an earlier bucket: W1's bucket waits for b1's.
+    ASSERT_TRUE(ddp->mark_ready(0).ok());
+    EXPECT_EQ(ddp->buckets_started(), 2u);
+    ASSERT_TRUE(ddp->mark_ready(1).ok());
+    EXPECT_EQ(ddp->buckets_started(), 4u);
+    r = ddp->finish();
+    ASSERT_TRUE(r.ok()) << r.message;
+    EXPECT_EQ(ddp->buckets_started(), 0u);
+    EXPECT_EQ(ddp->last_start_order(), (std::vector<size_t>{0, 1, 2, 3}));
+    // The default first bucket (1 MiB) holds the whole small model.
+    std::unique_ptr<Reducer> one;
+    r = Reducer::create(comm, parameters_of(&m, false), {}, braid::ddp::Options{}, &one);
+    ASSERT_TRUE(r.ok()) << r.message;
+    ASSERT_EQ(one->buckets().size(), 1u);
+    EXPECT_EQ(one->buckets()[0].parameters, (std::vector<size_t>{3, 2, 1, 0}));
+  });
+}
+
+TEST(Ddp, NoSyncAccumulatesThenAverages) {
+  braid::test::run_ranks(2, {}, [&](braid_comm_t comm, int rank, int n) {
+    const Dataset data(kBatch, kIn, kOut, 99);
+    Mlp m(kIn, kHidden, kOut, 7);
+    std::unique_ptr<Reducer> ddp;
+    auto r = Reducer::create(comm, parameters_of(&m, false), {}, small_buckets(), &ddp);
+    ASSERT_TRUE(r.ok()) << r.message;
+    // Two micro-batches per step; rank r takes its share of each.
+    const int micro_rows = kBatch / 2, rows = micro_rows / n;
+    auto mark = [&](int k) { EXPECT_TRUE(ddp->mark_ready(k).ok()); };
+    for (int s = 0; s < 5; ++s) {
+      m.zero_grad();
+      {
+        auto scope = ddp->no_sync();
+        m.backward(data.x_row(rank * rows), data.t_row(rank * rows), rows, mark);
+        EXPECT_EQ(ddp->buckets_started(), 0u) << "no_sync must not communicate";
+        ASSERT_TRUE(ddp->finish().ok());
+      }
+      m.backward(data.x_row(micro_rows + rank * rows), data.t_row(micro_rows + rank * rows), rows, mark);
+      r = ddp->finish();
+      ASSERT_TRUE(r.ok()) << r.message;
+      m.sgd(kLr);
+    }
+    expect_close(m, train_alone(data, 5, 2), 1e-5, "rank " + std::to_string(rank));
+  });
+}
+
+TEST(Ddp, MissingGradientIsNamed) {
+  braid::test::run_ranks(2, {}, [&](braid_comm_t comm, int, int) {
+    Mlp m(kIn, kHidden, kOut, 7);
+    std::unique_ptr<Reducer> ddp;
+    auto r = Reducer::create(comm, parameters_of(&m, false), {}, small_buckets(), &ddp);
+    ASSERT_TRUE(r.ok()) << r.message;
+    for (int k : {3, 2, 0}) ASSERT_TRUE(ddp->mark_ready(k).ok());  // fc1.bias never
+    r = ddp->finish();
+    EXPECT_EQ(r.code, BRAID_ERR_INVALID_USAGE);
+    EXPECT_NE(r.message.find("parameter 'fc1.bias' (index 1) never became ready"), std::string::npos)
+        << r.message;
+    EXPECT_NE(r.message.find("allow_unused_parameters"), std::string::npos) << r.message;
+    // The next step is clean again.
+    for (int k : {3, 2, 1, 0}) ASSERT_TRUE(ddp->mark_ready(k).ok());
+    r = ddp->finish();
+    EXPECT_TRUE(r.ok()) << r.message;
+  });
+}
+
+TEST(Ddp, UnusedParameterContributesZero) {
+  braid::test::run_ranks(2, {}, [&](braid_comm_t comm, int rank, int) {
+    Mlp m(kIn, kHidden, kOut, 7);
+    auto options = small_buckets();
+    options.allow_unused_parameters = true;
+    std::unique_ptr<Reducer> ddp;
+    auto r = Reducer::create(comm, parameters_of(&m, false), {}, options, &ddp);
+    ASSERT_TRUE(r.ok()) << r.message;
+    // Gradient of every element: rank + 1. Rank 0 leaves fc1.bias unused.
+    for (int k = 0; k < Mlp::kParams; ++k) std::fill(m.grad[k], m.grad[k] + m.count(k), rank + 1.0f);
+    for (int k : {3, 2, 1, 0}) {
+      if (rank == 0 && k == 1) continue;
+      ASSERT_TRUE(ddp->mark_ready(k).ok());
+    }
+    r = ddp->finish();
+    ASSERT_TRUE(r.ok()) << r.message;
+    EXPECT_EQ(m.grad[1][0], 1.0f);  // (0 + 2) / 2
+    EXPECT_EQ(m.grad[0][0], 1.5f);  // (1 + 2) / 2
+    EXPECT_EQ(m.grad[3][3], 1.5f);
+  });
+}
+
+TEST(Ddp, ParametersAndBuffersComeFromRankZero) {
+  braid::test::run_ranks(3, {}, [&](braid_comm_t comm, int rank, int) {
+    Mlp m(kIn, kHidden, kOut, 50 + rank);
+    const Mlp zero(kIn, kHidden, kOut, 50);
+    std::vector<double> running(5, rank * 10.0);
+    std::unique_ptr<Reducer> ddp;
+    auto r = Reducer::create(comm, parameters_of(&m, false),
+                             {{"bn.running_mean", running.data(), running.size(), BRAID_FLOAT64}},
+                             braid::ddp::Options{}, &ddp);
+    ASSERT_TRUE(r.ok()) << r.message;
+    for (int k = 0; k < Mlp::kParams; ++k) EXPECT_EQ(m.p[k], zero.p[k]) << m.names[k];
+    EXPECT_EQ(running, std::vector<double>(5, 0.0));
+    running.assign(5, rank + 0.5);
+    r = ddp->sync_buffers();
+    ASSERT_TRUE(r.ok()) << r.message;
+    EXPECT_EQ(running, std::vector<double>(5, 0.5));
+  });
+}
+
+TEST(Ddp, DifferentModelsAcrossRanksAreAMismatch) {
+  braid::test::run_ranks(2, {}, [&](braid_comm_t comm, int rank, int) {
+    Mlp m(kIn, rank == 0 ? kHidden : kHidden + 1, kOut, 7);
+    std::unique_ptr<Reducer> ddp;
+    auto r = Reducer::create(comm, parameters_of(&m, false), {}, braid::ddp::Options{}, &ddp);
+    EXPECT_EQ(r.code, BRAID_ERR_MISMATCH) << r.message;
+    EXPECT_NE(r.message.find("rank 1 registered 4 parameters"), std::string::npos) << r.message;
+    EXPECT_NE(r.message.find("parameter shapes or dtypes differ"), std::string::npos) << r.message;
+    EXPECT_EQ(ddp, nullptr);
+  });
+}
+
+TEST(Ddp, BadArgumentsAreNamed) {
+  braid::test::run_ranks(1, {}, [&](braid_comm_t comm, int, int) {
+    std::vector<float> w(4), g(4);
+    std::vector<int32_t> steps(1);
+    std::unique_ptr<Reducer> ddp;
+    auto r = Reducer::create(comm, {{"step", steps.data(), nullptr, 1, BRAID_INT32}}, {}, {}, &ddp);
+    EXPECT_EQ(r.code, BRAID_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(r.message.find("parameter 'step' (index 0) has dtype int32"), std::string::npos) << r.message;
+    r = Reducer::create(
+        comm, {{"w", w.data(), g.data(), 4, BRAID_FLOAT32}, {"empty", w.data(), g.data(), 0, BRAID_FLOAT32}},
+        {}, {}, &ddp);
+    EXPECT_EQ(r.code, BRAID_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(r.message.find("parameter 'empty' (index 1) has count 0"), std::string::npos) << r.message;
+    r = Reducer::create(nullptr, {{"w", w.data(), g.data(), 4, BRAID_FLOAT32}}, {}, {}, &ddp);
+    EXPECT_EQ(r.code, BRAID_ERR_INVALID_ARGUMENT) << r.message;
+    r = Reducer::create(comm, {}, {}, {}, &ddp);
+    EXPECT_EQ(r.code, BRAID_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(r.message.find("no parameters"), std::string::npos) << r.message;
+
+    r = Reducer::create(comm, {{"w", w.data(), g.data(), 4, BRAID_FLOAT32}}, {}, {}, &ddp);
+    ASSERT_TRUE(r.ok()) << r.message;
+    r = ddp->mark_ready(1);
+    EXPECT_EQ(r.code, BRAID_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(r.message.find("parameter index 1 is out of range (1 parameters)"), std::string::npos)
+        << r.message;
+    ASSERT_TRUE(ddp->mark_ready(0).ok());
+    r = ddp->mark_ready(0);
+    EXPECT_EQ(r.code, BRAID_ERR_INVALID_USAGE);
+    EXPECT_NE(r.message.find("parameter 'w' (index 0) was marked ready twice"), std::string::npos)
+        << r.message;
+    EXPECT_TRUE(ddp->finish().ok());
+  });
+}
+
+}  // namespace

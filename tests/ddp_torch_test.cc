@@ -1,0 +1,174 @@
+// The libtorch adapter of the DDP layer on forked ranks: a wrapped module
+// trains like one process on the whole batch, replicas stay identical,
+// no_sync accumulates, and an unused parameter is named.
+#include <gtest/gtest.h>
+#include <braid/ddp_torch.hpp>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tests/rank_test.h"
+
+namespace {
+
+constexpr int kIn = 8, kHidden = 16, kOut = 4, kBatch = 24;
+
+torch::nn::Sequential make_model(int seed, int hidden = kHidden) {
+  torch::manual_seed(seed);
+  return torch::nn::Sequential(torch::nn::Linear(kIn, hidden), torch::nn::ReLU(),
+                               torch::nn::Linear(hidden, kOut));
+}
+
+struct Data {
+  torch::Tensor x, t;
+  Data() {
+    torch::manual_seed(1234);
+    x = torch::rand({kBatch, kIn}) * 2 - 1;
+    t = torch::rand({kBatch, kOut});
+  }
+};
+
+torch::Tensor loss_of(torch::nn::Sequential& m, const torch::Tensor& x, const torch::Tensor& t) {
+  return torch::mse_loss(m->forward(x), t);
+}
+
+// Largest relative difference between the parameters of two models.
+double max_rel_diff(torch::nn::Sequential& a, torch::nn::Sequential& b) {
+  double worst = 0;
+  auto pa = a->parameters(), pb = b->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    auto rel = (pa[i] - pb[i]).abs() / pb[i].abs().clamp_min(1e-3);
+    worst = std::max(worst, rel.max().item<double>());
+  }
+  return worst;
+}
+
+void expect_identical_across_ranks(braid_comm_t comm, torch::nn::Sequential& m, int nranks) {
+  for (const auto& p : m->parameters()) {
+    const size_t n = static_cast<size_t>(p.numel());
+    std::vector<float> all(n * nranks);
+    BRAID_ASSERT_OK(braid_all_gather(p.data_ptr<float>(), all.data(), n, BRAID_FLOAT32, comm, nullptr));
+    for (int q = 1; q < nranks; ++q) {
+      EXPECT_EQ(std::memcmp(&all[q * n], all.data(), n * sizeof(float)), 0) << "rank " << q << " differs";
+    }
+  }
+}
+
+void train_like_one_process(int nranks, const braid::ddp::Options& options) {
+  braid::test::run_ranks(nranks, {}, [&](braid_comm_t comm, int rank, int n) {
+    torch::set_num_threads(1);
+    const Data data;
+    auto model = make_model(10 + rank);  // wrap() replaces these with rank 0's values
+    auto ddp = braid::ddp::wrap(*model, comm, options);
+    auto alone = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(model->clone());
+    torch::nn::Sequential reference(alone);
+    ASSERT_EQ(max_rel_diff(model, reference), 0.0);
+    torch::optim::SGD opt(model->parameters(), 0.1), ref_opt(reference->parameters(), 0.1);
+    const int rows = kBatch / n;
+    for (int step = 0; step < 20; ++step) {
+      opt.zero_grad();  // set_to_none: the adapter moves each new gradient into its bucket
+      loss_of(model, data.x.narrow(0, rank * rows, rows), data.t.narrow(0, rank * rows, rows)).backward();
+      opt.step();
+      ref_opt.zero_grad();
+      loss_of(reference, data.x, data.t).backward();
+      ref_opt.step();
+    }
+    const double worst = max_rel_diff(model, reference);
+    EXPECT_LE(worst, 1e-5);
+    if (rank == 0) std::printf("libtorch, %d ranks, 20 steps: largest relative difference %.2e\n", n, worst);
+    expect_identical_across_ranks(comm, model, n);
+  });
+}
+
+TEST(DdpTorch, TwoRanksTrainLikeOneProcess) {
+  braid::ddp::Options small;
+  small.first_bucket_bytes = 16;
+  small.bucket_bytes = 300;
+  train_like_one_process(2, small);
+}
+
+TEST(DdpTorch, FourRanksTrainLikeOneProcess) {
+  train_like_one_process(4, {});
+}
+
+TEST(DdpTorch, NoSyncAccumulates) {
+  braid::test::run_ranks(2, {}, [&](braid_comm_t comm, int rank, int n) {
+    torch::set_num_threads(1);
+    const Data data;
+    auto model = make_model(3);
+    auto ddp = braid::ddp::wrap(*model, comm);
+    auto reference =
+        torch::nn::Sequential(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(model->clone()));
+    torch::optim::SGD opt(model->parameters(), 0.1), ref_opt(reference->parameters(), 0.1);
+    const int half = kBatch / 2, rows = half / n;
+    for (int step = 0; step < 5; ++step) {
+      opt.zero_grad();
+      {
+        auto scope = ddp->no_sync();
+        loss_of(model, data.x.narrow(0, rank * rows, rows), data.t.narrow(0, rank * rows, rows)).backward();
+        EXPECT_EQ(ddp->reducer().buckets_started(), 0u);
+      }
+      loss_of(model, data.x.narrow(0, half + rank * rows, rows), data.t.narrow(0, half + rank * rows, rows))
+          .backward();
+      opt.step();
+      ref_opt.zero_grad();
+      loss_of(reference, data.x.narrow(0, 0, half), data.t.narrow(0, 0, half)).backward();
+      loss_of(reference, data.x.narrow(0, half, half), data.t.narrow(0, half, half)).backward();
+      ref_opt.step();
+    }
+    EXPECT_LE(max_rel_diff(model, reference), 1e-5);
+  });
+}
+
+struct WithSpare : torch::nn::Module {
+  WithSpare() {
+    torch::manual_seed(5);
+    used = register_module("used", torch::nn::Linear(kIn, kOut));
+    spare = register_module("spare", torch::nn::Linear(kIn, kOut));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return used->forward(x); }
+  torch::nn::Linear used{nullptr}, spare{nullptr};
+};
+
+TEST(DdpTorch, UnusedParameterIsNamedOrAllowed) {
+  braid::test::run_ranks(2, {}, [&](braid_comm_t comm, int, int) {
+    torch::set_num_threads(1);
+    const Data data;
+    {
+      WithSpare m;
+      auto ddp = braid::ddp::wrap(m, comm);
+      try {
+        torch::mse_loss(m.forward(data.x), data.t).backward();
+        ADD_FAILURE() << "backward with an unused parameter did not throw";
+      } catch (const std::exception& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("parameter 'spare.weight' (index 2) never became ready"), std::string::npos)
+            << what;
+      }
+    }
+    WithSpare m;
+    braid::ddp::Options allow;
+    allow.allow_unused_parameters = true;
+    auto ddp = braid::ddp::wrap(m, comm, allow);
+    torch::mse_loss(m.forward(data.x), data.t).backward();
+    ASSERT_TRUE(m.spare->weight.grad().defined());
+    EXPECT_EQ(m.spare->weight.grad().abs().sum().item<float>(), 0.0f);
+    EXPECT_GT(m.used->weight.grad().abs().sum().item<float>(), 0.0f);
+  });
+}
+
+TEST(DdpTorch, DifferentModelsThrow) {
+  braid::test::run_ranks(2, {}, [&](braid_comm_t comm, int rank, int) {
+    torch::set_num_threads(1);
+    auto model = make_model(1, rank == 0 ? kHidden : kHidden + 2);
+    try {
+      auto ddp = braid::ddp::wrap(*model, comm);
+      ADD_FAILURE() << "wrap of different models did not throw";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 1 registered 4 parameters"), std::string::npos) << e.what();
+    }
+  });
+}
+
+}  // namespace
