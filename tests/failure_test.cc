@@ -87,8 +87,9 @@ TEST_P(FailureTransports, AbsentPeerTimesOutNamingOperationAndPeer) {
     log.resize(static_cast<size_t>(std::max<ssize_t>(0, pread(fd, log.data(), log.size(), 0))));
     close(fd);
     unlink(path);
-    EXPECT_TRUE(contains(log.c_str(), "operations in flight")) << log;
-    EXPECT_TRUE(contains(log.c_str(), "all_reduce #0: waiting for a message from rank 1")) << log;
+    EXPECT_TRUE(contains(log.c_str(), "DUMP timed out: 1 operation(s) in flight")) << log;
+    EXPECT_TRUE(contains(log.c_str(), "all_reduce #0 (direct, 4 bytes): step 1, running for")) << log;
+    EXPECT_TRUE(contains(log.c_str(), "waiting for a message from rank 1")) << log;
   });
 }
 

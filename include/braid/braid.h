@@ -125,6 +125,13 @@ braid_result_t braid_comm_get_async_error(braid_comm_t comm, braid_result_t* asy
 /* Deadline for each later operation on comm, in seconds (> 0). The default is
  * BRAID_TIMEOUT from the environment, else 600. */
 braid_result_t braid_comm_set_timeout(braid_comm_t comm, double seconds);
+/* Prints, through braid's log (BRAID_DEBUG_FILE or stderr; shown unless
+ * BRAID_DEBUG=NONE), the operations this rank has in flight: name, sequence
+ * number, algorithm, bytes, step, how long it has run and the peer it waits
+ * on. Safe from any thread; when another thread is driving, that thread
+ * prints within one wake-up (20 ms). SIGUSR1 does the same for every
+ * communicator of the process (BRAID_DUMP_SIGNAL=0 leaves SIGUSR1 alone). */
+braid_result_t braid_comm_dump(braid_comm_t comm);
 
 /* ---- requests ---- */
 /* Waits for the operation, frees the request and sets *request = NULL.

@@ -553,6 +553,13 @@ BRAID_API braid_result_t braid_comm_get_async_error(braid_comm_t handle, braid_r
   return BRAID_SUCCESS;
 }
 
+BRAID_API braid_result_t braid_comm_dump(braid_comm_t handle) {
+  std::shared_ptr<Communicator> comm;
+  if (Status st = lookup(handle, &comm); !st) return finish(st.with_context("comm_dump"));
+  comm->engine().request_dump();
+  return BRAID_SUCCESS;
+}
+
 BRAID_API braid_result_t braid_comm_set_timeout(braid_comm_t handle, double seconds) {
   std::shared_ptr<Communicator> comm;
   Status st = lookup(handle, &comm);

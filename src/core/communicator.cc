@@ -85,8 +85,9 @@ Status Communicator::create(std::unique_ptr<Bootstrap> bootstrap, const Config& 
   c->bootstrap_ = std::move(bootstrap);
   Status st = c->setup_transports();
   if (!st) return st.with_context("rank " + std::to_string(c->rank_) + " setting up transports");
-  BRAID_INFO("INIT", c->rank_, "communicator ready: %d ranks, token %s, host %s", c->nranks_,
-             token_hex(c->bootstrap_->token()).c_str(), c->hosts_[c->rank_].c_str());
+  c->log_summary();
+  BRAID_INFO("INIT", c->rank_, "communicator ready: %d ranks, token %s", c->nranks_,
+             token_hex(c->bootstrap_->token()).c_str());
   *out = std::move(c);
   return Status::ok();
 }
@@ -167,7 +168,9 @@ Status Communicator::setup_transports() {
     }
   }
   peer_reads_ = channel_reads_peers(coll_channel_);
+  trace_ = TraceRecorder::make(config_, rank_, nranks_);
   engine_ = std::make_unique<Engine>(rank_, config_, peers, shm_->doorbell());
+  engine_->set_trace(trace_.get());
   ShmTransport* shm = shm_.get();
   engine_->set_failure_notifier([shm, peers](const Status& why) {
     shm->mark_failed(why);
@@ -182,6 +185,88 @@ Communicator::~Communicator() {
   engine_.reset();  // stops the progress thread before transports go away
   tcp_.reset();
   shm_.reset();
+  if (trace_) {
+    if (Status st = trace_->write(); !st) BRAID_WARN("TRACE", rank_, "%s", st.message().c_str());
+  }
+}
+
+namespace {
+
+// "1-3,5,7-8" for a sorted list of ranks.
+std::string rank_ranges(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (!out.empty()) out += ",";
+    out += std::to_string(ranks[i]);
+    if (j > i) out += "-" + std::to_string(ranks[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+std::string bytes_text(size_t b) {
+  if (b >= (1u << 20) && b % (1u << 20) == 0) return std::to_string(b >> 20) + " MiB";
+  if (b >= 1024 && b % 1024 == 0) return std::to_string(b >> 10) + " KiB";
+  return std::to_string(b) + " B";
+}
+
+}  // namespace
+
+// BRAID_DEBUG=INFO: what this rank runs with, in a few lines.
+void Communicator::log_summary() const {
+  if (log_level() < LogLevel::kInfo) return;
+  BRAID_INFO("INIT", rank_, "braid %d.%d.%d: rank %d of %d, host %s, pid %d", BRAID_VERSION_MAJOR,
+             BRAID_VERSION_MINOR, BRAID_VERSION_PATCH, rank_, nranks_, hosts_[rank_].c_str(),
+             static_cast<int>(getpid()));
+  std::vector<std::string> kinds;
+  std::vector<std::vector<int>> by_kind;
+  for (int p = 0; p < nranks_; ++p) {
+    if (p == rank_) continue;
+    const std::string k = transport_to(p);
+    size_t i = 0;
+    while (i < kinds.size() && kinds[i] != k) ++i;
+    if (i == kinds.size()) kinds.push_back(k), by_kind.emplace_back();
+    by_kind[i].push_back(p);
+  }
+  std::string transports;
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    transports += (i ? "; " : "") + kinds[i] + " to ranks " + rank_ranges(by_kind[i]);
+  }
+  BRAID_INFO("INIT", rank_, "transports: %s", transports.empty() ? "none (one rank)" : transports.c_str());
+  std::vector<std::string> host_names;
+  std::vector<std::vector<int>> host_ranks;
+  for (int p = 0; p < nranks_; ++p) {
+    size_t i = 0;
+    while (i < host_names.size() && host_names[i] != hosts_[p]) ++i;
+    if (i == host_names.size()) host_names.push_back(hosts_[p]), host_ranks.emplace_back();
+    host_ranks[i].push_back(p);
+  }
+  std::string topo = std::to_string(host_names.size()) + " host(s):";
+  for (size_t i = 0; i < host_names.size(); ++i) {
+    topo += (i ? ", " : " ") + host_names[i] + " ranks " + rank_ranges(host_ranks[i]);
+  }
+  BRAID_INFO("TOPO", rank_, "%s; %ld cores online here", topo.c_str(), sysconf(_SC_NPROCESSORS_ONLN));
+  const char* forced = config_.all_reduce_algo == AllReduceAlgo::kRing ? "ring (BRAID_ALGO)"
+                       : config_.all_reduce_algo == AllReduceAlgo::kDirect
+                           ? "direct up to one piece (BRAID_ALGO)"
+                       : config_.all_reduce_algo == AllReduceAlgo::kPeerRead ? "peer_read (BRAID_ALGO)"
+                                                                             : nullptr;
+  const std::string peer_read = peer_reads_ ? "peer_read from " + bytes_text(config_.peer_read_min_bytes)
+                                            : std::string("no peer reads");
+  if (forced != nullptr) {
+    BRAID_INFO("TUNE", rank_, "all_reduce: %s", forced);
+  } else {
+    BRAID_INFO("TUNE", rank_, "all_reduce: direct up to %s, %s, ring otherwise",
+               bytes_text(std::min(config_.direct_max_bytes, coll_channel_.piece_bytes)).c_str(),
+               peer_read.c_str());
+  }
+  BRAID_INFO(
+      "TUNE", rank_,
+      "broadcast chain, all_gather and reduce_scatter ring (%s); reduce chain; gather, scatter direct; "
+      "all_to_all pairwise; barrier dissemination; piece %s",
+      peer_read.c_str(), bytes_text(coll_channel_.piece_bytes).c_str());
 }
 
 const char* Communicator::transport_to(int peer) const {
@@ -246,11 +331,14 @@ Status Communicator::split(int color, int key, std::shared_ptr<Communicator>* ou
 
 std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, bool async) {
   auto op = std::make_shared<Op>();
-  op->name = op_kind_name(kind);
+  op->kind_name = op_kind_name(kind);
+  op->name = op->kind_name;
   op->async = async;
   CollArgs a = args;
   const size_t esize = braid_dtype_size(a.dtype);
   const size_t n = static_cast<size_t>(nranks_);
+  op->bytes = a.count * esize;
+  op->algo = "p2p";
   if (kind == OpKind::kRecvAny) {
     op->lane = LaneKind::kRecv;
     op->lane_peer = -1;
@@ -275,6 +363,7 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
   op->lane = LaneKind::kCollective;
   op->seq = engine_->next_collective_seq();
   if (kind == OpKind::kBarrier) {
+    op->algo = "dissemination";
     op->task = dissemination_barrier(coll_channel_);
     return op;
   }
@@ -328,7 +417,9 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
     default:
       break;
   }
+  op->bytes = std::max(in_bytes, out_bytes);
   if (a.count == 0 && kind != OpKind::kAllToAllv) {
+    op->algo = "none";
     // Every rank passes the same count, so every rank skips together.
     op->task = []() -> Task { co_return; }();
     return op;
@@ -346,48 +437,62 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
     case OpKind::kAllReduce:
       switch (choose_all_reduce(config_, a.count * esize, coll_channel_.piece_bytes, peer_reads_)) {
         case AllReduceKind::kDirect:
+          op->algo = "direct";
           // In place, every rank but 0 must keep its input while it accumulates.
           if (a.sendbuf == a.recvbuf && rank_ != 0) op->work.resize(a.count * esize);
           op->task = direct_all_reduce(coll_channel_, a, op->work.data());
           break;
         case AllReduceKind::kPeerRead:
+          op->algo = "peer_read";
           op->work.resize(2 * coll_channel_.piece_bytes);
           op->task = peer_read_all_reduce(coll_channel_, a, op->work.data());
           break;
         case AllReduceKind::kRing:
+          op->algo = "ring";
           op->task = ring_all_reduce(coll_channel_, a);
           break;
       }
       break;
-    case OpKind::kBroadcast:
-      op->task = use_peer_reads(config_, a.count * esize, peer_reads_) ? peer_read_broadcast(coll_channel_, a)
-                                                                       : chain_broadcast(coll_channel_, a);
+    case OpKind::kBroadcast: {
+      const bool reads = use_peer_reads(config_, a.count * esize, peer_reads_);
+      op->algo = reads ? "peer_read" : "chain";
+      op->task = reads ? peer_read_broadcast(coll_channel_, a) : chain_broadcast(coll_channel_, a);
       break;
+    }
     case OpKind::kReduce:
+      op->algo = "chain";
       op->task = chain_reduce(coll_channel_, a);
       break;
-    case OpKind::kAllGather:
-      op->task = use_peer_reads(config_, out_bytes, peer_reads_) ? peer_read_all_gather(coll_channel_, a)
-                                                                 : ring_all_gather(coll_channel_, a);
+    case OpKind::kAllGather: {
+      const bool reads = use_peer_reads(config_, out_bytes, peer_reads_);
+      op->algo = reads ? "peer_read" : "ring";
+      op->task = reads ? peer_read_all_gather(coll_channel_, a) : ring_all_gather(coll_channel_, a);
       break;
+    }
     case OpKind::kReduceScatter:
       if (use_peer_reads(config_, in_bytes, peer_reads_)) {
+        op->algo = "peer_read";
         op->work.resize(2 * coll_channel_.piece_bytes);
         op->task = peer_read_reduce_scatter(coll_channel_, a, op->work.data());
       } else {
+        op->algo = "ring";
         op->task = ring_reduce_scatter(coll_channel_, a);
       }
       break;
     case OpKind::kGather:
+      op->algo = "direct";
       op->task = direct_gather(coll_channel_, a);
       break;
     case OpKind::kScatter:
+      op->algo = "direct";
       op->task = direct_scatter(coll_channel_, a);
       break;
     case OpKind::kAllToAll:
+      op->algo = "pairwise";
       op->task = pairwise_all_to_all(coll_channel_, a);
       break;
     case OpKind::kAllToAllv:
+      op->algo = "pairwise";
       op->task = pairwise_all_to_allv(coll_channel_, a);
       break;
     default:

@@ -63,6 +63,7 @@ class Communicator {
  private:
   Communicator() = default;
   Status setup_transports();
+  void log_summary() const;
 
   int rank_ = 0;
   int nranks_ = 1;
@@ -74,7 +75,8 @@ class Communicator {
   std::vector<std::unique_ptr<Connection>> self_conns_;  // send/recv to self, per channel
   Channel coll_channel_;                                 // channel 0: collectives
   Channel p2p_channel_;                                  // channel 1: point-to-point
-  bool peer_reads_ = false;  // every collective connection can read peers\' memory
+  bool peer_reads_ = false;               // every collective connection can read peers\' memory
+  std::unique_ptr<TraceRecorder> trace_;  // BRAID_TRACE_FILE, written at destroy
   std::unique_ptr<Engine> engine_;
   std::mutex error_mu_;
   std::string last_error_;

@@ -144,6 +144,13 @@ Status Config::from_env(Config* out) {
       return bad("BRAID_ALGO", a, "auto, ring, direct or peer_read");
   }
   BRAID_RETURN_IF_ERROR(env_size("BRAID_DIRECT_MAX_BYTES", 0, 1u << 30, &c.direct_max_bytes, &present));
+  if (const char* v = env("BRAID_TRACE_FILE")) c.trace_file = v;
+  BRAID_RETURN_IF_ERROR(env_double("BRAID_TRACE_MIN_WAIT_US", 0, 1e9, &c.trace_min_wait_us, &present));
+  BRAID_RETURN_IF_ERROR(
+      env_size("BRAID_TRACE_MAX_EVENTS", 1, size_t{1} << 32, &c.trace_max_events, &present));
+  long dump = 1;
+  BRAID_RETURN_IF_ERROR(env_int("BRAID_DUMP_SIGNAL", 0, 1, &dump, &present));
+  c.dump_on_signal = dump != 0;
   *out = c;
   return Status::ok();
 }

@@ -26,6 +26,10 @@ struct Config {
   double spin_us = 30.0;                                 // BRAID_SPIN_US: spin this long before blocking
   AllReduceAlgo all_reduce_algo = AllReduceAlgo::kAuto;  // BRAID_ALGO=ring|direct|peer_read
   size_t direct_max_bytes = 16 * 1024;                   // BRAID_DIRECT_MAX_BYTES
+  std::string trace_file;                                // BRAID_TRACE_FILE (%r rank, %h host, %p pid)
+  double trace_min_wait_us = 20.0;                       // BRAID_TRACE_MIN_WAIT_US
+  size_t trace_max_events = 4u << 20;                    // BRAID_TRACE_MAX_EVENTS
+  bool dump_on_signal = true;                            // BRAID_DUMP_SIGNAL=0: no SIGUSR1 handler
 
   static Status from_env(Config* out);
 };

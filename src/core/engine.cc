@@ -5,9 +5,12 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <mutex>
 
 #include "src/core/logging.h"
 
@@ -21,7 +24,51 @@ Op*& current_op() {
 void op_suspend(Op* op, std::coroutine_handle<> leaf, const WaitPoint* wait) {
   op->leaf = leaf;
   op->wait = wait;
+  ++op->steps;
+  if (op->traced) op->wait_since_ticks = trace_ticks();
 }
+
+namespace {
+
+// SIGUSR1 asks every communicator of the process for a dump of what it has
+// in flight; drivers notice within one wake-up.
+std::atomic<uint32_t> g_dump_signals{0};
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+void on_dump_signal(int) {
+  g_dump_signals.fetch_add(1, std::memory_order_relaxed);
+}
+
+// Installs the handler once, and only where the application left SIGUSR1 alone.
+void install_dump_signal(int rank) {
+  static std::once_flag once;
+  std::call_once(once, [rank] {
+    struct sigaction old {};
+    if (sigaction(SIGUSR1, nullptr, &old) != 0 || old.sa_handler != SIG_DFL) {
+      BRAID_INFO("DUMP", rank, "SIGUSR1 already has a handler: braid leaves it; use braid_comm_dump");
+      return;
+    }
+    struct sigaction sa {};
+    sa.sa_handler = on_dump_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGUSR1, &sa, nullptr);
+  });
+}
+
+std::string elapsed_text(double us) {
+  char buf[32];
+  if (us >= 1e6) {
+    std::snprintf(buf, sizeof buf, "%.2f s", us * 1e-6);
+  } else if (us >= 1e3) {
+    std::snprintf(buf, sizeof buf, "%.2f ms", us * 1e-3);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.0f us", us);
+  }
+  return buf;
+}
+
+}  // namespace
 
 void op_finished(Op* op) {
   op->finished = true;
@@ -136,6 +183,8 @@ Engine::Engine(int rank, const Config& config, const std::vector<std::vector<Con
       if (c->poll_fd() >= 0) tcp_conns_.push_back(c);
   event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   lanes_.push_back({LaneKind::kCollective, -1, {}});
+  if (config.dump_on_signal) install_dump_signal(rank);
+  signals_served_ = g_dump_signals.load();
   progress_thread_ = std::thread([this] { progress_loop(); });
 }
 
@@ -155,6 +204,7 @@ Status Engine::error() const {
 
 void Engine::post(const std::shared_ptr<Op>& op) {
   op->deadline = Deadline::after_seconds(timeout_s_.load());
+  op->traced = trace_ != nullptr;
   {
     std::lock_guard<std::mutex> lock(post_mu_);
     if (!error_.is_ok()) {
@@ -231,6 +281,7 @@ bool Engine::bind_any_source() {
 }
 
 void Engine::complete(const std::shared_ptr<Op>& op, const Status& st) {
+  if (op->traced && op->started) trace_->end(*op, trace_ticks(), st);
   op->status = st;
   op->task = Task();  // frees the coroutine frames
   op->wait = nullptr;
@@ -256,11 +307,16 @@ bool Engine::advance_lane(Lane& lane) {
           return progressed;
       }
       op->started = true;
+      op->start_ticks = trace_ticks();
+      if (op->traced) trace_->begin(*op, op->start_ticks);
       op->leaf = op->task.handle();
       op->task.handle().promise().top_level_op = op.get();
       ready = true;
     } else {
       ready = op->wait == nullptr || op->wait->ready(op->wait->ctx);
+      if (ready && op->traced && op->wait != nullptr) {
+        trace_->wait(*op, op->wait_since_ticks, trace_ticks(), op->wait->peer, op->wait->what);
+      }
     }
     if (!ready) return progressed;
     current_op() = op.get();
@@ -302,28 +358,67 @@ bool Engine::advance() {
   return progressed;
 }
 
-void Engine::log_pending(const char* why) {
-  if (log_level() < LogLevel::kInfo) return;
-  BRAID_INFO("COLL", rank_, "%s; operations in flight:", why);
+void Engine::dump(const char* why) {
+  const uint64_t now = trace_ticks();
+  std::vector<std::shared_ptr<Op>> queued;
+  {
+    std::lock_guard<std::mutex> lock(post_mu_);
+    queued = posted_;
+  }
+  size_t count = queued.size();
+  for (auto& lane : lanes_) count += lane.ops.size();
+  BRAID_WARN("DUMP", rank_, "%s: %zu operation(s) in flight", why, count);
   for (auto& lane : lanes_) {
     for (auto& op : lane.ops) {
-      if (op->started && op->wait != nullptr) {
-        BRAID_INFO("COLL", rank_, "  %s #%llu: waiting %s rank %d", op->name.c_str(),
-                   static_cast<unsigned long long>(op->seq), op->wait->what, op->wait->peer);
+      std::string line = op->name + " #" + std::to_string(op->seq);
+      if (*op->algo != '\0')
+        line += std::string(" (") + op->algo + ", " + std::to_string(op->bytes) + " bytes)";
+      if (!op->started) {
+        line += ": queued behind the one above";
       } else {
-        BRAID_INFO("COLL", rank_, "  %s #%llu: %s", op->name.c_str(),
-                   static_cast<unsigned long long>(op->seq),
-                   op->started ? "running" : "queued behind the one above");
+        line += ": step " + std::to_string(op->steps) + ", running for " +
+                elapsed_text(ticks_to_us(now - op->start_ticks));
+        if (op->wait != nullptr) {
+          line += std::string(", waiting ") + op->wait->what + " rank " + std::to_string(op->wait->peer);
+        }
       }
+      BRAID_WARN("DUMP", rank_, "  %s", line.c_str());
     }
   }
+  for (auto& op : queued) {
+    BRAID_WARN("DUMP", rank_, "  %s #%llu: posted, not yet picked up", op->name.c_str(),
+               static_cast<unsigned long long>(op->seq));
+  }
+}
+
+void Engine::serve_dumps() {
+  const uint32_t requested = dumps_requested_.load(std::memory_order_relaxed);
+  if (requested != dumps_served_) {
+    dumps_served_ = requested;
+    dump("braid_comm_dump");
+  }
+  const uint32_t signals = g_dump_signals.load(std::memory_order_relaxed);
+  if (signals != signals_served_) {
+    signals_served_ = signals;
+    dump("SIGUSR1");
+  }
+}
+
+void Engine::request_dump() {
+  dumps_requested_.fetch_add(1);
+  if (driver_mu_.try_lock()) {
+    serve_dumps();
+    driver_mu_.unlock();
+    return;
+  }
+  wake_driver();
 }
 
 void Engine::check_peers(bool thorough) {
   if (Lane* any = find_lane(LaneKind::kRecv, -1); any != nullptr && !any->ops.empty()) {
     Op& op = *any->ops.front();
     if (op.deadline.expired()) {
-      log_pending("timed out");
+      dump("timed out");
       fail_all(Status::timeout("rank " + std::to_string(rank_) + ": " + op.name + " #" +
                                std::to_string(op.seq) + " timed out: no progress within the timeout of " +
                                seconds_text(timeout_s_.load()) + ", waiting for a message from any rank"));
@@ -336,7 +431,7 @@ void Engine::check_peers(bool thorough) {
     if (op.started && op.deadline.expired()) {
       const char* what = op.wait ? op.wait->what : "to start";
       int peer = op.wait ? op.wait->peer : -1;
-      log_pending("timed out");
+      dump("timed out");
       fail_all(Status::timeout("rank " + std::to_string(rank_) + ": " + op.name + " #" +
                                std::to_string(op.seq) + " timed out: no progress within the timeout of " +
                                seconds_text(timeout_s_.load()) + ", waiting " + what +
@@ -405,6 +500,10 @@ void Engine::drive(Pred stop) {
   unsigned spins = 0;
   for (;;) {
     bool progressed = advance();
+    if (dumps_requested_.load(std::memory_order_relaxed) != dumps_served_ ||
+        g_dump_signals.load(std::memory_order_relaxed) != signals_served_) {
+      serve_dumps();
+    }
     if (stop()) return;
     if (progressed) {
       spins = 0;
@@ -484,6 +583,11 @@ void Engine::progress_loop() {
     uint32_t now = async_posted_.load();
     if (now == seen && active_.load() == 0) {
       futex_wait(&async_posted_, now, 100, false);
+      // Idle: answer SIGUSR1 here, since no driver will.
+      if (g_dump_signals.load(std::memory_order_relaxed) != signals_served_ && driver_mu_.try_lock()) {
+        serve_dumps();
+        driver_mu_.unlock();
+      }
       continue;
     }
     seen = now;

@@ -27,6 +27,7 @@
 #include "src/core/futex.h"
 #include "src/core/status.h"
 #include "src/core/task.h"
+#include "src/core/trace.h"
 #include "transports/connection.h"
 
 namespace braid {
@@ -35,8 +36,9 @@ enum class LaneKind { kCollective, kSend, kRecv };
 
 class Op {
  public:
-  std::string name;  // "all_reduce", "send", ...
-  uint64_t seq = 0;  // collective sequence number, or message number on its lane
+  std::string name;            // "all_reduce", "send", ...
+  const char* kind_name = "";  // the same, static (for traces)
+  uint64_t seq = 0;            // collective sequence number, or message number on its lane
   LaneKind lane = LaneKind::kCollective;
   int lane_peer = -1;
   bool async = false;
@@ -54,6 +56,14 @@ class Op {
   std::function<Task(int peer)> bind;
   int* source_out = nullptr;
   uint64_t recv_order = 0;  // post order among this engine's receives
+
+  // What traces and dumps show.
+  const char* algo = "";     // the algorithm that runs it ("ring", "peer_read", ...)
+  size_t bytes = 0;          // the largest buffer it passes
+  uint32_t steps = 0;        // waits so far
+  uint64_t start_ticks = 0;  // when it started (trace_ticks)
+  uint64_t wait_since_ticks = 0;
+  bool traced = false;
 
   // Engine state (driver thread only, except `done` and `status` after done).
   bool started = false;
@@ -104,6 +114,11 @@ class Engine {
   double timeout_s() const { return timeout_s_.load(); }
   void set_timeout_s(double s) { timeout_s_.store(s); }
   uint64_t next_collective_seq() { return coll_seq_.fetch_add(1); }
+  // Records a timeline of every op from now on (before any op is posted).
+  void set_trace(TraceRecorder* trace) { trace_ = trace; }
+  // Prints the operations in flight (braid_comm_dump): at once when no other
+  // thread drives, else the driver prints within one wake-up (<= 20 ms).
+  void request_dump();
 
  private:
   struct Lane {
@@ -121,8 +136,10 @@ class Engine {
   Lane* find_lane(LaneKind kind, int peer);
   void block(int max_ms);
   void check_peers(bool thorough);
-  // With BRAID_DEBUG=INFO: one line per operation in flight and what it waits on.
-  void log_pending(const char* why);
+  // One line per operation in flight: its step and what it waits on (driver only).
+  void dump(const char* why);
+  // Serves dump requests and SIGUSR1 (driver only).
+  void serve_dumps();
   void fail_all(const Status& why);
   void complete(const std::shared_ptr<Op>& op, const Status& st);
   void progress_loop();
@@ -154,6 +171,10 @@ class Engine {
   size_t any_source_next_ = 0;  // round-robin start, driver only
   std::atomic<uint32_t> async_posted_{0};
   std::atomic<bool> stop_{false};
+  TraceRecorder* trace_ = nullptr;
+  std::atomic<uint32_t> dumps_requested_{0};
+  uint32_t dumps_served_ = 0;    // driver only
+  uint32_t signals_served_ = 0;  // driver only
   std::thread progress_thread_;
 };
 

@@ -1,0 +1,185 @@
+#include "src/core/trace.h"
+
+#include <time.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <set>
+
+#include "src/core/engine.h"
+#include "src/core/logging.h"
+
+namespace braid {
+namespace {
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) continue;
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string track_name(int tid) {
+  if (tid == 0) return "collectives";
+  const int peer = (tid - 1) / 2;
+  return (tid % 2 == 1 ? "send to rank " : "recv from rank ") + std::to_string(peer);
+}
+
+}  // namespace
+
+namespace {
+
+double realtime_us() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e6 + static_cast<double>(ts.tv_nsec) * 1e-3;
+}
+
+// Ticks and wall clock read together at start-up; the rate comes from a
+// second pair read when converting (the longer apart, the more exact).
+struct ClockOrigin {
+  uint64_t ticks = trace_ticks();
+  double us = realtime_us();
+};
+const ClockOrigin g_origin;
+
+double us_per_tick() {
+#if defined(__x86_64__) || defined(__i386__)
+  const uint64_t t = trace_ticks();
+  const double us = realtime_us();
+  if (t <= g_origin.ticks || us - g_origin.us < 1000.0) {
+    // Too close to start-up to measure the rate: measure it over 2 ms once.
+    static const double rate = [] {
+      const uint64_t t0 = trace_ticks();
+      const double u0 = realtime_us();
+      double u1;
+      do u1 = realtime_us();
+      while (u1 - u0 < 2000.0);
+      return (u1 - u0) / static_cast<double>(trace_ticks() - t0);
+    }();
+    return rate;
+  }
+  return (us - g_origin.us) / static_cast<double>(t - g_origin.ticks);
+#else
+  return 1e-3;
+#endif
+}
+
+}  // namespace
+
+double ticks_to_us(uint64_t delta) {
+  return static_cast<double>(delta) * us_per_tick();
+}
+
+
+std::unique_ptr<TraceRecorder> TraceRecorder::make(const Config& config, int rank, int nranks) {
+  if (config.trace_file.empty()) return nullptr;
+  static std::atomic<int> made{0};
+  std::string path = expand_path_pattern(config.trace_file.c_str(), rank);
+  if (int k = made.fetch_add(1); k > 0) {
+    const size_t slash = path.rfind('/');
+    size_t dot = path.rfind('.');
+    if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) dot = path.size();
+    path.insert(dot, "-c" + std::to_string(k));
+  }
+  std::unique_ptr<TraceRecorder> t(new TraceRecorder());
+  t->path_ = path;
+  t->rank_ = rank;
+  t->nranks_ = nranks;
+  t->host_ = config.host_id;
+  t->min_wait_ticks_ = static_cast<uint64_t>(config.trace_min_wait_us / us_per_tick());
+  t->max_events_ = config.trace_max_events;
+  t->events_.reserve(std::min<size_t>(t->max_events_, 1 << 16));
+  return t;
+}
+
+int TraceRecorder::track_of(const Op& op) {
+  if (op.lane == LaneKind::kCollective || op.lane_peer < 0) return 0;
+  return 1 + 2 * op.lane_peer + (op.lane == LaneKind::kRecv ? 1 : 0);
+}
+
+bool TraceRecorder::room() {
+  if (events_.size() < max_events_) return true;
+  if (!dropped_) {
+    BRAID_WARN("TRACE", rank_, "trace buffer full (BRAID_TRACE_MAX_EVENTS=%zu): later events are dropped",
+               max_events_);
+  }
+  dropped_ = true;
+  return false;
+}
+
+void TraceRecorder::begin(const Op& op, uint64_t now) {
+  if (!room()) return;
+  events_.push_back({'B', track_of(op), now, 0, op.kind_name, op.seq, op.bytes, op.algo, -1, "", true});
+}
+
+void TraceRecorder::end(const Op& op, uint64_t now, const Status& st) {
+  // An end always follows its begin, even past the cap, so pairs stay matched.
+  events_.push_back({'E', track_of(op), now, 0, op.kind_name, op.seq, op.bytes, op.algo, -1, "", st.is_ok()});
+}
+
+void TraceRecorder::wait(const Op& op, uint64_t start, uint64_t end, int peer, const char* what) {
+  if (end - start < min_wait_ticks_ || !room()) return;
+  events_.push_back({'X', track_of(op), start, end - start, "wait", op.seq, 0, "", peer, what, true});
+}
+
+Status TraceRecorder::write() {
+  // One rate for the whole file, so durations and positions agree.
+  const double rate = us_per_tick();
+  auto at = [&](uint64_t t) {
+    return g_origin.us + (static_cast<double>(t) - static_cast<double>(g_origin.ticks)) * rate;
+  };
+  FILE* f = std::fopen(path_.c_str(), "w");
+  if (f == nullptr) {
+    return Status::system("BRAID_TRACE_FILE: cannot write the trace to " + path_, errno);
+  }
+  std::fprintf(f,
+               "{\"displayTimeUnit\":\"ns\",\"otherData\":{\"rank\":%d,\"nranks\":%d,\"host\":%s,"
+               "\"clock\":\"realtime_us\",\"dropped_events\":%s},\n\"traceEvents\":[\n",
+               rank_, nranks_, json_string(host_).c_str(), dropped_ ? "true" : "false");
+  std::fprintf(f, "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":%s}}",
+               rank_, json_string("rank " + std::to_string(rank_) + " (" + host_ + ")").c_str());
+  std::fprintf(
+      f,
+      ",\n{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":%d,\"tid\":0,\"args\":{\"sort_index\":%d}}",
+      rank_, rank_);
+  std::set<int> tracks;
+  for (const Event& e : events_) tracks.insert(e.tid);
+  for (int tid : tracks) {
+    std::fprintf(f, ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":%s}}",
+                 rank_, tid, json_string(track_name(tid)).c_str());
+  }
+  for (const Event& e : events_) {
+    if (e.phase == 'X') {
+      std::fprintf(f,
+                   ",\n{\"ph\":\"X\",\"name\":\"wait\",\"cat\":\"wait\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,"
+                   "\"dur\":%.3f,\"args\":{\"seq\":%llu,\"peer\":%d,\"waiting\":%s}}",
+                   rank_, e.tid, at(e.ts), static_cast<double>(e.dur) * rate,
+                   static_cast<unsigned long long>(e.seq), e.peer, json_string(e.what).c_str());
+    } else if (e.phase == 'B') {
+      std::fprintf(f,
+                   ",\n{\"ph\":\"B\",\"name\":%s,\"cat\":\"op\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,"
+                   "\"args\":{\"seq\":%llu,\"bytes\":%zu,\"algorithm\":%s}}",
+                   json_string(e.name).c_str(), rank_, e.tid, at(e.ts),
+                   static_cast<unsigned long long>(e.seq), e.bytes, json_string(e.algo).c_str());
+    } else {
+      std::fprintf(f,
+                   ",\n{\"ph\":\"E\",\"name\":%s,\"cat\":\"op\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,"
+                   "\"args\":{\"seq\":%llu,\"ok\":%s}}",
+                   json_string(e.name).c_str(), rank_, e.tid, at(e.ts),
+                   static_cast<unsigned long long>(e.seq), e.ok ? "true" : "false");
+    }
+  }
+  std::fprintf(f, "\n]}\n");
+  const bool failed = std::ferror(f) != 0;
+  if (std::fclose(f) != 0 || failed) return Status::system("BRAID_TRACE_FILE: writing " + path_, errno);
+  BRAID_INFO("TRACE", rank_, "trace of %zu events written to %s", events_.size(), path_.c_str());
+  return Status::ok();
+}
+
+}  // namespace braid

@@ -1,0 +1,280 @@
+// What braid shows about itself: log lines that parse, subsystem filters,
+// the INFO summary at init, the pending-operation dump (braid_comm_dump and
+// SIGUSR1) naming the peer that is held back, and per-rank traces that merge.
+#include <braid/braid.h>
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/rank_test.h"
+
+namespace {
+
+using braid::test::Env;
+
+// A fresh directory per test for log and trace files; kept when the test
+// failed, for a look at what was written.
+struct ScratchDir {
+  std::string path;
+  explicit ScratchDir(const std::string& name)
+      : path("/tmp/braid-observability-" + std::to_string(getpid()) + "-" + name) {
+    EXPECT_EQ(std::system(("rm -rf '" + path + "' && mkdir -p '" + path + "'").c_str()), 0);
+  }
+  ~ScratchDir() {
+    if (!::testing::Test::HasFailure()) std::system(("rm -rf '" + path + "'").c_str());
+  }
+};
+
+std::vector<std::string> files_in(const std::string& dir) {
+  std::vector<std::string> out;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] != '.') out.push_back(e->d_name);
+    }
+    closedir(d);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+struct LogLine {
+  std::string host, level, subsys, message;
+  int pid, rank;
+};
+
+// "braid <host>:<pid> [rank] LEVEL SUBSYS message"; false if the line is not that.
+bool parse_line(const std::string& line, LogLine* out) {
+  std::istringstream in(line);
+  std::string braid, host_pid, rank, rest;
+  if (!(in >> braid >> host_pid >> rank >> out->level >> out->subsys) || braid != "braid") return false;
+  const size_t colon = host_pid.rfind(':');
+  if (colon == std::string::npos || colon == 0 || rank.size() < 3 || rank.front() != '[' ||
+      rank.back() != ']')
+    return false;
+  out->host = host_pid.substr(0, colon);
+  char* end = nullptr;
+  out->pid = static_cast<int>(std::strtol(host_pid.c_str() + colon + 1, &end, 10));
+  if (*end != '\0' || out->pid <= 0) return false;
+  out->rank = static_cast<int>(std::strtol(rank.c_str() + 1, &end, 10));
+  if (*end != ']') return false;
+  static const std::set<std::string> kLevels = {"WARN", "INFO", "TRACE"};
+  static const std::set<std::string> kSubsystems = {"INIT", "BOOTSTRAP", "TOPO", "TUNE",  "SHM",
+                                                    "TCP",  "COLL",      "P2P",  "TRACE", "DUMP"};
+  if (!kLevels.count(out->level) || !kSubsystems.count(out->subsys)) return false;
+  std::getline(in, rest);
+  if (rest.size() < 2 || rest[0] != ' ') return false;
+  out->message = rest.substr(1);
+  return true;
+}
+
+// Every line of every file must parse; returns them all.
+std::vector<LogLine> parse_logs(const std::string& dir) {
+  std::vector<LogLine> lines;
+  for (const std::string& name : files_in(dir)) {
+    std::istringstream in(read_file(dir + "/" + name));
+    std::string line;
+    while (std::getline(in, line)) {
+      LogLine parsed;
+      if (!parse_line(line, &parsed)) {
+        ADD_FAILURE() << name << ": line does not parse: '" << line << "'";
+        continue;
+      }
+      lines.push_back(parsed);
+    }
+  }
+  return lines;
+}
+
+bool any_line(const std::vector<LogLine>& lines, int rank, const std::string& subsys,
+              const std::string& needle) {
+  for (const LogLine& l : lines) {
+    if (l.rank == rank && l.subsys == subsys && l.message.find(needle) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// Ranks 0-1 on simulated host "hostA", 2-3 on "hostB".
+void two_hosts(int rank) {
+  setenv("BRAID_HOST_ID", rank < 2 ? "hostA" : "hostB", 1);
+}
+
+TEST(Observability, InfoLogAtInitParsesAndSummarises) {
+  const ScratchDir scratch("info");
+  const std::string& dir = scratch.path;
+  braid::launcher::LaunchOptions o;
+  o.nranks = 4;
+  o.env = {{"BRAID_DEBUG", "INFO"}, {"BRAID_DEBUG_FILE", dir + "/log-%h-%p.txt"}};
+  o.per_rank_setup = two_hosts;
+  auto result = braid::launcher::fork_ranks(o, [](braid_comm_t comm, int, int, const braid_unique_id_t&) {
+    float x = 1;
+    return braid_all_reduce(&x, &x, 1, BRAID_FLOAT32, BRAID_SUM, comm, nullptr) == BRAID_SUCCESS && x == 4
+               ? 0
+               : 1;
+  });
+  ASSERT_TRUE(result.ok()) << result.describe();
+  const auto files = files_in(dir);
+  ASSERT_EQ(files.size(), 4u) << "one log file per process";
+  const auto lines = parse_logs(dir);
+  for (const LogLine& l : lines) {
+    EXPECT_EQ(l.host, l.rank < 2 ? "hostA" : "hostB") << l.message;
+  }
+  // %h and %p in the file name are the host and pid of the lines inside.
+  for (const std::string& name : files) {
+    const std::string text = read_file(dir + "/" + name);
+    EXPECT_NE(text.find("braid " + name.substr(4, 5) + ":" + name.substr(10, name.size() - 14) + " ["),
+              std::string::npos)
+        << name;
+  }
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_TRUE(any_line(lines, r, "INIT", "braid 0.1.0: rank " + std::to_string(r) + " of 4")) << r;
+    EXPECT_TRUE(any_line(lines, r, "TOPO", "2 host(s): hostA ranks 0-1, hostB ranks 2-3")) << r;
+    EXPECT_TRUE(any_line(lines, r, "TUNE", "all_reduce: direct up to 16 KiB")) << r;
+  }
+  EXPECT_TRUE(any_line(lines, 0, "INIT", "transports: shm to ranks 1; tcp to ranks 2-3"));
+  EXPECT_TRUE(any_line(lines, 3, "INIT", "transports: tcp to ranks 0-1; shm to ranks 2"));
+}
+
+TEST(Observability, SubsystemsCanBeSelectedOrExcluded) {
+  for (const std::string filter : {"TUNE", "^INIT,TOPO"}) {
+    const ScratchDir scratch("subsys");
+    const std::string& dir = scratch.path;
+    braid::test::run_ranks(
+        2,
+        {{"BRAID_DEBUG", "INFO"}, {"BRAID_DEBUG_SUBSYS", filter}, {"BRAID_DEBUG_FILE", dir + "/log-%p.txt"}},
+        [](braid_comm_t, int, int) {});
+    const auto lines = parse_logs(dir);
+    ASSERT_FALSE(lines.empty()) << filter;
+    for (const LogLine& l : lines) {
+      if (filter == "TUNE") {
+        EXPECT_EQ(l.subsys, "TUNE") << l.message;
+      } else {
+        EXPECT_NE(l.subsys, "INIT") << l.message;
+        EXPECT_NE(l.subsys, "TOPO") << l.message;
+      }
+    }
+  }
+}
+
+// Ranks 0 and 1 start an all_reduce; rank 2 is held back. Rank 0 asks for a
+// dump with braid_comm_dump, rank 1 with SIGUSR1: both must name rank 2.
+TEST(Observability, DumpNamesThePeerHeldBack) {
+  const ScratchDir scratch("dump");
+  const std::string& dir = scratch.path;
+  braid::test::run_ranks(
+      3, {{"BRAID_DEBUG_FILE", dir + "/log-%p.txt"}}, [](braid_comm_t comm, int rank, int) {
+        std::vector<float> x(1024, 1.0f);
+        if (rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        braid_request_t req = nullptr;
+        BRAID_ASSERT_OK(
+            braid_iall_reduce(x.data(), x.data(), x.size(), BRAID_FLOAT32, BRAID_SUM, comm, nullptr, &req));
+        if (rank == 0) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(400));
+          BRAID_EXPECT_OK(braid_comm_dump(comm));
+        } else if (rank == 1) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(400));
+          kill(getpid(), SIGUSR1);
+          std::this_thread::sleep_for(
+              std::chrono::milliseconds(200));  // the driver wakes at least every 20 ms
+        }
+        BRAID_EXPECT_OK(braid_wait(&req));
+        EXPECT_EQ(x[0], 3.0f);
+      });
+  const auto lines = parse_logs(dir);
+  EXPECT_TRUE(any_line(lines, 0, "DUMP", "braid_comm_dump: 1 operation(s) in flight"));
+  EXPECT_TRUE(any_line(lines, 0, "DUMP", "all_reduce #0 (direct, 4096 bytes): step"));
+  EXPECT_TRUE(any_line(lines, 0, "DUMP", "waiting for a message from rank 2"));
+  EXPECT_TRUE(any_line(lines, 1, "DUMP", "SIGUSR1: 1 operation(s) in flight"));
+  EXPECT_TRUE(any_line(lines, 1, "DUMP", "waiting for a message from rank 2"));
+  EXPECT_FALSE(any_line(lines, 2, "DUMP", "")) << "rank 2 was not asked";
+}
+
+TEST(Observability, TracesOfFourRanksMerge) {
+  const ScratchDir scratch("trace");
+  const std::string& dir = scratch.path;
+  braid::launcher::LaunchOptions o;
+  o.nranks = 4;
+  o.env = {{"BRAID_TRACE_FILE", dir + "/trace-%r.json"}, {"BRAID_TRACE_MIN_WAIT_US", "0"}};
+  o.per_rank_setup = two_hosts;
+  auto result =
+      braid::launcher::fork_ranks(o, [](braid_comm_t comm, int rank, int n, const braid_unique_id_t&) {
+        std::vector<float> small(16, 1.0f), big(1 << 18, 1.0f);
+        int bad = 0;
+        bad |= braid_all_reduce(small.data(), small.data(), small.size(), BRAID_FLOAT32, BRAID_SUM, comm,
+                                nullptr);
+        bad |= braid_all_reduce(big.data(), big.data(), big.size(), BRAID_FLOAT32, BRAID_SUM, comm, nullptr);
+        bad |= braid_broadcast(big.data(), big.data(), big.size(), BRAID_FLOAT32, 0, comm, nullptr);
+        braid_request_t reqs[2];
+        bad |= braid_isend(small.data(), 4, BRAID_FLOAT32, (rank + 1) % n, comm, nullptr, &reqs[0]);
+        bad |= braid_irecv(small.data() + 8, 4, BRAID_FLOAT32, (rank + n - 1) % n, comm, nullptr, &reqs[1]);
+        bad |= braid_wait_all(2, reqs);
+        bad |= braid_barrier(comm, nullptr);
+        return bad;
+      });
+  ASSERT_TRUE(result.ok()) << result.describe();
+  ASSERT_EQ(files_in(dir),
+            (std::vector<std::string>{"trace-0.json", "trace-1.json", "trace-2.json", "trace-3.json"}));
+  for (int r = 0; r < 4; ++r) {
+    const std::string text = read_file(dir + "/trace-" + std::to_string(r) + ".json");
+    for (const char* needle : {"\"name\":\"all_reduce\"", "\"algorithm\":\"direct\"",
+                               "\"name\":\"broadcast\"", "\"name\":\"send\"", "\"name\":\"recv\"",
+                               "\"name\":\"barrier\"", "\"name\":\"wait\"", "\"pid\":"}) {
+      EXPECT_NE(text.find(needle), std::string::npos) << "rank " << r << " lacks " << needle;
+    }
+  }
+  // The merge tool validates every file (JSON, one rank each, begin/end pairs per track).
+  const std::string cmd = "python3 " BRAID_SOURCE_DIR "/tools/braid-trace-merge " + dir +
+                          "/trace-*.json -o " + dir + "/merged.json > " + dir + "/merge.txt 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << read_file(dir + "/merge.txt");
+  EXPECT_NE(read_file(dir + "/merge.txt").find("4 ranks"), std::string::npos)
+      << read_file(dir + "/merge.txt");
+}
+
+TEST(Observability, BadSettingsNameTheVariable) {
+  const ScratchDir scratch("bad");
+  const std::string& dir = scratch.path;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"BRAID_TRACE_MIN_WAIT_US", "soon"}, {"BRAID_TRACE_MAX_EVENTS", "0"}, {"BRAID_DUMP_SIGNAL", "2"}};
+  for (const auto& [name, value] : cases) {
+    braid::launcher::LaunchOptions o;
+    o.nranks = 1;
+    o.make_comm = false;
+    auto result = braid::launcher::fork_ranks(o, [&](braid_comm_t, int, int, const braid_unique_id_t&) {
+      setenv(name.c_str(), value.c_str(), 1);
+      braid_unique_id_t id;
+      const braid_result_t r = braid_get_unique_id(&id);
+      const std::string msg = braid_get_last_error();
+      if (r != BRAID_ERR_INVALID_ARGUMENT || msg.find(name) == std::string::npos) {
+        std::fprintf(stderr, "%s=%s: got %d '%s'\n", name.c_str(), value.c_str(), r, msg.c_str());
+        return 1;
+      }
+      return 0;
+    });
+    EXPECT_TRUE(result.ok()) << name << ": " << result.describe();
+  }
+  // A trace file that cannot be written is reported, and the job goes on.
+  braid::test::run_ranks(
+      1, {{"BRAID_TRACE_FILE", dir + "/missing/dir/trace.json"}, {"BRAID_DEBUG_FILE", dir + "/log.txt"}},
+      [](braid_comm_t, int, int) {});
+  EXPECT_NE(read_file(dir + "/log.txt").find("BRAID_TRACE_FILE: cannot write the trace to"),
+            std::string::npos)
+      << read_file(dir + "/log.txt");
+}
+
+}  // namespace
