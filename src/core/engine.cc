@@ -25,10 +25,13 @@ void op_suspend(Op* op, std::coroutine_handle<> leaf, const WaitPoint* wait) {
   op->leaf = leaf;
   op->wait = wait;
   ++op->steps;
-  if (op->traced) op->wait_since_ticks = trace_ticks();
+  op->wait_since_ticks = 0;  // traced ops: set once the wait proves long (see advance_lane)
+  op->wait_checks = 0;
 }
 
 namespace {
+
+constexpr uint32_t kLongWaitChecks = 64;
 
 // SIGUSR1 asks every communicator of the process for a dump of what it has
 // in flight; drivers notice within one wake-up.
@@ -281,7 +284,7 @@ bool Engine::bind_any_source() {
 }
 
 void Engine::complete(const std::shared_ptr<Op>& op, const Status& st) {
-  if (op->traced && op->started) trace_->end(*op, trace_ticks(), st);
+  const uint64_t end = op->traced && op->started ? trace_ticks() : 0;
   op->status = st;
   op->task = Task();  // frees the coroutine frames
   op->wait = nullptr;
@@ -291,6 +294,8 @@ void Engine::complete(const std::shared_ptr<Op>& op, const Status& st) {
   op->done.store(1, std::memory_order_seq_cst);
   if (op->sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(&op->done, false);
   if (op->has_callback()) op->run_callback();
+  // Recorded after the waiter is released: off the critical path.
+  if (end != 0) trace_->op_done(*op, end, st);
 }
 
 bool Engine::advance_lane(Lane& lane) {
@@ -308,14 +313,20 @@ bool Engine::advance_lane(Lane& lane) {
       }
       op->started = true;
       op->start_ticks = trace_ticks();
-      if (op->traced) trace_->begin(*op, op->start_ticks);
       op->leaf = op->task.handle();
       op->task.handle().promise().top_level_op = op.get();
       ready = true;
     } else {
       ready = op->wait == nullptr || op->wait->ready(op->wait->ctx);
-      if (ready && op->traced && op->wait != nullptr) {
-        trace_->wait(*op, op->wait_since_ticks, trace_ticks(), op->wait->peer, op->wait->what);
+      // Only long waits are traced, and a wait proves long by failing many
+      // checks: the short ones (most, for small messages) read no clock.
+      // The recorded start is that of the kLongWaitChecks-th failed check.
+      if (op->traced && op->wait != nullptr) {
+        if (!ready) {
+          if (++op->wait_checks == kLongWaitChecks) op->wait_since_ticks = trace_ticks();
+        } else if (op->wait_since_ticks != 0) {
+          trace_->wait(*op, op->wait_since_ticks, trace_ticks(), op->wait->peer, op->wait->what);
+        }
       }
     }
     if (!ready) return progressed;

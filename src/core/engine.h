@@ -63,6 +63,7 @@ class Op {
   uint32_t steps = 0;        // waits so far
   uint64_t start_ticks = 0;  // when it started (trace_ticks)
   uint64_t wait_since_ticks = 0;
+  uint32_t wait_checks = 0;  // failed readiness checks of the current wait
   bool traced = false;
 
   // Engine state (driver thread only, except `done` and `status` after done).

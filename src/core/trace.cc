@@ -1,5 +1,6 @@
 #include "src/core/trace.h"
 
+#include <sys/mman.h>
 #include <time.h>
 
 #include <atomic>
@@ -76,7 +77,6 @@ double ticks_to_us(uint64_t delta) {
   return static_cast<double>(delta) * us_per_tick();
 }
 
-
 std::unique_ptr<TraceRecorder> TraceRecorder::make(const Config& config, int rank, int nranks) {
   if (config.trace_file.empty()) return nullptr;
   static std::atomic<int> made{0};
@@ -94,7 +94,10 @@ std::unique_ptr<TraceRecorder> TraceRecorder::make(const Config& config, int ran
   t->host_ = config.host_id;
   t->min_wait_ticks_ = static_cast<uint64_t>(config.trace_min_wait_us / us_per_tick());
   t->max_events_ = config.trace_max_events;
-  t->events_.reserve(std::min<size_t>(t->max_events_, 1 << 16));
+  t->push(Event{});  // maps the first chunk now, not during the first operation
+  t->chunks_[0].used = 0;
+  t->count_ = 0;
+  t->strings_.push_back("?");
   return t;
 }
 
@@ -104,7 +107,7 @@ int TraceRecorder::track_of(const Op& op) {
 }
 
 bool TraceRecorder::room() {
-  if (events_.size() < max_events_) return true;
+  if (count_ < max_events_) return true;
   if (!dropped_) {
     BRAID_WARN("TRACE", rank_, "trace buffer full (BRAID_TRACE_MAX_EVENTS=%zu): later events are dropped",
                max_events_);
@@ -113,19 +116,70 @@ bool TraceRecorder::room() {
   return false;
 }
 
-void TraceRecorder::begin(const Op& op, uint64_t now) {
-  if (!room()) return;
-  events_.push_back({'B', track_of(op), now, 0, op.kind_name, op.seq, op.bytes, op.algo, -1, "", true});
+TraceRecorder::~TraceRecorder() {
+  for (Chunk& c : chunks_) munmap(c.events, kChunkEvents * sizeof(Event));
 }
 
-void TraceRecorder::end(const Op& op, uint64_t now, const Status& st) {
-  // An end always follows its begin, even past the cap, so pairs stay matched.
-  events_.push_back({'E', track_of(op), now, 0, op.kind_name, op.seq, op.bytes, op.algo, -1, "", st.is_ok()});
+void TraceRecorder::push(const Event& e) {
+  if (chunks_.empty() || chunks_.back().used == kChunkEvents) {
+    void* p = mmap(nullptr, kChunkEvents * sizeof(Event), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (p == MAP_FAILED) {
+      if (!dropped_) BRAID_WARN("TRACE", rank_, "no memory for more trace events: later events are dropped");
+      dropped_ = true;
+      max_events_ = count_;
+      return;
+    }
+    chunks_.push_back({static_cast<Event*>(p), 0});
+  }
+  Chunk& c = chunks_.back();
+  c.events[c.used++] = e;
+  ++count_;
+}
+
+uint8_t TraceRecorder::intern(const char* s) {
+  for (size_t i = 0; i < strings_.size(); ++i) {
+    if (strings_[i] == s) return static_cast<uint8_t>(i);
+  }
+  if (strings_.size() == 255) return 0;  // never: braid has a few dozen names
+  strings_.push_back(s);
+  return static_cast<uint8_t>(strings_.size() - 1);
+}
+
+namespace {
+uint32_t saturate(uint64_t v) {
+  return v > UINT32_MAX ? UINT32_MAX : static_cast<uint32_t>(v);
+}
+}  // namespace
+
+void TraceRecorder::op_done(const Op& op, uint64_t now, const Status& st) {
+  if (!room()) return;
+  Event e;
+  e.start = op.start_ticks;
+  e.bytes = op.bytes;
+  e.length = saturate(now - op.start_ticks);
+  e.seq = static_cast<uint32_t>(op.seq);
+  e.tid = track_of(op);
+  e.name = intern(op.kind_name);
+  e.detail = intern(op.algo);
+  e.is_wait = 0;
+  e.ok = st.is_ok();
+  push(e);
 }
 
 void TraceRecorder::wait(const Op& op, uint64_t start, uint64_t end, int peer, const char* what) {
   if (end - start < min_wait_ticks_ || !room()) return;
-  events_.push_back({'X', track_of(op), start, end - start, "wait", op.seq, 0, "", peer, what, true});
+  Event e;
+  e.start = start;
+  e.peer = peer;
+  e.length = saturate(end - start);
+  e.seq = static_cast<uint32_t>(op.seq);
+  e.tid = track_of(op);
+  e.name = intern("wait");
+  e.detail = intern(what);
+  e.is_wait = 1;
+  e.ok = 1;
+  push(e);
 }
 
 Status TraceRecorder::write() {
@@ -149,36 +203,39 @@ Status TraceRecorder::write() {
       ",\n{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":%d,\"tid\":0,\"args\":{\"sort_index\":%d}}",
       rank_, rank_);
   std::set<int> tracks;
-  for (const Event& e : events_) tracks.insert(e.tid);
+  for (const Chunk& c : chunks_)
+    for (size_t i = 0; i < c.used; ++i) tracks.insert(c.events[i].tid);
   for (int tid : tracks) {
     std::fprintf(f, ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":%s}}",
                  rank_, tid, json_string(track_name(tid)).c_str());
   }
-  for (const Event& e : events_) {
-    if (e.phase == 'X') {
+  for (size_t k = 0; k < count_; ++k) {
+    const Event& e = chunks_[k / kChunkEvents].events[k % kChunkEvents];
+    const unsigned long long seq = e.seq;
+    if (e.is_wait) {
       std::fprintf(f,
                    ",\n{\"ph\":\"X\",\"name\":\"wait\",\"cat\":\"wait\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,"
                    "\"dur\":%.3f,\"args\":{\"seq\":%llu,\"peer\":%d,\"waiting\":%s}}",
-                   rank_, e.tid, at(e.ts), static_cast<double>(e.dur) * rate,
-                   static_cast<unsigned long long>(e.seq), e.peer, json_string(e.what).c_str());
-    } else if (e.phase == 'B') {
-      std::fprintf(f,
-                   ",\n{\"ph\":\"B\",\"name\":%s,\"cat\":\"op\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,"
-                   "\"args\":{\"seq\":%llu,\"bytes\":%zu,\"algorithm\":%s}}",
-                   json_string(e.name).c_str(), rank_, e.tid, at(e.ts),
-                   static_cast<unsigned long long>(e.seq), e.bytes, json_string(e.algo).c_str());
-    } else {
-      std::fprintf(f,
-                   ",\n{\"ph\":\"E\",\"name\":%s,\"cat\":\"op\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,"
-                   "\"args\":{\"seq\":%llu,\"ok\":%s}}",
-                   json_string(e.name).c_str(), rank_, e.tid, at(e.ts),
-                   static_cast<unsigned long long>(e.seq), e.ok ? "true" : "false");
+                   rank_, e.tid, at(e.start), static_cast<double>(e.length) * rate, seq,
+                   static_cast<int>(e.peer), json_string(strings_[e.detail]).c_str());
+      continue;
     }
+    const std::string name = json_string(strings_[e.name]);
+    std::fprintf(f,
+                 ",\n{\"ph\":\"B\",\"name\":%s,\"cat\":\"op\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,"
+                 "\"args\":{\"seq\":%llu,\"bytes\":%llu,\"algorithm\":%s}}",
+                 name.c_str(), rank_, e.tid, at(e.start), seq, static_cast<unsigned long long>(e.bytes),
+                 json_string(strings_[e.detail]).c_str());
+    std::fprintf(f,
+                 ",\n{\"ph\":\"E\",\"name\":%s,\"cat\":\"op\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,"
+                 "\"args\":{\"seq\":%llu,\"ok\":%s}}",
+                 name.c_str(), rank_, e.tid, at(e.start + e.length), seq, e.ok ? "true" : "false");
   }
+
   std::fprintf(f, "\n]}\n");
   const bool failed = std::ferror(f) != 0;
   if (std::fclose(f) != 0 || failed) return Status::system("BRAID_TRACE_FILE: writing " + path_, errno);
-  BRAID_INFO("TRACE", rank_, "trace of %zu events written to %s", events_.size(), path_.c_str());
+  BRAID_INFO("TRACE", rank_, "trace of %zu records written to %s", count_, path_.c_str());
   return Status::ok();
 }
 
