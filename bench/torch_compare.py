@@ -44,13 +44,19 @@ def iters_for(nbytes, base):
 
 
 def timed(fn, iters, group_for_max):
-    """Median per-call seconds, taking the slowest rank for each sample."""
+    """Median per-call seconds over up to 5 samples of back-to-back calls
+    (iters calls in all), taking the slowest rank for each sample. Calls run
+    back to back, as in nccl-tests: a barrier before every single call would
+    time how far apart the ranks leave that barrier, not the call."""
+    nsamples = min(5, iters)
+    per_sample = max(1, iters // nsamples)
     samples = []
-    for _ in range(iters):
+    for _ in range(nsamples):
         dist.barrier(group=group_for_max)
         t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
+        for _ in range(per_sample):
+            fn()
+        samples.append((time.perf_counter() - t0) / per_sample)
     t = torch.tensor(samples, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group_for_max)
     return statistics.median(t.tolist())
@@ -196,7 +202,7 @@ def main():
         sys.exit("a rank failed")
 
     print(f"# torch {torch.__version__}, braid {braid_torch.version()}, {args.nprocs} ranks on this host, "
-          f"float32 sum; times are medians of the slowest rank (us)")
+          f"float32 sum; times per call (us), back to back, median of samples, slowest rank")
     print(f"{'op':<15}{'size':>9}{'gloo us':>12}{'braid us':>12}{'braid/gloo':>12}{'C us':>10}{'torch/C':>9}")
     for name, size, t in rows:
         c = f"{t['c'] * 1e6:>10.1f}{t['braid'] / t['c']:>9.2f}" if "c" in t else ""

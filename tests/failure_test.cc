@@ -166,6 +166,49 @@ TEST_P(FailureTransports, MismatchedCountsAreReported) {
   });
 }
 
+// BRAID_CHECK_CALLS=1: different collectives, dtypes or roots at the same
+// sequence number fail on every rank, naming both sides, before data moves.
+TEST_P(FailureTransports, CheckCallsNamesBothSidesOfAMismatch) {
+  Env env = transport_env(GetParam());
+  env.push_back({"BRAID_CHECK_CALLS", "1"});
+  env.push_back({"BRAID_DEBUG", "NONE"});
+  run_ranks(3, env, [](braid_comm_t comm, int rank, int) {
+    // Matching calls run as usual.
+    float x = static_cast<float>(rank + 1);
+    BRAID_ASSERT_OK(braid_all_reduce(&x, &x, 1, BRAID_FLOAT32, BRAID_SUM, comm, nullptr));
+    EXPECT_EQ(x, 6.0f);
+    BRAID_ASSERT_OK(braid_barrier(comm, nullptr));
+    std::vector<float> v(8, 1.0f);
+    const braid_result_t r =
+        rank == 2 ? braid_broadcast(v.data(), v.data(), 8, BRAID_FLOAT32, 1, comm, nullptr)
+                  : braid_all_reduce(v.data(), v.data(), 8, BRAID_FLOAT32, BRAID_SUM, comm, nullptr);
+    EXPECT_EQ(r, BRAID_ERR_MISMATCH) << braid_get_last_error();
+    const std::string msg = braid_get_last_error();
+    EXPECT_TRUE(contains(msg.c_str(), "call mismatch at collective #2")) << msg;
+    if (rank == 2) {
+      EXPECT_TRUE(contains(msg.c_str(),
+                           "rank 2 called broadcast(count 8, float32, root 1), rank 0 called "
+                           "all_reduce(count 8, float32, sum)"))
+          << msg;
+    } else {
+      EXPECT_TRUE(contains(msg.c_str(), "rank " + std::to_string(rank) +
+                                            " called all_reduce(count 8, float32, sum), rank 2 called "
+                                            "broadcast(count 8, float32, root 1)"))
+          << msg;
+    }
+  });
+  run_ranks(2, env, [](braid_comm_t comm, int rank, int) {
+    std::vector<double> v(4, 1.0);
+    const braid_result_t r = braid_reduce(v.data(), v.data(), 4, rank == 0 ? BRAID_FLOAT64 : BRAID_INT64,
+                                          BRAID_MAX, 0, comm, nullptr);
+    EXPECT_EQ(r, BRAID_ERR_MISMATCH) << braid_get_last_error();
+    EXPECT_TRUE(contains(braid_get_last_error(), rank == 0
+                                                     ? "rank 1 called reduce(count 4, int64, max, root 0)"
+                                                     : "rank 0 called reduce(count 4, float64, max, root 0)"))
+        << braid_get_last_error();
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(, FailureTransports, ::testing::Values("shm", "tcp"));
 
 TEST(Bootstrap, StrangersAtTheRootDoNotStopTheJob) {

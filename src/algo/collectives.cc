@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/reduce_kernels.h"
@@ -404,6 +405,44 @@ Task p2p_send(const Channel& ch, CollArgs a) {
 
 Task p2p_recv(const Channel& ch, CollArgs a) {
   co_await recv_message(ch, a.peer, a.recvbuf, a.count * braid_dtype_size(a.dtype));
+}
+
+}  // namespace braid
+
+namespace braid {
+namespace {
+
+std::string describe(const CallDescriptor& d) {
+  std::string s = std::string(d.name) + "(count " + std::to_string(d.count);
+  if (d.dtype >= 0) s += std::string(", ") + braid_dtype_name(static_cast<braid_dtype_t>(d.dtype));
+  if (d.op >= 0) s += std::string(", ") + braid_redop_name(static_cast<braid_redop_t>(d.op));
+  if (d.root >= 0) s += ", root " + std::to_string(d.root);
+  return s + ")";
+}
+
+bool same_call(const CallDescriptor& a, const CallDescriptor& b) {
+  return std::strncmp(a.name, b.name, sizeof a.name) == 0 && a.seq == b.seq && a.count == b.count &&
+         a.dtype == b.dtype && a.op == b.op && a.root == b.root;
+}
+
+}  // namespace
+
+Task checked_call(const Channel& ch, CallDescriptor mine, Task body) {
+  const int n = ch.nranks, r = ch.rank;
+  std::vector<CallDescriptor> theirs(static_cast<size_t>(n));
+  for (int s = 1; s < n; ++s) {
+    co_await exchange(ch, mod(r + s, n), &mine, sizeof mine, mod(r - s, n), &theirs[mod(r - s, n)],
+                      sizeof mine);
+  }
+  for (int p = 0; p < n; ++p) {
+    if (p == r || same_call(theirs[p], mine)) continue;
+    co_await FailOp{Status(BRAID_ERR_MISMATCH, "call mismatch at collective #" + std::to_string(mine.seq) +
+                                                   ": rank " + std::to_string(r) + " called " +
+                                                   describe(mine) + ", rank " + std::to_string(p) +
+                                                   " called " + describe(theirs[p]) +
+                                                   " (BRAID_CHECK_CALLS)")};
+  }
+  co_await std::move(body);
 }
 
 }  // namespace braid

@@ -365,7 +365,7 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
   if (kind == OpKind::kBarrier) {
     op->algo = "dissemination";
     op->task = dissemination_barrier(coll_channel_);
-    return op;
+    return checked(std::move(op), kind, a);
   }
 
   // Input and output regions, to spot overlaps other than the in-place layouts.
@@ -420,9 +420,10 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
   op->bytes = std::max(in_bytes, out_bytes);
   if (a.count == 0 && kind != OpKind::kAllToAllv) {
     op->algo = "none";
-    // Every rank passes the same count, so every rank skips together.
+    // Every rank passes the same count, so every rank skips together
+    // (BRAID_CHECK_CALLS still compares the calls).
     op->task = []() -> Task { co_return; }();
-    return op;
+    return checked(std::move(op), kind, a);
   }
   if (uses_input && uses_output) {
     const char* in = static_cast<const char*>(a.sendbuf);
@@ -498,6 +499,23 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
     default:
       break;
   }
+  return checked(std::move(op), kind, a);
+}
+
+std::shared_ptr<Op> Communicator::checked(std::shared_ptr<Op> op, OpKind kind, const CollArgs& a) {
+  if (!config_.check_calls) return op;
+  CallDescriptor d{};
+  std::strncpy(d.name, op_kind_name(kind), sizeof d.name - 1);
+  d.seq = op->seq;
+  d.count = kind == OpKind::kAllToAllv || kind == OpKind::kBarrier ? 0 : a.count;
+  const bool reduces =
+      kind == OpKind::kAllReduce || kind == OpKind::kReduce || kind == OpKind::kReduceScatter;
+  const bool rooted = kind == OpKind::kBroadcast || kind == OpKind::kReduce || kind == OpKind::kGather ||
+                      kind == OpKind::kScatter;
+  d.dtype = kind == OpKind::kBarrier ? -1 : static_cast<int32_t>(a.dtype);
+  d.op = reduces ? static_cast<int32_t>(a.op) : -1;
+  d.root = rooted ? a.root : -1;
+  op->task = checked_call(coll_channel_, d, std::move(op->task));
   return op;
 }
 

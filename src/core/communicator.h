@@ -64,6 +64,8 @@ class Communicator {
   Communicator() = default;
   Status setup_transports();
   void log_summary() const;
+  // With BRAID_CHECK_CALLS, runs the op's task behind a comparison of calls.
+  std::shared_ptr<Op> checked(std::shared_ptr<Op> op, OpKind kind, const CollArgs& a);
 
   int rank_ = 0;
   int nranks_ = 1;

@@ -151,6 +151,9 @@ Status Config::from_env(Config* out) {
   long dump = 1;
   BRAID_RETURN_IF_ERROR(env_int("BRAID_DUMP_SIGNAL", 0, 1, &dump, &present));
   c.dump_on_signal = dump != 0;
+  long check = 0;
+  BRAID_RETURN_IF_ERROR(env_int("BRAID_CHECK_CALLS", 0, 1, &check, &present));
+  c.check_calls = check != 0;
   *out = c;
   return Status::ok();
 }

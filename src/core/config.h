@@ -30,6 +30,7 @@ struct Config {
   double trace_min_wait_us = 20.0;                       // BRAID_TRACE_MIN_WAIT_US
   size_t trace_max_events = 4u << 20;                    // BRAID_TRACE_MAX_EVENTS
   bool dump_on_signal = true;                            // BRAID_DUMP_SIGNAL=0: no SIGUSR1 handler
+  bool check_calls = false;                              // BRAID_CHECK_CALLS=1: compare every call
 
   static Status from_env(Config* out);
 };
