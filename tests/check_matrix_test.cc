@@ -17,16 +17,10 @@ using braid::check::CheckReport;
 using braid::check::Collective;
 using braid::launcher::LaunchOptions;
 
-// "shm_peer_reads": shm with the peer-read algorithms forced on, whatever the
-// speed probe of BRAID_SHM_PEER_READS=auto decides on this machine.
 LaunchOptions launch_options(int nranks, const std::string& transport) {
   LaunchOptions lo;
   lo.nranks = nranks;
-  if (transport == "shm_peer_reads") {
-    lo.env = {{"BRAID_TRANSPORT", "shm"}, {"BRAID_SHM_PEER_READS", "1"}, {"BRAID_SOCKET_IFNAME", "lo"}};
-  } else {
-    lo.env = {{"BRAID_TRANSPORT", transport}, {"BRAID_SOCKET_IFNAME", "lo"}};
-  }
+  lo.env = {{"BRAID_TRANSPORT", transport}, {"BRAID_SOCKET_IFNAME", "lo"}};
   lo.timeout_s = 300;  // a hang fails this case with a per-rank report, well inside ctest's limit
   return lo;
 }
@@ -70,13 +64,6 @@ TEST_P(CheckMatrixTest, QuickMatrixPasses) {
 INSTANTIATE_TEST_SUITE_P(Ranks, CheckMatrixTest,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4, 5, 8),
                                             ::testing::Values("shm", "tcp")),
-                         [](const ::testing::TestParamInfo<CheckMatrixTest::ParamType>& info) {
-                           return std::get<1>(info.param) + "_" + std::to_string(std::get<0>(info.param)) +
-                                  "ranks";
-                         });
-
-INSTANTIATE_TEST_SUITE_P(PeerReads, CheckMatrixTest,
-                         ::testing::Combine(::testing::Values(2, 3), ::testing::Values("shm_peer_reads")),
                          [](const ::testing::TestParamInfo<CheckMatrixTest::ParamType>& info) {
                            return std::get<1>(info.param) + "_" + std::to_string(std::get<0>(info.param)) +
                                   "ranks";

@@ -57,7 +57,6 @@ TEST_P(Transports, EveryAllReduceAlgorithmAgrees) {
   for (const char* algo : {"ring", "direct", "peer_read"}) {
     Env env = transport_env(GetParam());
     env.push_back({"BRAID_ALGO", algo});
-    env.push_back({"BRAID_SHM_PEER_READS", "1"});  // even where the kernel copies slowly
     run_ranks(3, env, [algo](braid_comm_t comm, int rank, int) {
       for (size_t count : {size_t{1000}, size_t{100003}}) {
         std::vector<int64_t> in(count), out(count);
@@ -80,7 +79,6 @@ TEST_P(Transports, EveryAllReduceAlgorithmAgrees) {
 TEST_P(Transports, PeerReadCollectivesInAndOutOfPlace) {
   Env env = transport_env(GetParam());
   env.push_back({"BRAID_ALGO", "peer_read"});
-  env.push_back({"BRAID_SHM_PEER_READS", "1"});
   run_ranks(3, env, [](braid_comm_t comm, int rank, int nranks) {
     const size_t count = 200003;  // several read chunks per block
     auto value = [](int r, size_t i) { return static_cast<int32_t>(r * 7 + static_cast<int>(i % 1000)); };

@@ -121,16 +121,9 @@ Status Config::from_env(Config* out) {
   long slots = c.shm_slots;
   BRAID_RETURN_IF_ERROR(env_int("BRAID_SHM_SLOTS", 2, 64, &slots, &present));
   c.shm_slots = static_cast<int>(slots);
-  if (const char* v = env("BRAID_SHM_PEER_READS")) {
-    if (!std::strcmp(v, "0"))
-      c.shm_peer_reads = PeerReads::kOff;
-    else if (!std::strcmp(v, "1"))
-      c.shm_peer_reads = PeerReads::kOn;
-    else if (!std::strcmp(v, "auto"))
-      c.shm_peer_reads = PeerReads::kAuto;
-    else
-      return bad("BRAID_SHM_PEER_READS", v, "0, 1 or auto");
-  }
+  long reads = 1;
+  BRAID_RETURN_IF_ERROR(env_int("BRAID_SHM_PEER_READS", 0, 1, &reads, &present));
+  c.shm_peer_reads = reads != 0;
   BRAID_RETURN_IF_ERROR(
       env_size("BRAID_PEER_READ_MIN_BYTES", 0, size_t{1} << 40, &c.peer_read_min_bytes, &present));
   BRAID_RETURN_IF_ERROR(env_size("BRAID_TCP_SLOT_BYTES", 4096, 64u << 20, &c.tcp_slot_bytes, &present));

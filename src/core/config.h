@@ -13,15 +13,13 @@ enum class TransportChoice { kAuto, kShm, kTcp };
 enum class AllReduceAlgo { kAuto, kRing, kDirect, kPeerRead };
 
 struct Config {
-  double timeout_s = 600.0;                            // BRAID_TIMEOUT
-  TransportChoice transport = TransportChoice::kAuto;  // BRAID_TRANSPORT=auto|shm|tcp
-  std::string socket_ifname;                           // BRAID_SOCKET_IFNAME
-  std::string host_id;                                 // BRAID_HOST_ID (default: hostname + boot id)
-  size_t shm_slot_bytes = 256 * 1024;                  // BRAID_SHM_SLOT_BYTES
-  int shm_slots = 4;                                   // BRAID_SHM_SLOTS
-  // BRAID_SHM_PEER_READS: 0 never read peers' memory (process_vm_readv),
-  // 1 always where permitted, auto (default) where the kernel copies fast.
-  enum class PeerReads { kOff, kOn, kAuto } shm_peer_reads = PeerReads::kAuto;
+  double timeout_s = 600.0;                              // BRAID_TIMEOUT
+  TransportChoice transport = TransportChoice::kAuto;    // BRAID_TRANSPORT=auto|shm|tcp
+  std::string socket_ifname;                             // BRAID_SOCKET_IFNAME
+  std::string host_id;                                   // BRAID_HOST_ID (default: hostname + boot id)
+  size_t shm_slot_bytes = 256 * 1024;                    // BRAID_SHM_SLOT_BYTES
+  int shm_slots = 4;                                     // BRAID_SHM_SLOTS
+  bool shm_peer_reads = true;                            // BRAID_SHM_PEER_READS=0: no process_vm_readv
   size_t peer_read_min_bytes = 256 * 1024;               // BRAID_PEER_READ_MIN_BYTES
   size_t tcp_slot_bytes = 512 * 1024;                    // BRAID_TCP_SLOT_BYTES
   int tcp_slots = 4;                                     // BRAID_TCP_SLOTS

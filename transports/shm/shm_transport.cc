@@ -13,11 +13,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <new>
-#include <vector>
 
 #include "src/core/logging.h"
 
@@ -30,9 +27,6 @@ constexpr size_t kCacheLine = 64;
 // A value in each process that peers read once at setup to learn whether
 // cross-memory attach (process_vm_readv) is permitted between them.
 const uint64_t kPeerReadProbe = 0x6272616964636d61ull;
-// BRAID_SHM_PEER_READS=auto: process_vm_readv must reach this fraction of
-// memcpy's speed (in cache) for the peer-read algorithms to be used.
-constexpr double kPeerReadMinSpeed = 0.6;
 
 struct alignas(kCacheLine) SegmentHeader {
   uint64_t magic;
@@ -229,31 +223,6 @@ bool probe_peer_reads(const SegmentHeader* peer) {
          got == kPeerReadProbe;
 }
 
-// Whether the kernel copies between processes about as fast as memcpy: the
-// peer-read algorithms move fewer bytes than the slot rings but every byte
-// through process_vm_readv, so they only pay where that copy is fast (CPUs
-// whose `rep movs` the kernel uses; in some VMs it falls back to a loop three
-// times slower than memcpy). Measured on this process, piece-sized and
-// cache-resident as the algorithms use it: best of several rounds each.
-bool kernel_copies_fast(size_t bytes) {
-  std::vector<char> src(bytes, 1), dst(bytes, 2);
-  auto best = [](auto&& fn) {
-    double t = 1e30;
-    for (int i = 0; i < 8; ++i) {
-      auto t0 = std::chrono::steady_clock::now();
-      fn();
-      t = std::min(t, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-    return t;
-  };
-  const double user = best([&] { std::memcpy(dst.data(), src.data(), bytes); });
-  const double kernel = best([&] {
-    iovec local{dst.data(), bytes}, far{src.data(), bytes};
-    if (process_vm_readv(getpid(), &local, 1, &far, 1, 0) != static_cast<ssize_t>(bytes)) std::abort();
-  });
-  return kernel <= user / kPeerReadMinSpeed;
-}
-
 Status map_segment(const std::string& name, size_t bytes, bool create, void** base) {
   int fd = shm_open(name.c_str(), create ? (O_CREAT | O_EXCL | O_RDWR) : O_RDWR, 0600);
   if (fd < 0) return Status::system("shm_open(" + name + ")", errno);
@@ -331,15 +300,9 @@ Status ShmTransport::setup(Bootstrap& bootstrap, const std::vector<int>& host_gr
     }
     t->maps_.push_back(std::move(m));
   }
-  bool reads_ok = config.shm_peer_reads != Config::PeerReads::kOff;
+  bool reads_ok = config.shm_peer_reads;
   for (size_t i = 1; st && reads_ok && i < t->maps_.size(); ++i)
     reads_ok = probe_peer_reads(t->maps_[i]->header());
-  if (st && reads_ok && npeers > 0 && config.shm_peer_reads == Config::PeerReads::kAuto) {
-    reads_ok = kernel_copies_fast(std::min(config.shm_slot_bytes, config.tcp_slot_bytes));
-    BRAID_INFO("SHM", me, "process_vm_readv copies %s: peer reads %s",
-               reads_ok ? "fast" : "slower than memcpy",
-               reads_ok ? "on" : "off (BRAID_SHM_PEER_READS=1 forces them)");
-  }
   ok = static_cast<uint8_t>((st ? 1 : 0) | (reads_ok ? 2 : 0));
   Status barrier = bootstrap.all_gather(&ok, 1, &oks, deadline);
   if (npeers > 0) shm_unlink(my_name.c_str());
