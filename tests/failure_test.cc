@@ -1,14 +1,19 @@
 // Failures become errors, never hangs: a killed peer, a peer that never
-// comes, abort from another thread, mismatched calls, strangers at the root.
+// comes, abort from another thread, mismatched calls, strangers at the root,
+// and resources that run out.
+#include <arpa/inet.h>
 #include <braid/braid.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -210,6 +215,74 @@ TEST_P(FailureTransports, CheckCallsNamesBothSidesOfAMismatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(, FailureTransports, ::testing::Values("shm", "tcp"));
+
+// Running out of file descriptors fails the call with the limit and its fix.
+TEST(Resources, TooManyOpenFilesNamesTheLimit) {
+#if defined(__SANITIZE_ADDRESS__)
+  // UBSan's vptr check opens /proc/self/maps; with no descriptor left it
+  // reports every virtual call as invalid.
+  GTEST_SKIP() << "no descriptors left also starves ASan/UBSan's runtime; runs in the plain build";
+#endif
+  launcher::LaunchOptions o;
+  o.nranks = 1;
+  o.make_comm = false;
+  auto r = launcher::fork_ranks(o, [](braid_comm_t, int, int, const braid_unique_id_t&) {
+    const int lowest_free = dup(0);  // descriptors below it are all in use
+    close(lowest_free);
+    rlimit lim{};
+    getrlimit(RLIMIT_NOFILE, &lim);
+    lim.rlim_cur = static_cast<rlim_t>(lowest_free);  // no descriptor left for braid
+    if (setrlimit(RLIMIT_NOFILE, &lim) != 0) return 2;
+    braid_unique_id_t id;
+    braid_comm_t comm = nullptr;
+    braid_result_t res = braid_get_unique_id(&id);
+    if (res == BRAID_SUCCESS) res = braid_comm_init_rank(&comm, 1, id, 0);
+    const std::string msg = braid_get_last_error();
+    if (res != BRAID_ERR_SYSTEM || msg.find("Too many open files") == std::string::npos ||
+        msg.find("ulimit -n") == std::string::npos) {
+      std::fprintf(stderr, "got %d: %s\n", res, msg.c_str());
+      return 1;
+    }
+    return 0;
+  });
+  ASSERT_TRUE(r.ok()) << r.describe();
+}
+
+// The rendezvous port taken by another process: the error names the address,
+// the cause and the variable that moves it.
+TEST(Resources, PortInUseNamesTheFix) {
+  launcher::LaunchOptions o;
+  o.nranks = 1;
+  o.make_comm = false;
+  auto r = launcher::fork_ranks(o, [](braid_comm_t, int, int, const braid_unique_id_t&) {
+    int holder = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (bind(holder, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || listen(holder, 1) != 0 ||
+        getsockname(holder, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+      return 2;
+    const std::string port = std::to_string(ntohs(addr.sin_port));
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", "1", 1);
+    setenv("BRAID_ROOT_PORT", port.c_str(), 1);
+    setenv("WORLD_SIZE", "1", 1);
+    setenv("RANK", "0", 1);
+    braid_comm_t comm = nullptr;
+    const braid_result_t res = braid_comm_init_env(&comm);
+    const std::string msg = braid_get_last_error();
+    for (const std::string& needle :
+         {"cannot listen on 127.0.0.1:" + port, std::string("port in use"), std::string("BRAID_ROOT_PORT")}) {
+      if (res != BRAID_ERR_SYSTEM || msg.find(needle) == std::string::npos) {
+        std::fprintf(stderr, "got %d, lacking '%s': %s\n", res, needle.c_str(), msg.c_str());
+        return 1;
+      }
+    }
+    return 0;
+  });
+  ASSERT_TRUE(r.ok()) << r.describe();
+}
 
 TEST(Bootstrap, StrangersAtTheRootDoNotStopTheJob) {
   braid::launcher::LaunchOptions o;

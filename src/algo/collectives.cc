@@ -153,7 +153,10 @@ Task sync_all(const Channel& ch) {
 Task read_from(const Channel& ch, int peer, void* dst, uint64_t remote, size_t bytes) {
   if (bytes == 0) co_return;
   Status st = ch.to(peer)->read_peer(dst, remote, bytes);
-  if (!st) co_await FailOp{st};
+  if (!st) {
+    FailOp fail{st};  // named: see checked_call
+    co_await fail;
+  }
 }
 
 // out[0, count) = the reduction, in rank order, of every rank's `count`
@@ -420,6 +423,13 @@ std::string describe(const CallDescriptor& d) {
   return s + ")";
 }
 
+Status mismatch_status(const CallDescriptor& mine, int r, const CallDescriptor& theirs, int p) {
+  return Status(BRAID_ERR_MISMATCH, "call mismatch at collective #" + std::to_string(mine.seq) + ": rank " +
+                                        std::to_string(r) + " called " + describe(mine) + ", rank " +
+                                        std::to_string(p) + " called " + describe(theirs) +
+                                        " (BRAID_CHECK_CALLS)");
+}
+
 bool same_call(const CallDescriptor& a, const CallDescriptor& b) {
   return std::strncmp(a.name, b.name, sizeof a.name) == 0 && a.seq == b.seq && a.count == b.count &&
          a.dtype == b.dtype && a.op == b.op && a.root == b.root;
@@ -434,13 +444,16 @@ Task checked_call(const Channel& ch, CallDescriptor mine, Task body) {
     co_await exchange(ch, mod(r + s, n), &mine, sizeof mine, mod(r - s, n), &theirs[mod(r - s, n)],
                       sizeof mine);
   }
-  for (int p = 0; p < n; ++p) {
-    if (p == r || same_call(theirs[p], mine)) continue;
-    co_await FailOp{Status(BRAID_ERR_MISMATCH, "call mismatch at collective #" + std::to_string(mine.seq) +
-                                                   ": rank " + std::to_string(r) + " called " +
-                                                   describe(mine) + ", rank " + std::to_string(p) +
-                                                   " called " + describe(theirs[p]) +
-                                                   " (BRAID_CHECK_CALLS)")};
+  int differs = -1;
+  for (int p = 0; p < n && differs < 0; ++p) {
+    if (p != r && !same_call(theirs[p], mine)) differs = p;
+  }
+  if (differs >= 0) {
+    // Named, not a temporary of the co_await operand: built there, with GCC 12
+    // its Status was released twice when the op's frame was destroyed at that
+    // suspension (ASan: use after free).
+    FailOp fail{mismatch_status(mine, r, theirs[differs], differs)};
+    co_await fail;
   }
   co_await std::move(body);
 }

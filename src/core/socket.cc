@@ -285,8 +285,6 @@ Status accept_one(int listen_fd, Deadline deadline, int* fd_out) {
       *fd_out = fd;
       return Status::ok();
     }
-    if (errno == EMFILE || errno == ENFILE)
-      return Status::system("accept: too many open files (raise `ulimit -n`)", errno);
     if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
       return Status::system("accept", errno);
     BRAID_RETURN_IF_ERROR(wait_fd(listen_fd, POLLIN, deadline, "waiting for a connection"));
