@@ -57,7 +57,7 @@ Until wait_both(BothWait* w, int from) {
 FailOp size_mismatch(int from, size_t got, size_t want) {
   Op* op = current_op();
   return FailOp{
-      Status(BRAID_ERR_MISMATCH, op->name + " #" + std::to_string(op->seq) + ": rank " +
+      Status(BRAID_ERR_MISMATCH, std::string(op->name) + " #" + std::to_string(op->seq) + ": rank " +
                                      std::to_string(from) + " sent a piece of " + std::to_string(got) +
                                      " bytes where " + std::to_string(want) +
                                      " were expected (do all ranks pass the same count and dtype?)")};

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <numeric>
 
 #include "src/core/logging.h"
@@ -206,6 +207,19 @@ std::string rank_ranges(const std::vector<int>& ranks) {
   return out;
 }
 
+// Ranks grouped by key(rank), groups in order of first appearance.
+template <class Key>
+std::vector<std::pair<std::string, std::vector<int>>> group_ranks(const std::vector<int>& ranks, Key key) {
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  for (int r : ranks) {
+    const std::string k = key(r);
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& x) { return x.first == k; });
+    if (g == groups.end()) g = groups.insert(groups.end(), {k, {}});
+    g->second.push_back(r);
+  }
+  return groups;
+}
+
 std::string bytes_text(size_t b) {
   if (b >= (1u << 20) && b % (1u << 20) == 0) return std::to_string(b >> 20) + " MiB";
   if (b >= 1024 && b % 1024 == 0) return std::to_string(b >> 10) + " KiB";
@@ -220,32 +234,18 @@ void Communicator::log_summary() const {
   BRAID_INFO("INIT", rank_, "braid %d.%d.%d: rank %d of %d, host %s, pid %d", BRAID_VERSION_MAJOR,
              BRAID_VERSION_MINOR, BRAID_VERSION_PATCH, rank_, nranks_, hosts_[rank_].c_str(),
              static_cast<int>(getpid()));
-  std::vector<std::string> kinds;
-  std::vector<std::vector<int>> by_kind;
-  for (int p = 0; p < nranks_; ++p) {
-    if (p == rank_) continue;
-    const std::string k = transport_to(p);
-    size_t i = 0;
-    while (i < kinds.size() && kinds[i] != k) ++i;
-    if (i == kinds.size()) kinds.push_back(k), by_kind.emplace_back();
-    by_kind[i].push_back(p);
-  }
+  std::vector<int> all(nranks_), peers;
+  std::iota(all.begin(), all.end(), 0);
+  std::copy_if(all.begin(), all.end(), std::back_inserter(peers), [&](int p) { return p != rank_; });
   std::string transports;
-  for (size_t i = 0; i < kinds.size(); ++i) {
-    transports += (i ? "; " : "") + kinds[i] + " to ranks " + rank_ranges(by_kind[i]);
+  for (const auto& [kind, ranks] : group_ranks(peers, [&](int p) { return transport_to(p); })) {
+    transports += (transports.empty() ? "" : "; ") + kind + " to ranks " + rank_ranges(ranks);
   }
   BRAID_INFO("INIT", rank_, "transports: %s", transports.empty() ? "none (one rank)" : transports.c_str());
-  std::vector<std::string> host_names;
-  std::vector<std::vector<int>> host_ranks;
-  for (int p = 0; p < nranks_; ++p) {
-    size_t i = 0;
-    while (i < host_names.size() && host_names[i] != hosts_[p]) ++i;
-    if (i == host_names.size()) host_names.push_back(hosts_[p]), host_ranks.emplace_back();
-    host_ranks[i].push_back(p);
-  }
-  std::string topo = std::to_string(host_names.size()) + " host(s):";
-  for (size_t i = 0; i < host_names.size(); ++i) {
-    topo += (i ? ", " : " ") + host_names[i] + " ranks " + rank_ranges(host_ranks[i]);
+  const auto hosts = group_ranks(all, [&](int p) { return hosts_[p]; });
+  std::string topo = std::to_string(hosts.size()) + " host(s):";
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    topo += (i ? ", " : " ") + hosts[i].first + " ranks " + rank_ranges(hosts[i].second);
   }
   BRAID_INFO("TOPO", rank_, "%s; %ld cores online here", topo.c_str(), sysconf(_SC_NPROCESSORS_ONLN));
   const char* forced = config_.all_reduce_algo == AllReduceAlgo::kRing ? "ring (BRAID_ALGO)"
@@ -331,8 +331,7 @@ Status Communicator::split(int color, int key, std::shared_ptr<Communicator>* ou
 
 std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, bool async) {
   auto op = std::make_shared<Op>();
-  op->kind_name = op_kind_name(kind);
-  op->name = op->kind_name;
+  op->name = op_kind_name(kind);
   op->async = async;
   CollArgs a = args;
   const size_t esize = braid_dtype_size(a.dtype);

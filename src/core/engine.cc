@@ -381,7 +381,7 @@ void Engine::dump(const char* why) {
   BRAID_WARN("DUMP", rank_, "%s: %zu operation(s) in flight", why, count);
   for (auto& lane : lanes_) {
     for (auto& op : lane.ops) {
-      std::string line = op->name + " #" + std::to_string(op->seq);
+      std::string line = std::string(op->name) + " #" + std::to_string(op->seq);
       if (*op->algo != '\0')
         line += std::string(" (") + op->algo + ", " + std::to_string(op->bytes) + " bytes)";
       if (!op->started) {
@@ -397,7 +397,7 @@ void Engine::dump(const char* why) {
     }
   }
   for (auto& op : queued) {
-    BRAID_WARN("DUMP", rank_, "  %s #%llu: posted, not yet picked up", op->name.c_str(),
+    BRAID_WARN("DUMP", rank_, "  %s #%llu: posted, not yet picked up", op->name,
                static_cast<unsigned long long>(op->seq));
   }
 }

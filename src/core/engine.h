@@ -36,8 +36,7 @@ enum class LaneKind { kCollective, kSend, kRecv };
 
 class Op {
  public:
-  std::string name;            // "all_reduce", "send", ...
-  const char* kind_name = "";  // the same, static (for traces)
+  const char* name = "";       // "all_reduce", "send", ... (static)
   uint64_t seq = 0;            // collective sequence number, or message number on its lane
   LaneKind lane = LaneKind::kCollective;
   int lane_peer = -1;

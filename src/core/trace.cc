@@ -31,9 +31,9 @@ std::string track_name(int tid) {
   return (tid % 2 == 1 ? "send to rank " : "recv from rank ") + std::to_string(peer);
 }
 
-}  // namespace
-
-namespace {
+uint32_t saturate(uint64_t v) {
+  return v > UINT32_MAX ? UINT32_MAX : static_cast<uint32_t>(v);
+}
 
 double realtime_us() {
   timespec ts;
@@ -94,9 +94,7 @@ std::unique_ptr<TraceRecorder> TraceRecorder::make(const Config& config, int ran
   t->host_ = config.host_id;
   t->min_wait_ticks_ = static_cast<uint64_t>(config.trace_min_wait_us / us_per_tick());
   t->max_events_ = config.trace_max_events;
-  t->push(Event{});  // maps the first chunk now, not during the first operation
-  t->chunks_[0].used = 0;
-  t->count_ = 0;
+  t->map_chunk();  // now, not during the first operation
   t->strings_.push_back("?");
   return t;
 }
@@ -120,18 +118,21 @@ TraceRecorder::~TraceRecorder() {
   for (Chunk& c : chunks_) munmap(c.events, kChunkEvents * sizeof(Event));
 }
 
-void TraceRecorder::push(const Event& e) {
-  if (chunks_.empty() || chunks_.back().used == kChunkEvents) {
-    void* p = mmap(nullptr, kChunkEvents * sizeof(Event), PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-    if (p == MAP_FAILED) {
-      if (!dropped_) BRAID_WARN("TRACE", rank_, "no memory for more trace events: later events are dropped");
-      dropped_ = true;
-      max_events_ = count_;
-      return;
-    }
-    chunks_.push_back({static_cast<Event*>(p), 0});
+bool TraceRecorder::map_chunk() {
+  void* p = mmap(nullptr, kChunkEvents * sizeof(Event), PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (p == MAP_FAILED) {
+    if (!dropped_) BRAID_WARN("TRACE", rank_, "no memory for more trace events: later events are dropped");
+    dropped_ = true;
+    max_events_ = count_;
+    return false;
   }
+  chunks_.push_back({static_cast<Event*>(p), 0});
+  return true;
+}
+
+void TraceRecorder::push(const Event& e) {
+  if ((chunks_.empty() || chunks_.back().used == kChunkEvents) && !map_chunk()) return;
   Chunk& c = chunks_.back();
   c.events[c.used++] = e;
   ++count_;
@@ -146,12 +147,6 @@ uint8_t TraceRecorder::intern(const char* s) {
   return static_cast<uint8_t>(strings_.size() - 1);
 }
 
-namespace {
-uint32_t saturate(uint64_t v) {
-  return v > UINT32_MAX ? UINT32_MAX : static_cast<uint32_t>(v);
-}
-}  // namespace
-
 void TraceRecorder::op_done(const Op& op, uint64_t now, const Status& st) {
   if (!room()) return;
   Event e;
@@ -160,7 +155,7 @@ void TraceRecorder::op_done(const Op& op, uint64_t now, const Status& st) {
   e.length = saturate(now - op.start_ticks);
   e.seq = static_cast<uint32_t>(op.seq);
   e.tid = track_of(op);
-  e.name = intern(op.kind_name);
+  e.name = intern(op.name);
   e.detail = intern(op.algo);
   e.is_wait = 0;
   e.ok = st.is_ok();

@@ -81,6 +81,8 @@ class TraceRecorder {
   // Names and algorithms are static strings: kept once, referred to by index.
   uint8_t intern(const char* s);
   bool room();
+  // Maps one more chunk; false (and recording stops) when memory is short.
+  bool map_chunk();
   void push(const Event& e);
   static int track_of(const Op& op);
 

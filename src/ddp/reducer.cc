@@ -47,8 +47,7 @@ struct AlignedFree {
 struct Reducer::State {
   struct Bucket {
     BucketInfo info;
-    size_t count = 0;             // elements
-    std::vector<size_t> offsets;  // element offset of each parameter, as info.parameters
+    size_t count = 0;  // elements
     std::unique_ptr<unsigned char[], AlignedFree> storage;
     size_t pending = 0;  // parameters not yet ready in this step
     braid_request_t request = nullptr;
@@ -215,7 +214,6 @@ Result Reducer::create(braid_comm_t comm, std::vector<Parameter> parameters, std
     s->bucket_of[k] = *slot;
     s->offset_of[k] = b.count;
     b.info.parameters.push_back(k);
-    b.offsets.push_back(b.count);
     b.count += s->params[k].count;
     b.info.bytes += s->bytes(k);
   }
