@@ -86,6 +86,9 @@ def worker(rank, world, port, args, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     os.environ.setdefault("BRAID_SOCKET_IFNAME", "lo")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if args.separate_hosts:
+        # Every rank on its own simulated host: braid talks TCP, as gloo always does.
+        os.environ["BRAID_HOST_ID"] = f"sim-host-{rank}"
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
     gloo = dist.group.WORLD
@@ -184,6 +187,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=3, help="alternating samples per backend (best kept)")
     parser.add_argument("--ddp-steps", type=int, default=10)
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--separate-hosts", action="store_true",
+                        help="give every rank its own BRAID_HOST_ID, so braid uses TCP between all ranks")
     args = parser.parse_args()
     import socket
 
@@ -201,7 +206,8 @@ def main():
     if any(p.exitcode != 0 for p in procs):
         sys.exit("a rank failed")
 
-    print(f"# torch {torch.__version__}, braid {braid_torch.version()}, {args.nprocs} ranks on this host, "
+    where = "each on its own simulated host (braid over TCP)" if args.separate_hosts else "on this host"
+    print(f"# torch {torch.__version__}, braid {braid_torch.version()}, {args.nprocs} ranks {where}, "
           f"float32 sum; times per call (us), back to back, median of samples, slowest rank")
     print(f"{'op':<15}{'size':>9}{'gloo us':>12}{'braid us':>12}{'braid/gloo':>12}{'C us':>10}{'torch/C':>9}")
     for name, size, t in rows:

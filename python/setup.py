@@ -48,7 +48,7 @@ ext = CppExtension(
     sources=["braid_torch/csrc/backend.cc", "braid_torch/csrc/module.cc"],
     include_dirs=[str(ROOT / "include")],
     extra_objects=[str(BRAID_BUILD / "libbraid.a")],
-    libraries=["rt"],
+    libraries=["rt", "hwloc"],  # libbraid.a discovers the topology through hwloc
     extra_compile_args=["-O2", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter"],
 )
 

@@ -145,7 +145,10 @@ TEST(Observability, InfoLogAtInitParsesAndSummarises) {
   for (int r = 0; r < 4; ++r) {
     EXPECT_TRUE(any_line(lines, r, "INIT", "braid 0.1.0: rank " + std::to_string(r) + " of 4")) << r;
     EXPECT_TRUE(any_line(lines, r, "TOPO", "2 host(s): hostA ranks 0-1, hostB ranks 2-3")) << r;
-    EXPECT_TRUE(any_line(lines, r, "TUNE", "all_reduce: direct up to 16 KiB")) << r;
+    // 2 hosts x 2 ranks: the hierarchical schedule for large all_reduces.
+    EXPECT_TRUE(any_line(lines, r, "TUNE", "all_reduce: ")) << r;
+    EXPECT_TRUE(any_line(lines, r, "TUNE", "<= hier")) << r;
+    EXPECT_TRUE(any_line(lines, r, "TOPO", "paths: ")) << r;
   }
   EXPECT_TRUE(any_line(lines, 0, "INIT", "transports: shm to ranks 1; tcp to ranks 2-3"));
   EXPECT_TRUE(any_line(lines, 3, "INIT", "transports: tcp to ranks 0-1; shm to ranks 2"));
@@ -178,7 +181,9 @@ TEST(Observability, DumpNamesThePeerHeldBack) {
   const ScratchDir scratch("dump");
   const std::string& dir = scratch.path;
   braid::test::run_ranks(
-      3, {{"BRAID_DEBUG_FILE", dir + "/log-%p.txt"}}, [](braid_comm_t comm, int rank, int) {
+      // Direct: every rank waits on rank 2 itself (the dump names it).
+      3, {{"BRAID_DEBUG_FILE", dir + "/log-%p.txt"}, {"BRAID_ALGO", "all_reduce:direct"}},
+      [](braid_comm_t comm, int rank, int) {
         std::vector<float> x(1024, 1.0f);
         if (rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
         braid_request_t req = nullptr;
@@ -210,7 +215,9 @@ TEST(Observability, TracesOfFourRanksMerge) {
   const std::string& dir = scratch.path;
   braid::launcher::LaunchOptions o;
   o.nranks = 4;
-  o.env = {{"BRAID_TRACE_FILE", dir + "/trace-%r.json"}, {"BRAID_TRACE_MIN_WAIT_US", "0"}};
+  o.env = {{"BRAID_TRACE_FILE", dir + "/trace-%r.json"},
+           {"BRAID_TRACE_MIN_WAIT_US", "0"},
+           {"BRAID_ALGO", "all_reduce:direct"}};  // where it fits one piece; the tuner's pick above
   o.per_rank_setup = two_hosts;
   auto result =
       braid::launcher::fork_ranks(o, [](braid_comm_t comm, int rank, int n, const braid_unique_id_t&) {

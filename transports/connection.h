@@ -8,6 +8,7 @@
 // All calls are non-blocking; the engine decides when to wait and how.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -50,6 +51,17 @@ class Connection {
   // Tells the peer this side failed and why (after what was already sent),
   // then stops sending. The peer reports the same code.
   virtual void shutdown(const Status& /*why*/) {}
+
+  // Payload bytes this rank moved through this connection: sent, or read
+  // from the peer's memory (braid_comm_transport_bytes). Counted by the
+  // driving thread (one at a time), read from any thread.
+  void count_moved(size_t bytes) {
+    moved_.store(moved_.load(std::memory_order_relaxed) + bytes, std::memory_order_relaxed);
+  }
+  uint64_t bytes_moved() const { return moved_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<uint64_t> moved_{0};
 };
 
 }  // namespace braid

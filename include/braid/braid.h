@@ -132,6 +132,11 @@ braid_result_t braid_comm_set_timeout(braid_comm_t comm, double seconds);
  * prints within one wake-up (20 ms). SIGUSR1 does the same for every
  * communicator of the process (BRAID_DUMP_SIGNAL=0 leaves SIGUSR1 alone). */
 braid_result_t braid_comm_dump(braid_comm_t comm);
+/* Payload bytes this rank has moved to its peers on comm through one
+ * transport, "shm", "tcp" or "self": sent, or read straight from a peer's
+ * memory. Shows which transport carries which traffic (e.g. that ranks of one
+ * host talk over shm and hosts over tcp). */
+braid_result_t braid_comm_transport_bytes(braid_comm_t comm, const char* transport, uint64_t* bytes);
 
 /* ---- requests ---- */
 /* Waits for the operation, frees the request and sets *request = NULL.

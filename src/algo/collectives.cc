@@ -32,33 +32,6 @@ struct Split {
 
 }  // namespace
 
-AllReduceKind choose_all_reduce(const Config& config, size_t bytes, size_t piece_bytes, bool peer_reads) {
-  switch (config.all_reduce_algo) {
-    case AllReduceAlgo::kRing:
-      return AllReduceKind::kRing;
-    // Direct sends the whole buffer to every peer before receiving, so it is
-    // only correct while the buffer fits one slot; beyond that, the ring.
-    case AllReduceAlgo::kDirect:
-      return bytes <= piece_bytes ? AllReduceKind::kDirect : AllReduceKind::kRing;
-    case AllReduceAlgo::kPeerRead:
-      return peer_reads ? AllReduceKind::kPeerRead : AllReduceKind::kRing;
-    case AllReduceAlgo::kAuto:
-      break;
-  }
-  // Direct: one step, (n-1) copies per rank; cheapest while the buffer is small.
-  if (bytes <= config.direct_max_bytes && bytes <= piece_bytes) return AllReduceKind::kDirect;
-  // Reading peers' buffers moves each byte the fewest times, once the few
-  // small synchronising messages it needs are cheap next to the copy.
-  if (peer_reads && bytes >= config.peer_read_min_bytes) return AllReduceKind::kPeerRead;
-  return AllReduceKind::kRing;
-}
-
-bool use_peer_reads(const Config& config, size_t bytes, bool peer_reads) {
-  if (!peer_reads) return false;
-  if (config.all_reduce_algo == AllReduceAlgo::kPeerRead) return true;
-  return config.all_reduce_algo == AllReduceAlgo::kAuto && bytes >= config.peer_read_min_bytes;
-}
-
 bool channel_reads_peers(const Channel& ch) {
   for (int p = 0; p < ch.nranks; ++p)
     if (p != ch.rank && !ch.to(p)->supports_peer_reads()) return false;
@@ -124,6 +97,224 @@ Task direct_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
   finish_avg(a, a.recvbuf, a.count, n);
 }
 
+std::vector<std::vector<int>> host_groups(const std::vector<std::string>& host,
+                                          const std::vector<int>& numa) {
+  std::vector<std::string> names;
+  std::vector<std::vector<int>> groups;
+  for (size_t r = 0; r < host.size(); ++r) {
+    const size_t h = static_cast<size_t>(std::find(names.begin(), names.end(), host[r]) - names.begin());
+    if (h == names.size()) {
+      names.push_back(host[r]);
+      groups.emplace_back();
+    }
+    groups[h].push_back(static_cast<int>(r));
+  }
+  // Ranks of one NUMA node next to each other: a ring then crosses between
+  // sockets twice, not on every hop.
+  for (auto& g : groups)
+    std::stable_sort(g.begin(), g.end(), [&](int a, int b) { return numa[a] < numa[b]; });
+  return groups;
+}
+
+// ---- binary trees: pieces flow up (reduce) and down (broadcast) ----
+
+BinaryTree::BinaryTree(int r, int n, int root) {
+  const int p = mod(r - root, n);
+  if (p > 0) parent = mod((p - 1) / 2 + root, n);
+  for (int k = 0; k < 2; ++k)
+    if (2 * p + 1 + k < n) child[children++] = mod(2 * p + 1 + k + root, n);
+}
+
+namespace {
+
+// `acc` (piece-sized, this node's partial result) = in op children's pieces,
+// sent up toward the root; the root's result lands in `out`.
+Task tree_reduce_pieces(const Channel& ch, const CollArgs& a, int root, char* out, char* scratch) {
+  const BinaryTree t(ch.rank, ch.nranks, root);
+  const size_t esize = braid_dtype_size(a.dtype), bytes = a.count * esize;
+  const size_t piece = ch.piece_bytes / esize * esize;
+  const char* in = static_cast<const char*>(a.sendbuf);
+  for (size_t off = 0; off < bytes; off += piece) {
+    const size_t len = std::min(piece, bytes - off);
+    // Where this node's partial sum is built: the output at the root, the
+    // caller's scratch (one piece) elsewhere.
+    char* acc = t.parent < 0 ? out + off : scratch;
+    if (t.children == 0) {
+      if (t.parent < 0)
+        copy_if_distinct(acc, in + off, len);
+      else
+        co_await send_piece(ch, t.parent, in + off, len);
+    } else if (t.children == 1 && t.parent >= 0) {
+      co_await recv_reduce_send(ch, t.child[0], t.parent, in + off, len, a.dtype, a.op);
+    } else {
+      co_await recv_reduce_copy(ch, t.child[0], acc, in + off, len, a.dtype, a.op);
+      if (t.children == 2) {
+        if (t.parent < 0)
+          co_await recv_reduce_copy(ch, t.child[1], acc, acc, len, a.dtype, a.op);
+        else
+          co_await recv_reduce_send(ch, t.child[1], t.parent, acc, len, a.dtype, a.op);
+      }
+    }
+  }
+}
+
+// buf (valid at the root) reaches every rank, piece by piece down the tree.
+Task tree_broadcast_pieces(const Channel& ch, int root, char* buf, size_t bytes) {
+  const BinaryTree t(ch.rank, ch.nranks, root);
+  for (size_t off = 0; off < bytes; off += ch.piece_bytes) {
+    const size_t len = std::min(ch.piece_bytes, bytes - off);
+    if (t.parent < 0) {
+      for (int k = 0; k < t.children; ++k) co_await send_piece(ch, t.child[k], buf + off, len);
+    } else if (t.children == 0) {
+      co_await recv_piece(ch, t.parent, buf + off, len);
+    } else {
+      co_await recv_copy_send(ch, t.parent, t.child[0], buf + off, len);
+      if (t.children == 2) co_await send_piece(ch, t.child[1], buf + off, len);
+    }
+  }
+}
+
+}  // namespace
+
+Task tree_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
+  char* out = static_cast<char*>(a.recvbuf);
+  const size_t bytes = a.count * braid_dtype_size(a.dtype);
+  co_await tree_reduce_pieces(ch, a, 0, out, scratch);
+  if (ch.rank == 0) finish_avg(a, out, a.count, ch.nranks);
+  co_await tree_broadcast_pieces(ch, 0, out, bytes);
+}
+
+Task tree_broadcast(const Channel& ch, CollArgs a) {
+  const size_t bytes = a.count * braid_dtype_size(a.dtype);
+  if (ch.rank == a.root) copy_if_distinct(a.recvbuf, a.sendbuf, bytes);
+  if (ch.nranks > 1) co_await tree_broadcast_pieces(ch, a.root, static_cast<char*>(a.recvbuf), bytes);
+}
+
+Task tree_reduce(const Channel& ch, CollArgs a, char* scratch) {
+  co_await tree_reduce_pieces(ch, a, a.root, static_cast<char*>(a.recvbuf), scratch);
+  if (ch.rank == a.root) finish_avg(a, a.recvbuf, a.count, ch.nranks);
+}
+
+// ---- recursive doubling: log2(n) exchanges of the whole buffer ----
+
+Task recursive_doubling_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
+  const int n = ch.nranks, r = ch.rank;
+  const size_t bytes = a.count * braid_dtype_size(a.dtype);
+  char* out = static_cast<char*>(a.recvbuf);
+  int p2 = 1;
+  while (p2 * 2 <= n) p2 *= 2;
+  // Ranks beyond the largest power of two hand their data to a partner
+  // below it and take the result back at the end.
+  if (r >= p2) {
+    co_await send_message(ch, r - p2, a.sendbuf, bytes);
+    co_await recv_message(ch, r - p2, out, bytes);
+    co_return;
+  }
+  copy_if_distinct(out, a.sendbuf, bytes);
+  if (r + p2 < n) {
+    co_await recv_message(ch, r + p2, scratch, bytes);
+    kernels::reduce(a.dtype, a.op, out, out, scratch, a.count);
+  }
+  for (int mask = 1; mask < p2; mask <<= 1) {
+    const int partner = r ^ mask;
+    co_await exchange(ch, partner, out, bytes, partner, scratch, bytes);
+    // The lower rank's operand first, on both sides: bit-identical results
+    // even for operations that are not commutative in every bit (NaN in min).
+    if (r < partner)
+      kernels::reduce(a.dtype, a.op, out, out, scratch, a.count);
+    else
+      kernels::reduce(a.dtype, a.op, out, scratch, out, a.count);
+  }
+  finish_avg(a, out, a.count, n);
+  if (r + p2 < n) co_await send_message(ch, r + p2, out, bytes);
+}
+
+// ---- hierarchical: inside each host, across hosts, inside again ----
+
+Task hierarchical_all_reduce(const Channel& all, const Channel& host, const Channel& across, CollArgs a,
+                             bool host_reads, char* scratch) {
+  const size_t esize = braid_dtype_size(a.dtype);
+  const int L = host.nranks, me = host.rank;
+  const size_t block = a.count / static_cast<size_t>(L), head = block * static_cast<size_t>(L);
+  char* out = static_cast<char*>(a.recvbuf);
+  const char* in = static_cast<const char*>(a.sendbuf);
+  const braid_redop_t op = a.op == BRAID_AVG ? BRAID_SUM : a.op;
+  if (block > 0) {
+    char* mine = out + me * block * esize;
+    // 1. Each rank of a host ends with the host's sum of one block ...
+    CollArgs rs = a;
+    rs.sendbuf = in;
+    rs.recvbuf = mine;
+    rs.count = block;
+    rs.op = op;
+    if (host_reads)
+      co_await peer_read_reduce_scatter(host, rs, scratch);
+    else
+      co_await ring_reduce_scatter(host, rs);
+    // 2. ... which it all-reduces with the ranks holding that block on the
+    // other hosts (each host's link carries 1/L of the data per rank) ...
+    CollArgs ar = rs;
+    ar.sendbuf = ar.recvbuf = mine;
+    co_await ring_all_reduce(across, ar);
+    if (a.op == BRAID_AVG) kernels::divide(a.dtype, mine, block, all.nranks);
+    // 3. ... and the host's ranks share their blocks.
+    CollArgs ag = a;
+    ag.sendbuf = mine;
+    ag.recvbuf = out;
+    ag.count = block;
+    if (host_reads)
+      co_await peer_read_all_gather(host, ag);
+    else
+      co_await ring_all_gather(host, ag);
+  }
+  if (head < a.count) {
+    // The few elements that do not divide among a host's ranks.
+    CollArgs tail = a;
+    tail.sendbuf = in + head * esize;
+    tail.recvbuf = out + head * esize;
+    tail.count = a.count - head;
+    co_await ring_all_reduce(all, tail);
+  }
+}
+
+// Broadcast: across hosts among the ranks at the root's index in their
+// host, then inside every host from that rank. Each byte crosses the network
+// once per host, and the chains inside hosts run in parallel.
+Task hierarchical_broadcast(const Channel& host, const Channel& across, CollArgs a, int root_host,
+                            int root_index) {
+  if (host.rank == root_index) {
+    CollArgs x = a;
+    x.root = root_host;
+    co_await chain_broadcast(across, x);
+  }
+  CollArgs in = a;
+  in.sendbuf = a.recvbuf;  // the host's copy arrived there
+  in.root = root_index;
+  co_await chain_broadcast(host, in);
+}
+
+// Reduce: inside every host to the rank at the root's index, then across
+// hosts to the root. scratch: the buffer's bytes, for the host's partial
+// result on ranks other than the root.
+Task hierarchical_reduce(const Channel& all, const Channel& host, const Channel& across, CollArgs a,
+                         int root_host, int root_index, char* scratch) {
+  const bool is_root = host.rank == root_index && across.rank == root_host;
+  char* partial = is_root ? static_cast<char*>(a.recvbuf) : scratch;
+  CollArgs in = a;
+  in.op = a.op == BRAID_AVG ? BRAID_SUM : a.op;
+  in.recvbuf = partial;
+  in.root = root_index;
+  co_await chain_reduce(host, in);
+  if (host.rank == root_index) {
+    CollArgs x = in;
+    x.sendbuf = partial;
+    x.recvbuf = is_root ? a.recvbuf : scratch;
+    x.root = root_host;
+    co_await chain_reduce(across, x);
+  }
+  if (is_root) finish_avg(a, a.recvbuf, a.count, all.nranks);
+}
+
 // ---- algorithms that read peers' buffers directly (shm: process_vm_readv) ----
 
 namespace {
@@ -153,6 +344,7 @@ Task sync_all(const Channel& ch) {
 Task read_from(const Channel& ch, int peer, void* dst, uint64_t remote, size_t bytes) {
   if (bytes == 0) co_return;
   Status st = ch.to(peer)->read_peer(dst, remote, bytes);
+  if (st) ch.to(peer)->count_moved(bytes);
   if (!st) {
     FailOp fail{st};  // named: see checked_call
     co_await fail;
@@ -169,7 +361,7 @@ Task reduce_reading_peers(const Channel& ch, const CollArgs& a, const std::vecto
   const size_t esize = braid_dtype_size(a.dtype);
   const size_t chunk = std::max<size_t>(1, ch.piece_bytes / esize);  // elements per read
   char* tmp = scratch;                                               // a peer's chunk
-  char* mine = scratch + chunk * esize;                              // our own chunk, when out overwrites it
+  char* mine = scratch + std::min(chunk, count) * esize;             // our own chunk, when out overwrites it
   for (size_t e = 0; e < count; e += chunk) {
     const size_t len = std::min(chunk, count - e), bytes = len * esize, off = e * esize;
     const char* own = own_in + off;

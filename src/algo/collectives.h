@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "src/algo/primitives.h"
 #include "src/core/config.h"
@@ -27,10 +28,7 @@ struct CollArgs {
   int* source = nullptr;  // receive from any source: where the sender's rank goes
 };
 
-// The all_reduce algorithm for this size (BRAID_ALGO overrides).
-enum class AllReduceKind { kRing, kDirect, kPeerRead };
-// `peer_reads`: every connection of the channel can read peers' memory.
-AllReduceKind choose_all_reduce(const Config& config, size_t bytes, size_t piece_bytes, bool peer_reads);
+// Every connection of the channel can read peers' memory.
 bool channel_reads_peers(const Channel& ch);
 
 Task ring_all_reduce(const Channel& ch, CollArgs a);
@@ -40,8 +38,35 @@ Task peer_read_all_reduce(const Channel& ch, CollArgs a, char* scratch);
 Task peer_read_reduce_scatter(const Channel& ch, CollArgs a, char* scratch);
 Task peer_read_all_gather(const Channel& ch, CollArgs a);
 Task peer_read_broadcast(const Channel& ch, CollArgs a);
-// Whether a bandwidth collective of `bytes` should read peers directly.
-bool use_peer_reads(const Config& config, size_t bytes, bool peer_reads);
+// The ranks of each host (hosts in order of first appearance), those of one
+// NUMA node together. Rings and trees visit ranks in this order, so they
+// cross between hosts once per host, whatever order the launcher gave.
+std::vector<std::vector<int>> host_groups(const std::vector<std::string>& host_of_rank,
+                                          const std::vector<int>& numa_of_rank);
+
+// The binary tree of tree_*: heap order over channel indices, rotated so
+// `root` is at position 0 (position p has children 2p+1 and 2p+2).
+struct BinaryTree {
+  int parent = -1, child[2] = {-1, -1}, children = 0;
+  BinaryTree(int rank, int nranks, int root);
+};
+// scratch: one piece (tree, for partial sums at inner nodes) or the whole
+// buffer (recursive doubling, for the partner's data).
+Task tree_all_reduce(const Channel& ch, CollArgs a, char* scratch);
+Task tree_broadcast(const Channel& ch, CollArgs a);
+Task tree_reduce(const Channel& ch, CollArgs a, char* scratch);
+Task recursive_doubling_all_reduce(const Channel& ch, CollArgs a, char* scratch);
+// `host`: this host's ranks; `across`: the ranks with this rank's index on
+// every host; `host_reads`: `host` can read peers' memory (scratch: 2 pieces).
+Task hierarchical_all_reduce(const Channel& all, const Channel& host, const Channel& across, CollArgs a,
+                             bool host_reads, char* scratch);
+// Rooted collectives in two levels; the root is the rank at index
+// `root_index` of host `root_host` (`across` holds one rank per host).
+Task hierarchical_broadcast(const Channel& host, const Channel& across, CollArgs a, int root_host,
+                            int root_index);
+// scratch: the buffer's bytes (a host's partial result).
+Task hierarchical_reduce(const Channel& all, const Channel& host, const Channel& across, CollArgs a,
+                         int root_host, int root_index, char* scratch);
 Task chain_broadcast(const Channel& ch, CollArgs a);
 Task chain_reduce(const Channel& ch, CollArgs a);
 Task ring_all_gather(const Channel& ch, CollArgs a);

@@ -54,6 +54,11 @@ Until wait_both(BothWait* w, int from) {
       both_check, w, from, "for a message and a free slot, from", {w->r.conn, w->s.conn}, {POLLIN, POLLOUT}}};
 }
 
+void commit(Connection* c, size_t bytes) {
+  c->count_moved(bytes);
+  c->commit_send(bytes);
+}
+
 FailOp size_mismatch(int from, size_t got, size_t want) {
   Op* op = current_op();
   return FailOp{
@@ -64,6 +69,18 @@ FailOp size_mismatch(int from, size_t got, size_t want) {
 }
 
 }  // namespace
+
+Channel Channel::subset(const std::vector<int>& members) const {
+  Channel c;
+  c.piece_bytes = piece_bytes;
+  c.nranks = static_cast<int>(members.size());
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (members[i] == rank) c.rank = static_cast<int>(i);
+    c.conns.push_back(conns[members[i]]);
+    c.ranks.push_back(global(members[i]));
+  }
+  return c;
+}
 
 bool FailOp::never(void*) {
   return false;
@@ -76,15 +93,15 @@ void FailOp::await_suspend(std::coroutine_handle<> h) {
 
 Task send_piece(const Channel& ch, int to, const void* src, size_t bytes) {
   SendWait w{ch.to(to)};
-  if (!send_check(&w)) co_await wait_send(&w, to);
+  if (!send_check(&w)) co_await wait_send(&w, ch.global(to));
   if (bytes) std::memcpy(w.slot, src, bytes);
-  w.conn->commit_send(bytes);
+  commit(w.conn, bytes);
 }
 
 Task recv_piece(const Channel& ch, int from, void* dst, size_t bytes) {
   RecvWait w{ch.to(from)};
-  if (!recv_check(&w)) co_await wait_recv(&w, from);
-  if (w.bytes != bytes) co_await size_mismatch(from, w.bytes, bytes);
+  if (!recv_check(&w)) co_await wait_recv(&w, ch.global(from));
+  if (w.bytes != bytes) co_await size_mismatch(ch.global(from), w.bytes, bytes);
   if (bytes) std::memcpy(dst, w.data, bytes);
   w.conn->release_recv();
 }
@@ -92,8 +109,8 @@ Task recv_piece(const Channel& ch, int from, void* dst, size_t bytes) {
 Task recv_reduce_copy(const Channel& ch, int from, void* dst, const void* local, size_t bytes,
                       braid_dtype_t dtype, braid_redop_t op) {
   RecvWait w{ch.to(from)};
-  if (!recv_check(&w)) co_await wait_recv(&w, from);
-  if (w.bytes != bytes) co_await size_mismatch(from, w.bytes, bytes);
+  if (!recv_check(&w)) co_await wait_recv(&w, ch.global(from));
+  if (w.bytes != bytes) co_await size_mismatch(ch.global(from), w.bytes, bytes);
   kernels::reduce(dtype, op, dst, w.data, local, bytes / braid_dtype_size(dtype));
   w.conn->release_recv();
 }
@@ -101,33 +118,33 @@ Task recv_reduce_copy(const Channel& ch, int from, void* dst, const void* local,
 Task recv_reduce_send(const Channel& ch, int from, int to, const void* local, size_t bytes,
                       braid_dtype_t dtype, braid_redop_t op) {
   BothWait w{{ch.to(from)}, {ch.to(to)}};
-  if (!both_check(&w)) co_await wait_both(&w, from);
-  if (w.r.bytes != bytes) co_await size_mismatch(from, w.r.bytes, bytes);
+  if (!both_check(&w)) co_await wait_both(&w, ch.global(from));
+  if (w.r.bytes != bytes) co_await size_mismatch(ch.global(from), w.r.bytes, bytes);
   kernels::reduce(dtype, op, w.s.slot, w.r.data, local, bytes / braid_dtype_size(dtype));
-  w.s.conn->commit_send(bytes);
+  commit(w.s.conn, bytes);
   w.r.conn->release_recv();
 }
 
 Task recv_reduce_copy_send(const Channel& ch, int from, int to, void* dst, const void* local, size_t bytes,
                            braid_dtype_t dtype, braid_redop_t op) {
   BothWait w{{ch.to(from)}, {ch.to(to)}};
-  if (!both_check(&w)) co_await wait_both(&w, from);
-  if (w.r.bytes != bytes) co_await size_mismatch(from, w.r.bytes, bytes);
+  if (!both_check(&w)) co_await wait_both(&w, ch.global(from));
+  if (w.r.bytes != bytes) co_await size_mismatch(ch.global(from), w.r.bytes, bytes);
   kernels::reduce(dtype, op, dst, w.r.data, local, bytes / braid_dtype_size(dtype));
   if (bytes) std::memcpy(w.s.slot, dst, bytes);
-  w.s.conn->commit_send(bytes);
+  commit(w.s.conn, bytes);
   w.r.conn->release_recv();
 }
 
 Task recv_copy_send(const Channel& ch, int from, int to, void* dst, size_t bytes) {
   BothWait w{{ch.to(from)}, {ch.to(to)}};
-  if (!both_check(&w)) co_await wait_both(&w, from);
-  if (w.r.bytes != bytes) co_await size_mismatch(from, w.r.bytes, bytes);
+  if (!both_check(&w)) co_await wait_both(&w, ch.global(from));
+  if (w.r.bytes != bytes) co_await size_mismatch(ch.global(from), w.r.bytes, bytes);
   if (bytes) {
     std::memcpy(dst, w.r.data, bytes);
     std::memcpy(w.s.slot, w.r.data, bytes);
   }
-  w.s.conn->commit_send(bytes);
+  commit(w.s.conn, bytes);
   w.r.conn->release_recv();
 }
 
@@ -161,7 +178,7 @@ Task exchange(const Channel& ch, int to, const void* src, size_t send_bytes, int
     bool moved = false;
     if (received < nrecv && (w.r.data != nullptr || recv_check(&w.r))) {
       size_t off = received * piece, want = std::min(piece, recv_bytes - off);
-      if (w.r.bytes != want) co_await size_mismatch(from, w.r.bytes, want);
+      if (w.r.bytes != want) co_await size_mismatch(ch.global(from), w.r.bytes, want);
       if (want) std::memcpy(d + off, w.r.data, want);
       w.r.conn->release_recv();
       w.r.data = nullptr;
@@ -171,7 +188,7 @@ Task exchange(const Channel& ch, int to, const void* src, size_t send_bytes, int
     if (sent < nsend && (w.s.slot != nullptr || send_check(&w.s))) {
       size_t off = sent * piece, len = std::min(piece, send_bytes - off);
       if (len) std::memcpy(w.s.slot, s + off, len);
-      w.s.conn->commit_send(len);
+      commit(w.s.conn, len);
       w.s.slot = nullptr;
       ++sent;
       moved = true;
@@ -184,14 +201,14 @@ Task exchange(const Channel& ch, int to, const void* src, size_t send_bytes, int
                                  return recv_check(&b->r) || send_check(&b->s);
                                },
                                &w,
-                               from,
+                               ch.global(from),
                                "to exchange with",
                                {w.r.conn, w.s.conn},
                                {POLLIN, POLLOUT}}};
     } else if (received < nrecv) {
-      co_await wait_recv(&w.r, from);
+      co_await wait_recv(&w.r, ch.global(from));
     } else {
-      co_await wait_send(&w.s, to);
+      co_await wait_send(&w.s, ch.global(to));
     }
   }
 }

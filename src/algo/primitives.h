@@ -18,13 +18,20 @@
 
 namespace braid {
 
-// The connections an operation uses: one per peer on one channel.
+// The connections an operation uses: one per peer on one channel. A channel
+// may cover a subset of the communicator's ranks, in any order (the ranks of
+// one host, one rank per host, a ring ordered by host): algorithms see
+// indices 0..nranks-1, and waits and errors name the communicator's ranks.
 struct Channel {
   int rank = 0;
   int nranks = 1;
   size_t piece_bytes = 0;
-  std::vector<Connection*> conns;  // indexed by peer; null for this rank
+  std::vector<Connection*> conns;  // indexed by peer; this rank's entry may be null
+  std::vector<int> ranks;          // communicator rank of each index; empty: the same
   Connection* to(int peer) const { return conns[peer]; }
+  int global(int peer) const { return ranks.empty() ? peer : ranks[peer]; }
+  // The channel over `members` (indices of this channel, this rank among them).
+  Channel subset(const std::vector<int>& members) const;
 };
 
 // co_await FailOp{status}: records an error on the current op and suspends it

@@ -560,6 +560,16 @@ BRAID_API braid_result_t braid_comm_dump(braid_comm_t handle) {
   return BRAID_SUCCESS;
 }
 
+BRAID_API braid_result_t braid_comm_transport_bytes(braid_comm_t handle, const char* transport,
+                                                    uint64_t* bytes) {
+  std::shared_ptr<Communicator> comm;
+  Status st = lookup(handle, &comm);
+  if (st && bytes == nullptr) st = Status::invalid_argument("bytes is NULL");
+  if (st) st = comm->transport_bytes(transport, bytes);
+  if (!st) return finish(st.with_context("comm_transport_bytes"), comm.get());
+  return BRAID_SUCCESS;
+}
+
 BRAID_API braid_result_t braid_comm_set_timeout(braid_comm_t handle, double seconds) {
   std::shared_ptr<Communicator> comm;
   Status st = lookup(handle, &comm);

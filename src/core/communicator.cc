@@ -3,22 +3,22 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <mutex>
 #include <numeric>
 
 #include "src/core/logging.h"
+#include "src/topo/topology.h"
 #include "transports/self/self_connection.h"
 #include "transports/shm/shm_transport.h"
 #include "transports/tcp/tcp_transport.h"
 
 namespace braid {
-namespace {
-
-constexpr int kNumChannels = 2;  // 0: collectives, 1: point-to-point
 
 // What each rank tells the others at init. Settings that shape the wire
-// protocol must agree on every rank.
+// protocol or the choice of algorithm must agree on every rank.
 struct PeerInfo {
   char host[192];
   int32_t pid;
@@ -27,10 +27,37 @@ struct PeerInfo {
   uint64_t tcp_slot_bytes;
   int32_t shm_slots;
   int32_t tcp_slots;
-  int32_t all_reduce_algo;
+  int32_t cores;
+  uint64_t machine;  // the real host (simulated hosts may share one)
+  uint64_t algo;     // BRAID_ALGO, encoded
   uint64_t direct_max_bytes;
   uint64_t peer_read_min_bytes;
+  topo::RankPlacement placement;
 };
+
+namespace {
+
+// hwloc discovery reads sysfs and PCI: once per process (per
+// BRAID_TOPO_FILE / BRAID_TOPO_NUMA), not once per communicator.
+Status host_topology(std::shared_ptr<const topo::HostTopology>* out) {
+  static std::mutex mu;
+  static std::string key;
+  static std::shared_ptr<const topo::HostTopology> cached;
+  const char* file = std::getenv("BRAID_TOPO_FILE");
+  const char* numa = std::getenv("BRAID_TOPO_NUMA");
+  const std::string now = std::string(file ? file : "") + '\n' + (numa ? numa : "");
+  std::lock_guard<std::mutex> lock(mu);
+  if (cached == nullptr || key != now) {
+    auto t = std::make_shared<topo::HostTopology>();
+    BRAID_RETURN_IF_ERROR(topo::discover(t.get()));
+    cached = std::move(t);
+    key = now;
+  }
+  *out = cached;
+  return Status::ok();
+}
+
+constexpr int kNumChannels = 2;  // 0: collectives, 1: point-to-point
 
 Status check_same(const std::vector<PeerInfo>& infos, const char* var, auto field) {
   for (size_t r = 1; r < infos.size(); ++r) {
@@ -95,7 +122,9 @@ Status Communicator::create(std::unique_ptr<Bootstrap> bootstrap, const Config& 
 
 Status Communicator::setup_transports() {
   const Deadline deadline = Deadline::after_seconds(config_.timeout_s);
+  BRAID_RETURN_IF_ERROR(host_topology(&topology_));
   PeerInfo mine{};
+  mine.placement = topo::placement_of(*topology_, config_.host_id);
   std::strncpy(mine.host, config_.host_id.c_str(), sizeof(mine.host) - 1);
   mine.pid = static_cast<int32_t>(getpid());
   mine.transport = static_cast<int32_t>(config_.transport);
@@ -103,7 +132,9 @@ Status Communicator::setup_transports() {
   mine.tcp_slot_bytes = config_.tcp_slot_bytes;
   mine.shm_slots = config_.shm_slots;
   mine.tcp_slots = config_.tcp_slots;
-  mine.all_reduce_algo = static_cast<int32_t>(config_.all_reduce_algo);
+  mine.cores = static_cast<int32_t>(sysconf(_SC_NPROCESSORS_ONLN));
+  mine.machine = topo::host_hash(default_host_id());
+  mine.algo = config_.algo.encode();
   mine.direct_max_bytes = config_.direct_max_bytes;
   mine.peer_read_min_bytes = config_.peer_read_min_bytes;
   std::vector<uint8_t> raw;
@@ -118,7 +149,7 @@ Status Communicator::setup_transports() {
       check_same(infos, "BRAID_TCP_SLOT_BYTES", [](const PeerInfo& p) { return p.tcp_slot_bytes; }));
   BRAID_RETURN_IF_ERROR(check_same(infos, "BRAID_TCP_SLOTS", [](const PeerInfo& p) { return p.tcp_slots; }));
   // Every rank must pick the same algorithm for the same call.
-  BRAID_RETURN_IF_ERROR(check_same(infos, "BRAID_ALGO", [](const PeerInfo& p) { return p.all_reduce_algo; }));
+  BRAID_RETURN_IF_ERROR(check_same(infos, "BRAID_ALGO", [](const PeerInfo& p) { return p.algo; }));
   BRAID_RETURN_IF_ERROR(
       check_same(infos, "BRAID_DIRECT_MAX_BYTES", [](const PeerInfo& p) { return p.direct_max_bytes; }));
   BRAID_RETURN_IF_ERROR(check_same(infos, "BRAID_PEER_READ_MIN_BYTES",
@@ -128,6 +159,7 @@ Status Communicator::setup_transports() {
   for (int r = 0; r < nranks_; ++r) {
     infos[r].host[sizeof(infos[r].host) - 1] = '\0';
     hosts_.push_back(infos[r].host);
+    placements_.push_back(infos[r].placement);
   }
   for (int r = 0; r < nranks_; ++r) {
     bool same_host = hosts_[r] == hosts_[rank_];
@@ -168,7 +200,7 @@ Status Communicator::setup_transports() {
       peers[r].push_back(conn);
     }
   }
-  peer_reads_ = channel_reads_peers(coll_channel_);
+  build_schedules(infos);
   trace_ = TraceRecorder::make(config_, rank_, nranks_);
   engine_ = std::make_unique<Engine>(rank_, config_, peers, shm_->doorbell());
   engine_->set_trace(trace_.get());
@@ -180,6 +212,62 @@ Status Communicator::setup_transports() {
   });
   // Nobody may send before every rank has its engine (and its slots) ready.
   return bootstrap_->barrier(deadline);
+}
+
+// The channels the algorithms run on and the tuner; every input is the same
+// on every rank, so every rank builds the same.
+void Communicator::build_schedules(const std::vector<PeerInfo>& infos) {
+  std::vector<int> numa(nranks_);
+  for (int r = 0; r < nranks_; ++r) numa[r] = placements_[r].numa;
+  const std::vector<std::vector<int>> members = host_groups(hosts_, numa);
+  const int nhosts = static_cast<int>(members.size());
+  std::vector<int> host_of(nranks_);
+  local_index_.assign(nranks_, 0);
+  for (int h = 0; h < nhosts; ++h)
+    for (size_t i = 0; i < members[h].size(); ++i) {
+      host_of[members[h][i]] = h;
+      local_index_[members[h][i]] = static_cast<int>(i);
+    }
+  host_index_ = host_of;
+
+  // A ring (and tree) that visits each host's ranks together crosses
+  // between hosts once per host, whatever order the launcher gave ranks.
+  order_.clear();
+  for (const auto& m : members) order_.insert(order_.end(), m.begin(), m.end());
+  position_.assign(nranks_, 0);
+  for (int i = 0; i < nranks_; ++i) position_[order_[i]] = i;
+  ordered_channel_ = coll_channel_.subset(order_);
+  if (std::is_sorted(order_.begin(), order_.end())) ordered_channel_.ranks.clear();
+
+  JobShape shape;
+  shape.nranks = nranks_;
+  shape.nhosts = nhosts;
+  shape.ranks_per_host = static_cast<int>(members[0].size());
+  for (int h = 0; h < nhosts; ++h)
+    if (members[h].size() != members[0].size()) shape.ranks_per_host = 0;
+  // Oversubscribed: some machine runs more of this job's ranks than it has
+  // cores (simulated hosts on one machine count together).
+  for (int r = 0; r < nranks_; ++r) {
+    const auto same = std::count_if(infos.begin(), infos.end(),
+                                    [&](const PeerInfo& p) { return p.machine == infos[r].machine; });
+    shape.ranks_per_core =
+        std::max(shape.ranks_per_core, static_cast<double>(same) / std::max(1, infos[r].cores));
+  }
+  shape.oversubscribed = shape.ranks_per_core > 1;
+  shape.peer_reads = channel_reads_peers(coll_channel_);
+  shape.piece_bytes = coll_channel_.piece_bytes;
+  shape.direct_max_bytes = config_.direct_max_bytes;
+  shape.peer_read_min_bytes = config_.peer_read_min_bytes;
+  if (nhosts > 1 && shape.ranks_per_host > 1) {
+    const auto& mine = members[host_of[rank_]];
+    const int index = static_cast<int>(std::find(mine.begin(), mine.end(), rank_) - mine.begin());
+    std::vector<int> across;
+    for (const auto& m : members) across.push_back(m[index]);
+    host_channel_ = coll_channel_.subset(mine);
+    across_channel_ = coll_channel_.subset(across);
+    shape.host_peer_reads = channel_reads_peers(host_channel_);
+  }
+  tuner_ = Tuner(shape, config_.algo);
 }
 
 Communicator::~Communicator() {
@@ -247,30 +335,41 @@ void Communicator::log_summary() const {
   for (size_t i = 0; i < hosts.size(); ++i) {
     topo += (i ? ", " : " ") + hosts[i].first + " ranks " + rank_ranges(hosts[i].second);
   }
-  BRAID_INFO("TOPO", rank_, "%s; %ld cores online here", topo.c_str(), sysconf(_SC_NPROCESSORS_ONLN));
-  const char* forced = config_.all_reduce_algo == AllReduceAlgo::kRing ? "ring (BRAID_ALGO)"
-                       : config_.all_reduce_algo == AllReduceAlgo::kDirect
-                           ? "direct up to one piece (BRAID_ALGO)"
-                       : config_.all_reduce_algo == AllReduceAlgo::kPeerRead ? "peer_read (BRAID_ALGO)"
-                                                                             : nullptr;
-  const std::string peer_read = peer_reads_ ? "peer_read from " + bytes_text(config_.peer_read_min_bytes)
-                                            : std::string("no peer reads");
-  if (forced != nullptr) {
-    BRAID_INFO("TUNE", rank_, "all_reduce: %s", forced);
-  } else {
-    BRAID_INFO("TUNE", rank_, "all_reduce: direct up to %s, %s, ring otherwise",
-               bytes_text(std::min(config_.direct_max_bytes, coll_channel_.piece_bytes)).c_str(),
-               peer_read.c_str());
+  BRAID_INFO("TOPO", rank_, "%s", topo.c_str());
+  const topo::HostTopology& t = *topology_;
+  BRAID_INFO("TOPO", rank_,
+             "this host (%s): %zu package(s), %zu NUMA node(s), %zu cores, %zu GPU(s), %zu NIC(s); rank %d "
+             "on NUMA node %d, core %d",
+             t.source.c_str(), t.packages.size(), t.numa_nodes.size(), t.cores.size(), t.gpus.size(),
+             t.nics.size(), rank_, placements_[rank_].numa, placements_[rank_].core);
+  std::string paths;
+  for (const auto& [kind, ranks] : group_ranks(peers, [&](int p) {
+         return std::string(topo::path_name(topo::path_between(placements_[rank_], placements_[p])));
+       })) {
+    paths += (paths.empty() ? "" : "; ") + kind + " to ranks " + rank_ranges(ranks);
   }
-  BRAID_INFO(
-      "TUNE", rank_,
-      "broadcast chain, all_gather and reduce_scatter ring (%s); reduce chain; gather, scatter direct; "
-      "all_to_all pairwise; barrier dissemination; piece %s",
-      peer_read.c_str(), bytes_text(coll_channel_.piece_bytes).c_str());
+  if (!paths.empty()) BRAID_INFO("TOPO", rank_, "paths: %s", paths.c_str());
+  for (const std::string& line : tuner_.describe()) BRAID_INFO("TUNE", rank_, "%s", line.c_str());
+  BRAID_INFO("TUNE", rank_,
+             "gather, scatter direct; all_to_all pairwise; barrier dissemination; piece %s; ring order %s",
+             bytes_text(coll_channel_.piece_bytes).c_str(), rank_ranges(order_).c_str());
 }
 
 const char* Communicator::transport_to(int peer) const {
   return coll_channel_.conns[peer] ? coll_channel_.conns[peer]->kind() : "none";
+}
+
+Status Communicator::transport_bytes(const char* transport, uint64_t* bytes) const {
+  if (transport == nullptr) return Status::invalid_argument("transport is NULL (shm, tcp or self)");
+  const std::string kind = transport;
+  if (kind != "shm" && kind != "tcp" && kind != "self")
+    return Status::invalid_argument("transport '" + kind + "' is not one of shm, tcp, self");
+  uint64_t total = 0;
+  for (const Channel* ch : {&coll_channel_, &p2p_channel_})
+    for (const Connection* c : ch->conns)
+      if (c != nullptr && kind == c->kind()) total += c->bytes_moved();
+  *bytes = total;
+  return Status::ok();
 }
 
 void Communicator::set_last_error(const std::string& message) {
@@ -435,44 +534,51 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
   }
   switch (kind) {
     case OpKind::kAllReduce:
-      switch (choose_all_reduce(config_, a.count * esize, coll_channel_.piece_bytes, peer_reads_)) {
-        case AllReduceKind::kDirect:
-          op->algo = "direct";
-          // In place, every rank but 0 must keep its input while it accumulates.
-          if (a.sendbuf == a.recvbuf && rank_ != 0) op->work.resize(a.count * esize);
-          op->task = direct_all_reduce(coll_channel_, a, op->work.data());
-          break;
-        case AllReduceKind::kPeerRead:
-          op->algo = "peer_read";
-          op->work.resize(2 * coll_channel_.piece_bytes);
-          op->task = peer_read_all_reduce(coll_channel_, a, op->work.data());
-          break;
-        case AllReduceKind::kRing:
-          op->algo = "ring";
-          op->task = ring_all_reduce(coll_channel_, a);
-          break;
-      }
+      op->task = all_reduce_task(op.get(), a);
       break;
-    case OpKind::kBroadcast: {
-      const bool reads = use_peer_reads(config_, a.count * esize, peer_reads_);
-      op->algo = reads ? "peer_read" : "chain";
-      op->task = reads ? peer_read_broadcast(coll_channel_, a) : chain_broadcast(coll_channel_, a);
+    case OpKind::kBroadcast:
+    case OpKind::kReduce: {
+      const Coll c = kind == OpKind::kBroadcast ? Coll::kBroadcast : Coll::kReduce;
+      const Algo algo = tuner_.pick(c, a.count * esize);
+      op->algo = algo == Algo::kRing ? "chain" : algo_name(algo);
+      if (algo == Algo::kPeerRead) {
+        op->task = peer_read_broadcast(coll_channel_, a);
+        break;
+      }
+      if (algo == Algo::kHierarchical) {
+        const int root_host = host_index_[a.root], root_index = local_index_[a.root];
+        if (c == Coll::kBroadcast) {
+          op->task = hierarchical_broadcast(host_channel_, across_channel_, a, root_host, root_index);
+        } else {
+          if (rank_ != a.root) op->work.resize(in_bytes);
+          op->task = hierarchical_reduce(ordered_channel_, host_channel_, across_channel_, a, root_host,
+                                         root_index, op->work.data());
+        }
+        break;
+      }
+      // Chains and trees run in host order: the root's place in it.
+      CollArgs o = a;
+      o.root = position_[a.root];
+      if (c == Coll::kReduce && algo == Algo::kTree)
+        op->work.resize(std::min(coll_channel_.piece_bytes, in_bytes));
+      if (c == Coll::kBroadcast)
+        op->task =
+            algo == Algo::kTree ? tree_broadcast(ordered_channel_, o) : chain_broadcast(ordered_channel_, o);
+      else
+        op->task = algo == Algo::kTree ? tree_reduce(ordered_channel_, o, op->work.data())
+                                       : chain_reduce(ordered_channel_, o);
       break;
     }
-    case OpKind::kReduce:
-      op->algo = "chain";
-      op->task = chain_reduce(coll_channel_, a);
-      break;
     case OpKind::kAllGather: {
-      const bool reads = use_peer_reads(config_, out_bytes, peer_reads_);
+      const bool reads = tuner_.pick(Coll::kAllGather, out_bytes) == Algo::kPeerRead;
       op->algo = reads ? "peer_read" : "ring";
       op->task = reads ? peer_read_all_gather(coll_channel_, a) : ring_all_gather(coll_channel_, a);
       break;
     }
     case OpKind::kReduceScatter:
-      if (use_peer_reads(config_, in_bytes, peer_reads_)) {
+      if (tuner_.pick(Coll::kReduceScatter, in_bytes) == Algo::kPeerRead) {
         op->algo = "peer_read";
-        op->work.resize(2 * coll_channel_.piece_bytes);
+        op->work.resize(2 * std::min(coll_channel_.piece_bytes, out_bytes));
         op->task = peer_read_reduce_scatter(coll_channel_, a, op->work.data());
       } else {
         op->algo = "ring";
@@ -499,6 +605,38 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
       break;
   }
   return checked(std::move(op), kind, a);
+}
+
+Task Communicator::all_reduce_task(Op* op, const CollArgs& a) {
+  const size_t bytes = a.count * braid_dtype_size(a.dtype);
+  const Algo algo = tuner_.pick(Coll::kAllReduce, bytes);
+  op->algo = algo_name(algo);
+  switch (algo) {
+    case Algo::kDirect:
+      // In place, every rank but 0 must keep its input while it accumulates.
+      if (a.sendbuf == a.recvbuf && rank_ != 0) op->work.resize(bytes);
+      return direct_all_reduce(coll_channel_, a, op->work.data());
+    case Algo::kPeerRead:
+      op->work.resize(2 * std::min(coll_channel_.piece_bytes, bytes));
+      return peer_read_all_reduce(coll_channel_, a, op->work.data());
+    case Algo::kTree:
+      op->work.resize(std::min(coll_channel_.piece_bytes, bytes));
+      return tree_all_reduce(ordered_channel_, a, op->work.data());
+    case Algo::kRecursiveDoubling:
+      op->work.resize(bytes);
+      return recursive_doubling_all_reduce(ordered_channel_, a, op->work.data());
+    case Algo::kHierarchical: {
+      const bool host_reads = tuner_.hierarchical_reads_peers(bytes);
+      if (host_reads) op->work.resize(2 * std::min(coll_channel_.piece_bytes, bytes));
+      return hierarchical_all_reduce(ordered_channel_, host_channel_, across_channel_, a, host_reads,
+                                     op->work.data());
+    }
+    case Algo::kRing:
+    case Algo::kAuto:
+      break;
+  }
+  op->algo = "ring";
+  return ring_all_reduce(ordered_channel_, a);
 }
 
 std::shared_ptr<Op> Communicator::checked(std::shared_ptr<Op> op, OpKind kind, const CollArgs& a) {

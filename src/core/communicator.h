@@ -13,10 +13,12 @@
 #include "src/core/config.h"
 #include "src/core/engine.h"
 #include "src/core/status.h"
+#include "src/topo/topology.h"
 
 namespace braid {
 
 class ShmTransport;
+struct PeerInfo;
 class TcpTransport;
 
 enum class OpKind {
@@ -51,6 +53,9 @@ class Communicator {
   // Which transport carries traffic to `peer` ("shm", "tcp", "self").
   const char* transport_to(int peer) const;
 
+  // braid_comm_transport_bytes: what this rank moved through `transport`.
+  Status transport_bytes(const char* transport, uint64_t* bytes) const;
+
   // Collective over this communicator. *out is null for BRAID_SPLIT_NOCOLOR.
   Status split(int color, int key, std::shared_ptr<Communicator>* out);
 
@@ -63,6 +68,8 @@ class Communicator {
  private:
   Communicator() = default;
   Status setup_transports();
+  void build_schedules(const std::vector<PeerInfo>& infos);
+  Task all_reduce_task(Op* op, const CollArgs& a);
   void log_summary() const;
   // With BRAID_CHECK_CALLS, runs the op's task behind a comparison of calls.
   std::shared_ptr<Op> checked(std::shared_ptr<Op> op, OpKind kind, const CollArgs& a);
@@ -72,12 +79,21 @@ class Communicator {
   Config config_;
   std::unique_ptr<Bootstrap> bootstrap_;
   std::vector<std::string> hosts_;
+  std::shared_ptr<const topo::HostTopology> topology_;  // this host
+  std::vector<topo::RankPlacement> placements_;         // every rank's, from init
   std::unique_ptr<ShmTransport> shm_;
   std::unique_ptr<TcpTransport> tcp_;
   std::vector<std::unique_ptr<Connection>> self_conns_;  // send/recv to self, per channel
   Channel coll_channel_;                                 // channel 0: collectives
   Channel p2p_channel_;                                  // channel 1: point-to-point
-  bool peer_reads_ = false;               // every collective connection can read peers\' memory
+  std::vector<int> order_;        // ranks grouped by host: the order of rings and trees
+  std::vector<int> position_;     // each rank's index in order_
+  Channel ordered_channel_;       // coll_channel_ in order_
+  Channel host_channel_;          // this host's ranks (hierarchical schedules)
+  Channel across_channel_;        // one rank per host, this rank's index on each
+  std::vector<int> host_index_;   // each rank's host (order of first appearance)
+  std::vector<int> local_index_;  // each rank's index among its host's ranks
+  Tuner tuner_;
   std::unique_ptr<TraceRecorder> trace_;  // BRAID_TRACE_FILE, written at destroy
   std::unique_ptr<Engine> engine_;
   std::mutex error_mu_;

@@ -131,18 +131,7 @@ Status Config::from_env(Config* out) {
   BRAID_RETURN_IF_ERROR(env_int("BRAID_TCP_SLOTS", 2, 64, &slots, &present));
   c.tcp_slots = static_cast<int>(slots);
   BRAID_RETURN_IF_ERROR(env_double("BRAID_SPIN_US", 0, 1e6, &c.spin_us, &present));
-  if (const char* a = env("BRAID_ALGO")) {
-    if (!std::strcmp(a, "auto"))
-      c.all_reduce_algo = AllReduceAlgo::kAuto;
-    else if (!std::strcmp(a, "ring"))
-      c.all_reduce_algo = AllReduceAlgo::kRing;
-    else if (!std::strcmp(a, "direct"))
-      c.all_reduce_algo = AllReduceAlgo::kDirect;
-    else if (!std::strcmp(a, "peer_read"))
-      c.all_reduce_algo = AllReduceAlgo::kPeerRead;
-    else
-      return bad("BRAID_ALGO", a, "auto, ring, direct or peer_read");
-  }
+  if (const char* a = env("BRAID_ALGO")) BRAID_RETURN_IF_ERROR(parse_algo_spec(a, &c.algo));
   BRAID_RETURN_IF_ERROR(env_size("BRAID_DIRECT_MAX_BYTES", 0, 1u << 30, &c.direct_max_bytes, &present));
   if (const char* v = env("BRAID_TRACE_FILE")) c.trace_file = v;
   BRAID_RETURN_IF_ERROR(env_double("BRAID_TRACE_MIN_WAIT_US", 0, 1e9, &c.trace_min_wait_us, &present));

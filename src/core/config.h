@@ -5,32 +5,32 @@
 #include <cstddef>
 #include <string>
 
+#include "src/algo/tuner.h"
 #include "src/core/status.h"
 
 namespace braid {
 
 enum class TransportChoice { kAuto, kShm, kTcp };
-enum class AllReduceAlgo { kAuto, kRing, kDirect, kPeerRead };
 
 struct Config {
-  double timeout_s = 600.0;                              // BRAID_TIMEOUT
-  TransportChoice transport = TransportChoice::kAuto;    // BRAID_TRANSPORT=auto|shm|tcp
-  std::string socket_ifname;                             // BRAID_SOCKET_IFNAME
-  std::string host_id;                                   // BRAID_HOST_ID (default: hostname + boot id)
-  size_t shm_slot_bytes = 256 * 1024;                    // BRAID_SHM_SLOT_BYTES
-  int shm_slots = 4;                                     // BRAID_SHM_SLOTS
-  bool shm_peer_reads = true;                            // BRAID_SHM_PEER_READS=0: no process_vm_readv
-  size_t peer_read_min_bytes = 256 * 1024;               // BRAID_PEER_READ_MIN_BYTES
-  size_t tcp_slot_bytes = 512 * 1024;                    // BRAID_TCP_SLOT_BYTES
-  int tcp_slots = 4;                                     // BRAID_TCP_SLOTS
-  double spin_us = 30.0;                                 // BRAID_SPIN_US: spin this long before blocking
-  AllReduceAlgo all_reduce_algo = AllReduceAlgo::kAuto;  // BRAID_ALGO=ring|direct|peer_read
-  size_t direct_max_bytes = 16 * 1024;                   // BRAID_DIRECT_MAX_BYTES
-  std::string trace_file;                                // BRAID_TRACE_FILE (%r rank, %h host, %p pid)
-  double trace_min_wait_us = 20.0;                       // BRAID_TRACE_MIN_WAIT_US
-  size_t trace_max_events = 4u << 20;                    // BRAID_TRACE_MAX_EVENTS
-  bool dump_on_signal = true;                            // BRAID_DUMP_SIGNAL=0: no SIGUSR1 handler
-  bool check_calls = false;                              // BRAID_CHECK_CALLS=1: compare every call
+  double timeout_s = 600.0;                            // BRAID_TIMEOUT
+  TransportChoice transport = TransportChoice::kAuto;  // BRAID_TRANSPORT=auto|shm|tcp
+  std::string socket_ifname;                           // BRAID_SOCKET_IFNAME
+  std::string host_id;                                 // BRAID_HOST_ID (default: hostname + boot id)
+  size_t shm_slot_bytes = 256 * 1024;                  // BRAID_SHM_SLOT_BYTES
+  int shm_slots = 4;                                   // BRAID_SHM_SLOTS
+  bool shm_peer_reads = true;                          // BRAID_SHM_PEER_READS=0: no process_vm_readv
+  size_t peer_read_min_bytes = 256 * 1024;             // BRAID_PEER_READ_MIN_BYTES
+  size_t tcp_slot_bytes = 512 * 1024;                  // BRAID_TCP_SLOT_BYTES
+  int tcp_slots = 4;                                   // BRAID_TCP_SLOTS
+  double spin_us = 30.0;                               // BRAID_SPIN_US: spin this long before blocking
+  AlgoChoice algo;                                     // BRAID_ALGO=ring or all_reduce:tree;...
+  size_t direct_max_bytes = 16 * 1024;                 // BRAID_DIRECT_MAX_BYTES
+  std::string trace_file;                              // BRAID_TRACE_FILE (%r rank, %h host, %p pid)
+  double trace_min_wait_us = 20.0;                     // BRAID_TRACE_MIN_WAIT_US
+  size_t trace_max_events = 4u << 20;                  // BRAID_TRACE_MAX_EVENTS
+  bool dump_on_signal = true;                          // BRAID_DUMP_SIGNAL=0: no SIGUSR1 handler
+  bool check_calls = false;                            // BRAID_CHECK_CALLS=1: compare every call
 
   static Status from_env(Config* out);
 };

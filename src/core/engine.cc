@@ -164,9 +164,10 @@ std::string seconds_text(double s) {
 
 // How long a blocked driver sleeps before it re-checks deadlines and peers.
 constexpr int kBlockMs = 20;
-// While any connection is tcp and shm is mixed in, poll cannot see the shm
-// doorbell, so it sleeps briefly.
-constexpr int kMixedBlockMs = 1;
+// When a wait involves both a socket and shm, poll cannot see the shm
+// doorbell, so it sleeps briefly: a ring across hosts waits so at every
+// hop that receives over shm and sends over tcp.
+constexpr long kMixedBlockUs = 100;
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -298,11 +299,29 @@ void Engine::complete(const std::shared_ptr<Op>& op, const Status& st) {
   if (end != 0) trace_->op_done(*op, end, st);
 }
 
+bool Engine::tcp_writes_flushed() {
+  for (Connection* c : tcp_conns_) {
+    if (!c->wants_write()) continue;
+    // An error stays on the connection; advance() fails the ops with it.
+    (void)c->progress();
+    if (c->wants_write()) return false;
+  }
+  return true;
+}
+
 bool Engine::advance_lane(Lane& lane) {
   bool progressed = false;
   if (lane.kind == LaneKind::kRecv && lane.peer < 0) return false;  // bind_any_source's
   while (!lane.ops.empty()) {
     std::shared_ptr<Op> op = lane.ops.front();
+    if (op->finished) {
+      // Its coroutine is done, its last tcp bytes are not yet written.
+      if (!tcp_writes_flushed()) return progressed;
+      lane.ops.pop_front();
+      complete(op, Status::ok());
+      progressed = true;
+      continue;
+    }
     bool ready;
     if (!op->started) {
       if (lane.kind == LaneKind::kRecv) {
@@ -340,6 +359,10 @@ bool Engine::advance_lane(Lane& lane) {
       return progressed;
     }
     if (!op->finished) return progressed;
+    // A blocking call returns once its data is the kernel's: bytes left in
+    // tcp slots would wait for the next call, and a peer waiting for them
+    // could wait forever (this rank may block in another library meanwhile).
+    if (!tcp_writes_flushed()) return progressed;
     lane.ops.pop_front();
     complete(op, Status::ok());
   }
@@ -466,26 +489,48 @@ void Engine::check_peers(bool thorough) {
 
 void Engine::block(int max_ms) {
   driver_sleeping_.store(true);
+  // What the heads of the lanes wait on decides how to sleep: on the shm
+  // doorbell (a futex, which poll cannot watch), in poll() on sockets, or,
+  // when both are awaited, in poll() with a short timeout.
+  std::vector<pollfd> fds;
+  bool waits_on_shm = false;
   if (!tcp_conns_.empty()) {
-    std::vector<pollfd> fds;
     fds.push_back({event_fd_, POLLIN, 0});
     for (Connection* c : tcp_conns_)
       if (c->wants_write()) fds.push_back({c->poll_fd(), POLLOUT, 0});
     for (auto& lane : lanes_) {
       if (lane.ops.empty()) continue;
       if (lane.kind == LaneKind::kRecv && lane.peer < 0) {
-        for (Connection* c : lane.ops.front()->any_source_conns)
-          if (c != nullptr && c->poll_fd() >= 0) fds.push_back({c->poll_fd(), POLLIN, 0});
+        for (Connection* c : lane.ops.front()->any_source_conns) {
+          if (c == nullptr) continue;
+          if (c->poll_fd() >= 0)
+            fds.push_back({c->poll_fd(), POLLIN, 0});
+          else
+            waits_on_shm = true;
+        }
         continue;
       }
-      if (lane.ops.front()->wait == nullptr) continue;
       const WaitPoint* w = lane.ops.front()->wait;
-      for (int i = 0; i < 2; ++i)
-        if (w->conn[i] != nullptr && w->conn[i]->poll_fd() >= 0)
+      if (w == nullptr) continue;
+      for (int i = 0; i < 2; ++i) {
+        if (w->conn[i] == nullptr) continue;
+        if (w->conn[i]->poll_fd() < 0) {
+          waits_on_shm = true;
+        } else if (w->events[i] != POLLOUT) {
+          // A tcp send slot frees when its bytes are written: the POLLOUT
+          // entries above cover that. An idle socket is always writable, so
+          // polling it for POLLOUT here would spin.
           fds.push_back({w->conn[i]->poll_fd(), w->events[i], 0});
+        }
+      }
     }
+  }
+  if (fds.size() > 1 || (fds.size() == 1 && bell_ == nullptr)) {
     if (!advance()) {
-      poll(fds.data(), fds.size(), bell_ != nullptr ? std::min(max_ms, kMixedBlockMs) : max_ms);
+      const long us =
+          bell_ != nullptr && waits_on_shm ? std::min(max_ms * 1000L, kMixedBlockUs) : max_ms * 1000L;
+      const timespec limit{us / 1000000, (us % 1000000) * 1000};
+      ppoll(fds.data(), fds.size(), &limit, nullptr);
       uint64_t drained;
       ssize_t ignored = read(event_fd_, &drained, sizeof(drained));
       (void)ignored;

@@ -36,8 +36,8 @@ enum class LaneKind { kCollective, kSend, kRecv };
 
 class Op {
  public:
-  const char* name = "";       // "all_reduce", "send", ... (static)
-  uint64_t seq = 0;            // collective sequence number, or message number on its lane
+  const char* name = "";  // "all_reduce", "send", ... (static)
+  uint64_t seq = 0;       // collective sequence number, or message number on its lane
   LaneKind lane = LaneKind::kCollective;
   int lane_peer = -1;
   bool async = false;
@@ -131,6 +131,8 @@ class Engine {
   void drive(Pred stop);
   bool advance();
   bool advance_lane(Lane& lane);
+  // Writes what tcp connections hold; true once nothing is left to write.
+  bool tcp_writes_flushed();
   // Binds waiting any-source receives to peers with a message (see Op).
   bool bind_any_source();
   Lane* find_lane(LaneKind kind, int peer);

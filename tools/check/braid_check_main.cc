@@ -54,6 +54,7 @@ void usage(FILE* f) {
       "usage: braid-check [-n N] [options]\n"
       "  -n N                  fork N ranks on this host (otherwise: started by mpirun/srun/torchrun)\n"
       "  --transport shm|tcp   sets BRAID_TRANSPORT\n"
+      "  --hosts H             -n mode: simulate H hosts (BRAID_HOST_ID), ranks split in blocks\n"
       "  --quick               counts 0,1,7,1000,70000 (default 0,1,2,7,31,1027,65553,1048577)\n"
       "  --sizes a,b,c         element counts (suffixes K, M, G multiply by 1024^k)\n"
       "  --collectives a,b     all_reduce,broadcast,reduce,all_gather,reduce_scatter,gather,\n"
@@ -279,7 +280,7 @@ int run_rank(braid_comm_t comm, int rank, int nranks, const CheckOptions& opts) 
 int main(int argc, char** argv) {
   CheckOptions opts;
   opts.log = stdout;  // failure and progress lines in order with the summary
-  int nranks = 0;
+  int nranks = 0, hosts = 1;
   std::string transport, id_file;
   double launch_timeout = 7200, init_timeout = 300;
   bool quick = false;
@@ -308,6 +309,10 @@ int main(int argc, char** argv) {
     } else if (a == "--transport") {
       transport = value("--transport");
       if (transport != "shm" && transport != "tcp") bad("--transport (shm or tcp)");
+    } else if (a == "--hosts") {
+      long v = 0;
+      if (!parse_int(value("--hosts"), &v) || v < 1 || v > 4096) bad("--hosts");
+      hosts = static_cast<int>(v);
     } else if (a == "--quick") {
       quick = true;
     } else if (a == "--sizes") {
@@ -389,6 +394,16 @@ int main(int argc, char** argv) {
     braid::launcher::LaunchOptions lo;
     lo.nranks = nranks;
     lo.timeout_s = launch_timeout;
+    if (hosts > 1) {
+      if (hosts > nranks) {
+        std::fprintf(stderr, "braid-check: --hosts %d is more hosts than the %d ranks of -n\n", hosts,
+                     nranks);
+        return 2;
+      }
+      lo.per_rank_setup = [hosts, nranks](int rank) {
+        setenv("BRAID_HOST_ID", ("sim-host-" + std::to_string(rank * hosts / nranks)).c_str(), 1);
+      };
+    }
     auto result = braid::launcher::fork_ranks(
         lo, [&opts](braid_comm_t comm, int rank, int n, const braid_unique_id_t&) {
           return run_rank(comm, rank, n, opts);

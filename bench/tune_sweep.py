@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Checks the tuner against every forced algorithm, side by side in one run.
+
+For each job shape (ranks x simulated hosts) it runs a *_perf binary once per
+algorithm with BRAID_ALGO forcing it, then once with the tuner choosing, and
+prints per size each algorithm's time, the best one, and tuner/best (1.00 is
+a perfect pick; the issue's bar is 1.10).
+
+  bench/tune_sweep.py --build build --shapes 4x1,8x1,4x2,8x2 -b 8 -e 16M
+
+Simulated hosts: rank r of N gets BRAID_HOST_ID=sim-host-(r*H/N), so each
+host's ranks talk over shm and hosts over loopback TCP.
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+
+ALGOS = {
+    "all_reduce": ["direct", "rd", "ring", "tree", "peer_read", "hier"],
+    "broadcast": ["ring", "tree", "peer_read", "hier"],
+    "reduce": ["ring", "tree", "hier"],
+    "all_gather": ["ring", "peer_read"],
+    "reduce_scatter": ["ring", "peer_read"],
+}
+PIECE = 256 * 1024  # the default channel piece (BRAID_SHM_SLOT_BYTES)
+
+
+def runs(algo, hosts, size, coll):
+    """Whether a forced algorithm really runs at this size (else braid falls back)."""
+    if algo == "direct":
+        return size <= PIECE
+    if algo == "peer_read":
+        return hosts == 1
+    if algo == "hier":
+        return hosts > 1
+    return True
+
+
+def parse_size(text):
+    m = re.fullmatch(r"(\d+)([KMG]?)", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"bad size '{text}'")
+    return int(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2)]
+
+
+def run_perf(args, coll, nranks, hosts, algo, tune_line=False):
+    wrapper = (
+        'H={h}; export BRAID_HOST_ID=sim-host-$(( OMPI_COMM_WORLD_RANK * H / OMPI_COMM_WORLD_SIZE )); exec "$@"'
+    ).format(h=hosts)
+    env = dict(os.environ, BRAID_SOCKET_IFNAME="lo")
+    env.pop("BRAID_ALGO", None)
+    cmd = [args.mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(nranks),
+           "-x", "BRAID_SOCKET_IFNAME"]
+    if algo != "auto":
+        env["BRAID_ALGO"] = f"{coll}:{algo}"
+        cmd += ["-x", "BRAID_ALGO"]
+    elif tune_line:
+        # The tuner's own account of its choice, from rank 0's INFO log, in a
+        # separate short run (logging stays out of the timed ones).
+        env.update(BRAID_DEBUG="INFO", BRAID_DEBUG_SUBSYS="TUNE")
+        cmd += ["-x", "BRAID_DEBUG", "-x", "BRAID_DEBUG_SUBSYS"]
+    sizes = ["-b", "8", "-e", "8", "-n", "1", "-w", "0"] if tune_line else [
+        "-b", str(args.b), "-e", str(args.e), "-f", str(args.f), "-n", str(args.n), "-w", str(args.w)]
+    cmd += ["bash", "-c", wrapper, "wrap", os.path.join(args.build, "bench", f"{coll}_perf")] + sizes + ["-c", "0"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    if out.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{out.stdout}\n{out.stderr}")
+    if tune_line:
+        for line in out.stderr.splitlines():
+            m = re.search(r"\[0\] INFO TUNE (" + coll + r": .*)", line)
+            if m:
+                return m.group(1)
+        return "?"
+    times = {}
+    for line in out.stdout.splitlines():
+        f = line.split()
+        if len(f) >= 10 and f[0].isdigit():
+            # Out-of-place and in-place times: the smaller is the less disturbed.
+            times[int(f[0])] = min(float(f[5]), float(f[9]))
+    return times
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--build", default="build")
+    p.add_argument("--mpirun", default="mpirun")
+    p.add_argument("--collective", default="all_reduce", choices=sorted(ALGOS))
+    p.add_argument("--shapes", default="4x1,8x1,4x2,8x2", help="RANKSxHOSTS, comma separated")
+    p.add_argument("-b", type=parse_size, default=8)
+    p.add_argument("-e", type=parse_size, default=16 << 20)
+    p.add_argument("-f", type=int, default=4)
+    p.add_argument("-n", type=int, default=20)
+    p.add_argument("-w", type=int, default=5)
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--repeat", type=int, default=2,
+                   help="runs per algorithm, interleaved; each size keeps its best (least disturbed) time")
+    args = p.parse_args()
+    coll = args.collective
+    worst = 0.0
+    for shape in args.shapes.split(","):
+        nranks, hosts = (int(x) for x in shape.split("x"))
+        algos = [a for a in ALGOS[coll] if any(runs(a, hosts, s, coll) for s in (args.b, args.e))]
+        results = {a: {} for a in algos + ["auto"]}
+        for _ in range(args.repeat):
+            for a in results:
+                for size, t in run_perf(args, coll, nranks, hosts, a).items():
+                    results[a][size] = min(t, results[a].get(size, float("inf")))
+        print(f"\n{coll}, {nranks} ranks on {hosts} simulated host(s): time in us (forced algorithm), "
+              f"tuner/best")
+        print(f"tuner: {run_perf(args, coll, nranks, hosts, 'auto', tune_line=True)}")
+        print(f"{'size':>10} " + " ".join(f"{a:>10}" for a in algos) + f" {'tuner':>10} {'best':>10} {'ratio':>6}")
+        for size in sorted(results["auto"]):
+            row, best, best_t = [], None, float("inf")
+            for a in algos:
+                t = results[a].get(size)
+                if t is None or not runs(a, hosts, size, coll):
+                    row.append(f"{'-':>10}")
+                    continue
+                row.append(f"{t:>10.1f}")
+                if t < best_t:
+                    best, best_t = a, t
+            auto_t = results["auto"][size]
+            ratio = auto_t / best_t
+            worst = max(worst, ratio)
+            print(f"{size:>10} " + " ".join(row) + f" {auto_t:>10.1f} {best:>10} {ratio:>6.2f}")
+    print(f"\nworst tuner/best: {worst:.2f}")
+
+
+if __name__ == "__main__":
+    main()

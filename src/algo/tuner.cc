@@ -1,0 +1,336 @@
+#include "src/algo/tuner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace braid {
+namespace {
+
+constexpr Coll kColls[kNumTunedColls] = {Coll::kAllReduce, Coll::kBroadcast, Coll::kReduce, Coll::kAllGather,
+                                         Coll::kReduceScatter};
+
+// Link constants, calibrated with bench/tune_sweep.py on the 2-core
+// development VM (docs/design.md, "The tuner"). Absolute values move with
+// the machine; their ratios decide where one algorithm overtakes another.
+// Oversubscribed (more ranks than cores), a message waits for its receiver
+// to be scheduled: step costs grow with ranks per core.
+constexpr LinkCost kShm{0.7, 1.0 / 4300};   // one hop through a shm slot
+constexpr LinkCost kTcp{12.0, 1.0 / 1000};  // loopback TCP through poll()
+constexpr double kShmAlphaPerRankPerCore = 3.0, kShmBytesPerUsOversubscribed = 1700;
+constexpr double kTcpAlphaPerRankPerCore = 12.5, kTcpBytesPerUsOversubscribed = 800;
+constexpr double kPeerReadBytesPerUs = 2800;  // process_vm_readv without fast string copies
+constexpr double kPeerReadBytesPerUsOversubscribed = 1700;
+// Posting one more message in the same step (direct sends n-1 at once).
+constexpr double kShmMessageUs = 0.3, kShmMessageUsPerRankPerCore = 1.5;
+constexpr double kTcpMessageUs = 5.0, kTcpMessageUsPerRankPerCore = 6.0;
+
+struct Name {
+  const char* text;
+  Algo algo;
+};
+constexpr Name kNames[] = {
+    {"ring", Algo::kRing},
+    {"chain", Algo::kRing},
+    {"direct", Algo::kDirect},
+    {"peer_read", Algo::kPeerRead},
+    {"tree", Algo::kTree},
+    {"rd", Algo::kRecursiveDoubling},
+    {"recursive_doubling", Algo::kRecursiveDoubling},
+    {"hier", Algo::kHierarchical},
+    {"hierarchical", Algo::kHierarchical},
+};
+
+bool has_algo(Coll c, Algo a) {
+  const auto& list = algos_of(c);
+  return std::find(list.begin(), list.end(), a) != list.end();
+}
+
+std::string algo_list(Coll c) {
+  std::string out;
+  for (Algo a : algos_of(c)) out += (out.empty() ? "" : ", ") + std::string(algo_name(a));
+  return out;
+}
+
+std::string trim(std::string s) {
+  const char* ws = " \t";
+  s.erase(0, s.find_first_not_of(ws));
+  s.erase(s.find_last_not_of(ws) + 1);
+  return s;
+}
+
+Status bad_spec(const std::string& spec, const std::string& why) {
+  return Status::invalid_argument("BRAID_ALGO='" + spec + "': " + why +
+                                  " (e.g. BRAID_ALGO=ring or BRAID_ALGO='all_reduce:tree;broadcast:chain')");
+}
+
+std::string size_text(size_t b) {
+  if (b >= (size_t{1} << 30) && b % (size_t{1} << 30) == 0) return std::to_string(b >> 30) + " GiB";
+  if (b >= (1u << 20) && b % (1u << 20) == 0) return std::to_string(b >> 20) + " MiB";
+  if (b >= 1024 && b % 1024 == 0) return std::to_string(b >> 10) + " KiB";
+  return std::to_string(b) + " B";
+}
+
+}  // namespace
+
+const char* coll_name(Coll c) {
+  static constexpr const char* kNames[kNumTunedColls] = {"all_reduce", "broadcast", "reduce", "all_gather",
+                                                         "reduce_scatter"};
+  return kNames[static_cast<int>(c)];
+}
+
+const char* algo_name(Algo a) {
+  // Indexed by Algo.
+  static constexpr const char* kAlgoNames[] = {"auto", "ring", "direct", "peer_read", "tree", "rd", "hier"};
+  return kAlgoNames[static_cast<int>(a)];
+}
+
+const std::vector<Algo>& algos_of(Coll c) {
+  static const std::vector<Algo> all_reduce = {Algo::kDirect, Algo::kRecursiveDoubling, Algo::kRing,
+                                               Algo::kTree,   Algo::kPeerRead,          Algo::kHierarchical};
+  static const std::vector<Algo> rooted = {Algo::kRing, Algo::kTree, Algo::kPeerRead, Algo::kHierarchical};
+  static const std::vector<Algo> reduce = {Algo::kRing, Algo::kTree, Algo::kHierarchical};
+  static const std::vector<Algo> gather_scatter = {Algo::kRing, Algo::kPeerRead};
+  switch (c) {
+    case Coll::kAllReduce:
+      return all_reduce;
+    case Coll::kBroadcast:
+      return rooted;
+    case Coll::kReduce:
+      return reduce;
+    case Coll::kAllGather:
+    case Coll::kReduceScatter:
+      break;
+  }
+  return gather_scatter;
+}
+
+uint64_t AlgoChoice::encode() const {
+  uint64_t v = 0;
+  for (int i = 0; i < kNumTunedColls; ++i) v |= static_cast<uint64_t>(forced[i]) << (8 * i);
+  return v;
+}
+
+Status parse_algo_spec(const std::string& spec, AlgoChoice* out) {
+  *out = AlgoChoice{};
+  auto find_algo = [](const std::string& name, Algo* a) {
+    for (const Name& n : kNames)
+      if (name == n.text) {
+        *a = n.algo;
+        return true;
+      }
+    return name == "auto" ? (*a = Algo::kAuto, true) : false;
+  };
+  const std::string whole = trim(spec);
+  if (whole.empty()) return Status::ok();
+  if (whole.find(':') == std::string::npos) {
+    // One name for every collective that has that algorithm.
+    Algo a;
+    if (!find_algo(whole, &a)) return bad_spec(spec, "unknown algorithm '" + whole + "'");
+    bool used = a == Algo::kAuto;
+    for (Coll c : kColls)
+      if (has_algo(c, a)) {
+        out->forced[static_cast<int>(c)] = a;
+        used = true;
+      }
+    if (!used) return bad_spec(spec, "no collective has algorithm '" + whole + "'");
+    return Status::ok();
+  }
+  size_t pos = 0;
+  while (pos <= whole.size()) {
+    size_t end = whole.find_first_of(";,", pos);
+    if (end == std::string::npos) end = whole.size();
+    const std::string entry = trim(whole.substr(pos, end - pos));
+    pos = end + 1;
+    if (entry.empty()) continue;
+    const size_t colon = entry.find(':');
+    if (colon == std::string::npos) return bad_spec(spec, "'" + entry + "' is not collective:algorithm");
+    const std::string cname = trim(entry.substr(0, colon)), aname = trim(entry.substr(colon + 1));
+    const Coll* c =
+        std::find_if(std::begin(kColls), std::end(kColls), [&](Coll x) { return cname == coll_name(x); });
+    if (c == std::end(kColls))
+      return bad_spec(spec, "unknown collective '" + cname +
+                                "' (all_reduce, broadcast, reduce, all_gather or reduce_scatter)");
+    Algo a;
+    if (!find_algo(aname, &a) || (a != Algo::kAuto && !has_algo(*c, a)))
+      return bad_spec(spec, std::string(coll_name(*c)) + " has no algorithm '" + aname + "' (choose " +
+                                algo_list(*c) + ")");
+    out->forced[static_cast<int>(*c)] = a;
+  }
+  return Status::ok();
+}
+
+Tuner::Tuner(const JobShape& shape, const AlgoChoice& forced) : shape_(shape), forced_(forced) {
+  for (Coll c : kColls)
+    for (int k = 0; k < kBuckets; ++k) table_[static_cast<int>(c)][k] = choose(c, size_t{1} << k);
+}
+
+LinkCost Tuner::intra() const {
+  if (!shape_.oversubscribed) return kShm;
+  return {kShmAlphaPerRankPerCore * shape_.ranks_per_core, 1.0 / kShmBytesPerUsOversubscribed};
+}
+
+LinkCost Tuner::inter() const {
+  if (!shape_.oversubscribed) return kTcp;
+  return {kTcpAlphaPerRankPerCore * shape_.ranks_per_core, 1.0 / kTcpBytesPerUsOversubscribed};
+}
+
+bool Tuner::can_run(Coll c, Algo a, size_t bytes) const {
+  const JobShape& s = shape_;
+  switch (a) {
+    case Algo::kAuto:
+      return false;
+    case Algo::kRing:
+    case Algo::kTree:
+      return true;
+    case Algo::kDirect:
+      // It posts the whole buffer to every peer before receiving: one piece at most.
+      return c == Coll::kAllReduce && bytes <= s.piece_bytes;
+    case Algo::kRecursiveDoubling:
+      return c == Coll::kAllReduce;
+    case Algo::kPeerRead:
+      return s.peer_reads && c != Coll::kReduce;
+    case Algo::kHierarchical:
+      return (c == Coll::kAllReduce || c == Coll::kBroadcast || c == Coll::kReduce) && s.nhosts > 1 &&
+             s.ranks_per_host > 1;
+  }
+  return false;
+}
+
+double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
+  if (!can_run(c, a, bytes)) return -1;
+  const JobShape& sh = shape_;
+  const double n = sh.nranks, S = static_cast<double>(bytes);
+  if (n <= 1) return 0;
+  const bool multi = sh.nhosts > 1, over = sh.oversubscribed;
+  const LinkCost in = intra(), out = inter(), l = flat();
+  // Ranks of one host that a host-ordered schedule keeps together.
+  const double L = multi ? std::max(1, sh.ranks_per_host) : n;
+  const double msg_in = over ? kShmMessageUsPerRankPerCore * sh.ranks_per_core : kShmMessageUs;
+  const double msg_out = over ? kTcpMessageUsPerRankPerCore * sh.ranks_per_core : kTcpMessageUs;
+  const double pr_beta = 1.0 / (over ? kPeerReadBytesPerUsOversubscribed : kPeerReadBytesPerUs);
+  const double depth = std::floor(std::log2(n));  // levels below a binary tree's root
+  // An exchange needs both partners running at once.
+  const double pair_alpha = 2 * in.alpha_us;
+  switch (c) {
+    case Coll::kAllReduce:
+      switch (a) {
+        case Algo::kDirect:
+          // All messages leave in one step; each is copied out and reduced in.
+          return l.alpha_us + (L - 1) * (msg_in + 1.2 * S * in.beta_us_per_byte) +
+                 (n - L) * (msg_out + 1.2 * S * out.beta_us_per_byte);
+        case Algo::kRecursiveDoubling: {
+          // Partners 1, 2, 4, ... apart: the first log2(L) steps stay inside
+          // a host when hosts hold equal powers of two.
+          const int p2 = 1 << static_cast<int>(depth);
+          const bool pow2 = p2 == sh.nranks;
+          const int Li = multi && sh.ranks_per_host > 0 && (sh.ranks_per_host & (sh.ranks_per_host - 1)) == 0
+                             ? sh.ranks_per_host
+                             : (multi ? 1 : p2);
+          double t = pow2 ? 0 : 2 * (l.alpha_us + S * l.beta_us_per_byte);  // the fold in and out
+          for (int mask = 1; mask < p2; mask <<= 1)
+            t += mask < Li ? pair_alpha + 2 * S * in.beta_us_per_byte
+                           : out.alpha_us + 2 * S * out.beta_us_per_byte;
+          return t;
+        }
+        case Algo::kRing:
+          return 2 * (n - 1) * l.alpha_us + 2 * (n - 1) / n * S * l.beta_us_per_byte;
+        case Algo::kTree:
+          // Inner nodes take two children's pieces and pass on one, and back.
+          return 2 * depth * l.alpha_us + 2 * S * l.beta_us_per_byte;
+        case Algo::kPeerRead:
+          return 10 * (n - 1) * in.alpha_us + 2 * (n - 1) / n * S * pr_beta;
+        case Algo::kHierarchical: {
+          const double H = sh.nhosts;
+          const double in_beta = hierarchical_reads_peers(bytes) ? pr_beta : in.beta_us_per_byte;
+          return 2 * L * in.alpha_us + 2 * (L - 1) / L * S * in_beta + 2 * (H - 1) * out.alpha_us +
+                 2 * (H - 1) / H * (S / L) * out.beta_us_per_byte;
+        }
+        case Algo::kAuto:
+          break;
+      }
+      break;
+    case Coll::kBroadcast:
+    case Coll::kReduce:
+      switch (a) {
+        case Algo::kRing:
+          return (n - 1) * l.alpha_us + S * l.beta_us_per_byte;
+        case Algo::kTree:
+          return depth * l.alpha_us + (n > 2 ? 2 : 1) * S * l.beta_us_per_byte;
+        case Algo::kPeerRead:
+          return 5 * (n - 1) * in.alpha_us + S * pr_beta;
+        case Algo::kHierarchical:
+          // A chain across hosts, then chains inside them (in parallel).
+          return (sh.nhosts - 1) * out.alpha_us + S * out.beta_us_per_byte + (L - 1) * in.alpha_us +
+                 S * in.beta_us_per_byte;
+        default:
+          break;
+      }
+      break;
+    case Coll::kAllGather:
+    case Coll::kReduceScatter:
+      if (a == Algo::kRing) return (n - 1) * l.alpha_us + (n - 1) / n * S * l.beta_us_per_byte;
+      if (a == Algo::kPeerRead) return 5 * (n - 1) * in.alpha_us + (n - 1) / n * S * pr_beta;
+      break;
+  }
+  return -1;
+}
+
+bool Tuner::hierarchical_reads_peers(size_t bytes) const {
+  // Where reading a peer's memory copies faster than passing slots.
+  const double pr_bytes_per_us =
+      shape_.oversubscribed ? kPeerReadBytesPerUsOversubscribed : kPeerReadBytesPerUs;
+  return shape_.host_peer_reads && bytes >= shape_.peer_read_min_bytes &&
+         1.0 / pr_bytes_per_us < intra().beta_us_per_byte;
+}
+
+// On every call: a table lookup, and the exact checks the table's power of
+// two cannot stand for.
+Algo Tuner::pick(Coll c, size_t bytes) const {
+  const int k = bytes == 0 ? 0 : std::min(kBuckets - 1, 63 - __builtin_clzll(bytes));
+  const Algo a = table_[static_cast<int>(c)][k];
+  const bool exact =
+      (a != Algo::kDirect ||
+       (bytes <= shape_.piece_bytes && (bytes <= shape_.direct_max_bytes || forced_[c] == Algo::kDirect))) &&
+      (a != Algo::kPeerRead || bytes >= shape_.peer_read_min_bytes || forced_[c] == Algo::kPeerRead);
+  return exact ? a : choose(c, bytes);
+}
+
+Algo Tuner::choose(Coll c, size_t bytes) const {
+  const Algo forced = forced_[c];
+  if (forced != Algo::kAuto && can_run(c, forced, bytes)) return forced;
+  Algo best = Algo::kRing;
+  double best_us = std::numeric_limits<double>::infinity();
+  for (Algo a : algos_of(c)) {
+    // The measured thresholds bound the model where it is least accurate.
+    if (a == Algo::kDirect && bytes > shape_.direct_max_bytes) continue;
+    if (a == Algo::kPeerRead && bytes < shape_.peer_read_min_bytes) continue;
+    const double t = predict_us(c, a, bytes);
+    if (t >= 0 && t < best_us) {
+      best_us = t;
+      best = a;
+    }
+  }
+  return best;
+}
+
+std::vector<std::string> Tuner::describe() const {
+  std::vector<std::string> lines;
+  for (Coll c : kColls) {
+    std::string line = std::string(coll_name(c)) + ": ";
+    if (forced_[c] != Algo::kAuto)
+      line += std::string(algo_name(forced_[c])) + " (BRAID_ALGO) where it runs; ";
+    Algo prev = pick(c, 1);
+    line += algo_name(prev);
+    for (size_t b = 2; b <= (size_t{1} << 30); b *= 2) {
+      const Algo now = pick(c, b);
+      if (now == prev) continue;
+      line += " < " + size_text(b) + " <= " + algo_name(now);
+      prev = now;
+    }
+    lines.push_back(line);
+  }
+  return lines;
+}
+
+}  // namespace braid

@@ -1,0 +1,104 @@
+// The tuner: which algorithm runs a collective of a given size on a given
+// job shape. Each candidate's time is predicted by a latency + bandwidth
+// model (alpha per step, beta per byte, per kind of link), and the cheapest
+// candidate that can run wins. BRAID_ALGO forces a choice per collective.
+// Every rank builds the same tuner from the same all-gathered facts, so
+// every rank picks the same algorithm for the same call.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "src/core/status.h"
+
+namespace braid {
+
+enum class Coll { kAllReduce, kBroadcast, kReduce, kAllGather, kReduceScatter };
+constexpr int kNumTunedColls = 5;
+const char* coll_name(Coll c);
+
+enum class Algo : uint8_t {
+  kAuto,
+  kRing,               // pipelined ring (chain for rooted collectives)
+  kDirect,             // every rank sends to every rank in one step
+  kPeerRead,           // read peers' buffers directly (shm, cross-memory attach)
+  kTree,               // pipelined binary tree
+  kRecursiveDoubling,  // log2(n) exchanges of the whole buffer
+  kHierarchical,       // inside each host, across hosts, inside again
+};
+const char* algo_name(Algo a);
+
+// BRAID_ALGO: "ring" (every collective that has it), or per collective
+// "all_reduce:rd;broadcast:tree". Entries are kAuto where nothing is forced.
+struct AlgoChoice {
+  std::array<Algo, kNumTunedColls> forced{};
+  Algo operator[](Coll c) const { return forced[static_cast<int>(c)]; }
+  uint64_t encode() const;  // to compare across ranks
+};
+Status parse_algo_spec(const std::string& spec, AlgoChoice* out);
+
+// The algorithms each collective has, in the order the docs list them.
+const std::vector<Algo>& algos_of(Coll c);
+
+// The facts the choice depends on; the same on every rank.
+struct JobShape {
+  int nranks = 1;
+  int nhosts = 1;
+  int ranks_per_host = 1;        // 0 when hosts hold different numbers of ranks
+  bool peer_reads = false;       // every rank can read every other's memory (one host, shm)
+  bool host_peer_reads = false;  // ranks of one host can read each other's memory
+  bool oversubscribed = false;   // more ranks on one machine than it has cores
+  double ranks_per_core = 1;     // the most on any machine (simulated hosts share one)
+  size_t piece_bytes = 256 * 1024;
+  size_t direct_max_bytes = 16 * 1024;      // BRAID_DIRECT_MAX_BYTES
+  size_t peer_read_min_bytes = 256 * 1024;  // BRAID_PEER_READ_MIN_BYTES
+};
+
+// Cost of one message step and of each byte, on one kind of link.
+struct LinkCost {
+  double alpha_us;
+  double beta_us_per_byte;
+};
+
+class Tuner {
+ public:
+  Tuner() = default;
+  Tuner(const JobShape& shape, const AlgoChoice& forced);
+
+  // The algorithm for `bytes` (the per-rank buffer of all_reduce, broadcast
+  // and reduce; the whole output of all_gather; the whole input of
+  // reduce_scatter).
+  Algo pick(Coll c, size_t bytes) const;
+  // The model's choice, evaluated afresh (pick() looks it up per power of two).
+  Algo choose(Coll c, size_t bytes) const;
+  // Whether `a` can run this call on this job (forced choices that cannot
+  // fall back to the model's pick).
+  bool can_run(Coll c, Algo a, size_t bytes) const;
+  // Whether the hierarchical all_reduce's phases inside a host should read
+  // peers' memory rather than pass pieces through slots.
+  bool hierarchical_reads_peers(size_t bytes) const;
+  // Predicted time in microseconds; negative when `a` cannot run.
+  double predict_us(Coll c, Algo a, size_t bytes) const;
+
+  const JobShape& shape() const { return shape_; }
+  const AlgoChoice& forced() const { return forced_; }
+  // One line per collective: where each algorithm takes over, e.g.
+  // "all_reduce: direct < 16 KiB <= ring < 256 KiB <= peer_read".
+  std::vector<std::string> describe() const;
+
+ private:
+  LinkCost intra() const;
+  LinkCost inter() const;
+  LinkCost flat() const { return shape_.nhosts > 1 ? inter() : intra(); }
+
+  JobShape shape_;
+  AlgoChoice forced_;
+  // choose() at each power of two: [collective][floor(log2(bytes))].
+  static constexpr int kBuckets = 48;
+  std::array<std::array<Algo, kBuckets>, kNumTunedColls> table_{};
+};
+
+}  // namespace braid

@@ -1,0 +1,379 @@
+// src/topo: discovery of this host, of a saved topology and of synthetic
+// ones; path classes; the JSON and the braid-topo tool.
+//
+// tests/data/dgx_2s_8gpu_4nic.xml is a hand-written hwloc v2 topology of a
+// 2-socket host (one NUMA node and 8 cores per socket). Each socket has two
+// PCIe host bridges, each leading to one PCIe switch holding 2 NVIDIA GPUs
+// and 1 Mellanox InfiniBand NIC:
+//   socket 0: GPU0 GPU1 mlx5_0 | GPU2 GPU3 mlx5_1
+//   socket 1: GPU4 GPU5 mlx5_2 | GPU6 GPU7 mlx5_3
+// Its NVLinkBandwidth matrix joins GPUs 0-3 pairwise and 4-7 pairwise by 2
+// links (50 GB/s), GPU i and i+4 by 1 link, and leaves the other pairs
+// without NVLink.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <ostream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "src/topo/topology.h"
+
+namespace braid::topo {
+
+// Readable gtest failures.
+void PrintTo(PathClass p, std::ostream* os) {
+  *os << path_name(p);
+}
+void PrintTo(PciPath p, std::ostream* os) {
+  *os << pci_path_name(p);
+}
+
+namespace {
+
+const std::string kDgxXml = std::string(BRAID_SOURCE_DIR) + "/tests/data/dgx_2s_8gpu_4nic.xml";
+
+// Sets an environment variable for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (had_)
+      setenv(name_, old_.c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+HostTopology load_dgx() {
+  ScopedEnv file("BRAID_TOPO_FILE", kDgxXml);
+  HostTopology t;
+  Status st = discover(&t);
+  EXPECT_TRUE(st.is_ok()) << st.message();
+  return t;
+}
+
+TEST(Discover, ThisHost) {
+  unsetenv("BRAID_TOPO_FILE");
+  HostTopology t;
+  Status st = discover(&t);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  EXPECT_EQ(t.source, "this host");
+  EXPECT_GE(t.cores.size(), 1u);
+  EXPECT_GE(t.numa_nodes.size(), 1u);
+  EXPECT_GE(t.pus, static_cast<int>(t.cores.size()));
+  // The live host knows where this process runs.
+  EXPECT_GE(t.process_numa, 0);
+  EXPECT_GE(t.process_core, 0);
+  EXPECT_LT(t.process_core, static_cast<int>(t.cores.size()));
+  EXPECT_FALSE(describe_tree(t).empty());
+}
+
+TEST(Discover, SavedDgxTopology) {
+  HostTopology t = load_dgx();
+  EXPECT_EQ(t.source, kDgxXml);
+  EXPECT_EQ(t.hostname, "dgx-test");
+  ASSERT_EQ(t.packages.size(), 2u);
+  ASSERT_EQ(t.numa_nodes.size(), 2u);
+  EXPECT_EQ(t.cores.size(), 16u);
+  EXPECT_EQ(t.pus, 16);
+  EXPECT_EQ(t.packages[1].cores, 8);
+  EXPECT_EQ(t.packages[0].cpu_model, "Test CPU 8-Core");
+  EXPECT_EQ(t.numa_nodes[1].package, 1);
+  EXPECT_EQ(t.numa_nodes[1].memory_bytes, 256ull << 30);
+  EXPECT_EQ(t.numa_nodes[1].cores, 8);
+  ASSERT_EQ(t.l3_caches.size(), 2u);
+  EXPECT_EQ(t.l3_caches[1].size_bytes, 32u << 20);
+  EXPECT_EQ(t.l3_caches[1].numa, 1);
+  EXPECT_EQ(t.cores[9].numa, 1);
+  EXPECT_EQ(t.cores[9].package, 1);
+  // A loaded file says nothing about this process.
+  EXPECT_EQ(t.process_numa, -1);
+  EXPECT_EQ(t.process_core, -1);
+
+  ASSERT_EQ(t.gpus.size(), 8u);
+  for (int i = 0; i < 8; ++i) {
+    const GpuInfo& g = t.gpus[i];
+    EXPECT_EQ(g.cuda_index, i);
+    EXPECT_EQ(g.os_device, "cuda" + std::to_string(i));
+    EXPECT_EQ(g.vendor_id, 0x10de);
+    EXPECT_EQ(g.name, "NVIDIA A100-SXM4-40GB");
+    EXPECT_EQ(g.location.numa, i / 4) << "GPU " << i;
+    EXPECT_EQ(g.location.package, i / 4) << "GPU " << i;
+    EXPECT_EQ(g.location.pci_bridges.size(), 3u);  // host bridge, switch up port, down port
+  }
+  EXPECT_EQ(t.gpus[0].location.pci_bus_id, "0000:03:00.0");
+  EXPECT_EQ(t.gpus[7].location.pci_bus_id, "0000:94:00.0");
+
+  ASSERT_EQ(t.nics.size(), 4u);
+  for (int k = 0; k < 4; ++k) {
+    const NicInfo& n = t.nics[k];
+    EXPECT_EQ(n.name, "mlx5_" + std::to_string(k));
+    EXPECT_EQ(n.netdev, "ib" + std::to_string(k));
+    EXPECT_EQ(n.kind, "ib");
+    EXPECT_EQ(n.location.numa, k / 2) << n.name;
+    EXPECT_EQ(n.location.package, k / 2) << n.name;
+    EXPECT_EQ(n.port_gbit_s, 0);  // not the live host: no sysfs
+  }
+
+  ASSERT_EQ(t.nvlink_mbyte_s.size(), 8u);
+  EXPECT_EQ(t.nvlink_mbyte_s[0][1], 50000u);
+  EXPECT_EQ(t.nvlink_mbyte_s[0][4], 25000u);
+  EXPECT_EQ(t.nvlink_mbyte_s[0][5], 0u);
+  EXPECT_EQ(t.nvlink_mbyte_s[3][3], 0u);
+}
+
+TEST(Discover, DgxPciPaths) {
+  HostTopology t = load_dgx();
+  ASSERT_EQ(t.gpus.size(), 8u);
+  auto pci = [&](int a, int b) { return pci_path_between(t.gpus[a].location, t.gpus[b].location); };
+  EXPECT_EQ(pci(0, 1), PciPath::kPix);   // one switch
+  EXPECT_EQ(pci(0, 2), PciPath::kNode);  // same socket, other host bridge
+  EXPECT_EQ(pci(0, 4), PciPath::kSys);   // other socket
+  EXPECT_EQ(pci(6, 7), PciPath::kPix);
+
+  auto m = gpu_matrix(t);
+  ASSERT_EQ(m.size(), 8u);
+  EXPECT_EQ(m[0][0], "X");
+  EXPECT_EQ(m[0][1], "NV2");
+  EXPECT_EQ(m[1][0], "NV2");
+  EXPECT_EQ(m[0][4], "NV1");
+  EXPECT_EQ(m[0][5], "SYS");  // no NVLink: the PCI path
+  EXPECT_EQ(m[5][0], "SYS");
+
+  auto n = gpu_nic_matrix(t);
+  ASSERT_EQ(n.size(), 8u);
+  ASSERT_EQ(n[0].size(), 4u);
+  EXPECT_EQ(n[0][0], "PIX");
+  EXPECT_EQ(n[0][1], "NODE");
+  EXPECT_EQ(n[0][2], "SYS");
+  EXPECT_EQ(n[7][3], "PIX");
+
+  std::string tree = describe_tree(t);
+  EXPECT_NE(tree.find("NIC mlx5_3"), std::string::npos) << tree;
+  EXPECT_NE(tree.find("GPU 7"), std::string::npos) << tree;
+}
+
+TEST(Discover, NumaOverride) {
+  ScopedEnv numa("BRAID_TOPO_NUMA", "1");
+  HostTopology t = load_dgx();
+  EXPECT_EQ(t.process_numa, 1);
+  EXPECT_EQ(t.process_package, 1);
+  RankPlacement p = placement_of(t, "hostA");
+  EXPECT_EQ(p.numa, 1);
+  EXPECT_EQ(p.num_gpus, 8);
+  EXPECT_EQ(p.num_nics, 4);
+  EXPECT_EQ(p.num_numa_nodes, 2);
+  EXPECT_EQ(p.host_hash, host_hash("hostA"));
+}
+
+TEST(Discover, NumaOverrideOutOfRange) {
+  for (const char* bad : {"2", "-1", "x"}) {
+    ScopedEnv numa("BRAID_TOPO_NUMA", bad);
+    ScopedEnv file("BRAID_TOPO_FILE", kDgxXml);
+    HostTopology t;
+    Status st = discover(&t);
+    EXPECT_FALSE(st.is_ok()) << bad;
+    EXPECT_NE(st.message().find("BRAID_TOPO_NUMA"), std::string::npos) << st.message();
+  }
+}
+
+TEST(Discover, Synthetic) {
+  ScopedEnv file("BRAID_TOPO_FILE", "synthetic:pack:2 numa:1 core:4 pu:2");
+  HostTopology t;
+  Status st = discover(&t);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  EXPECT_EQ(t.packages.size(), 2u);
+  EXPECT_EQ(t.numa_nodes.size(), 2u);
+  EXPECT_EQ(t.cores.size(), 8u);
+  EXPECT_EQ(t.pus, 16);
+  EXPECT_EQ(t.cores[5].numa, 1);
+  EXPECT_TRUE(t.gpus.empty());
+  EXPECT_TRUE(t.nvlink_mbyte_s.empty());
+  EXPECT_TRUE(gpu_matrix(t).empty());
+}
+
+TEST(Discover, BadSourcesNameTheVariable) {
+  for (const std::string& bad :
+       {std::string("/nonexistent/topology.xml"), std::string("synthetic:garbage:x"),
+        std::string("synthetic:"), std::string(BRAID_SOURCE_DIR) + "/tests/topo_test.cc"}) {
+    ScopedEnv file("BRAID_TOPO_FILE", bad);
+    HostTopology t;
+    Status st = discover(&t);
+    ASSERT_FALSE(st.is_ok()) << bad;
+    EXPECT_EQ(st.code(), BRAID_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(st.message().find("BRAID_TOPO_FILE"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find(bad), std::string::npos) << st.message();
+  }
+}
+
+RankPlacement at(const char* host, int numa, int package, int core) {
+  RankPlacement p;
+  p.host_hash = host_hash(host);
+  p.numa = numa;
+  p.package = package;
+  p.core = core;
+  return p;
+}
+
+TEST(Paths, EachClass) {
+  RankPlacement a = at("h0", 0, 0, 0);
+  EXPECT_EQ(path_between(a, a), PathClass::kSelf);
+  EXPECT_EQ(path_between(a, at("h0", 0, 0, 1)), PathClass::kSameNuma);
+  EXPECT_EQ(path_between(a, at("h0", 1, 0, 2)), PathClass::kSameHost);     // other NUMA node, same package
+  EXPECT_EQ(path_between(a, at("h0", -1, 0, 2)), PathClass::kSameHost);    // NUMA unknown
+  EXPECT_EQ(path_between(a, at("h0", -1, -1, -1)), PathClass::kSameHost);  // nothing known
+  EXPECT_EQ(path_between(a, at("h0", 1, 1, 8)), PathClass::kCrossSocket);
+  EXPECT_EQ(path_between(a, at("h1", 0, 0, 0)), PathClass::kOtherHost);
+  // Unknown cores never count as the same core.
+  EXPECT_EQ(path_between(at("h0", 0, 0, -1), at("h0", 0, 0, -1)), PathClass::kSameNuma);
+
+  EXPECT_STREQ(path_name(PathClass::kSelf), "X");
+  EXPECT_STREQ(path_name(PathClass::kSameNuma), "NUMA");
+  EXPECT_STREQ(path_name(PathClass::kSameHost), "HOST");
+  EXPECT_STREQ(path_name(PathClass::kCrossSocket), "SYS");
+  EXPECT_STREQ(path_name(PathClass::kOtherHost), "NET");
+
+  auto m = path_matrix({a, at("h0", 0, 0, -1), at("h1", 0, 0, 0)});
+  ASSERT_EQ(m.size(), 3u);
+  EXPECT_EQ(m[1][1], PathClass::kSelf);
+  EXPECT_EQ(m[0][1], PathClass::kSameNuma);
+  EXPECT_EQ(m[2][0], PathClass::kOtherHost);
+}
+
+TEST(Paths, PciClassesFromBridges) {
+  DeviceLocation a{"0000:03:00.0", {1, 2, 3}, 0, 0};
+  auto with = [](std::vector<uint64_t> bridges, int numa, int package) {
+    return DeviceLocation{"x", std::move(bridges), numa, package};
+  };
+  EXPECT_EQ(pci_path_between(a, with({1, 2, 4}, 0, 0)), PciPath::kPix);        // switch's other port
+  EXPECT_EQ(pci_path_between(a, with({1, 2, 3}, 0, 0)), PciPath::kPix);        // same port
+  EXPECT_EQ(pci_path_between(a, with({1, 2, 4, 5, 6}, 0, 0)), PciPath::kPxb);  // a switch below a switch
+  EXPECT_EQ(pci_path_between(a, with({1, 7, 8}, 0, 0)), PciPath::kPhb);        // same host bridge
+  EXPECT_EQ(pci_path_between(a, with({9, 7, 8}, 0, 0)), PciPath::kNode);
+  EXPECT_EQ(pci_path_between(a, with({9}, -1, 0)), PciPath::kNode);  // NUMA unknown, same package
+  EXPECT_EQ(pci_path_between(a, with({9}, 1, 0)), PciPath::kSys);    // other NUMA node of the package
+  EXPECT_EQ(pci_path_between(a, with({9}, 1, 1)), PciPath::kSys);
+  EXPECT_EQ(pci_path_between(a, with({}, -1, -1)), PciPath::kSys);
+
+  EXPECT_EQ(nvlink_count(0), 0);
+  EXPECT_EQ(nvlink_count(450000), 18);  // H100 through NVSwitch
+  EXPECT_EQ(nvlink_count(80000), 4);    // NVLink 1
+}
+
+TEST(Paths, SimulatedPlacements) {
+  ScopedEnv file("BRAID_TOPO_FILE", "synthetic:pack:2 numa:1 core:4 pu:1");
+  HostTopology t;
+  ASSERT_TRUE(discover(&t).is_ok());
+  auto ranks = simulated_placements(t, 2, 4);
+  ASSERT_EQ(ranks.size(), 8u);
+  // Round-robin over the two NUMA nodes, then over their cores.
+  EXPECT_EQ(ranks[0].numa, 0);
+  EXPECT_EQ(ranks[1].numa, 1);
+  EXPECT_EQ(ranks[2].numa, 0);
+  EXPECT_EQ(ranks[0].core, 0);
+  EXPECT_EQ(ranks[2].core, 1);
+  EXPECT_EQ(ranks[1].core, 4);
+  EXPECT_EQ(ranks[1].package, 1);
+  auto m = path_matrix(ranks);
+  EXPECT_EQ(m[0][2], PathClass::kSameNuma);
+  EXPECT_EQ(m[0][1], PathClass::kCrossSocket);
+  EXPECT_EQ(m[0][4], PathClass::kOtherHost);
+  EXPECT_EQ(m[5][7], PathClass::kSameNuma);
+  EXPECT_EQ(m[5][6], PathClass::kCrossSocket);
+  EXPECT_EQ(m[5][5], PathClass::kSelf);
+}
+
+// Python's json module is the judge when it is installed.
+bool python_accepts_json(const std::string& path, bool* have_python) {
+  *have_python = std::system("python3 -c 'import json' >/dev/null 2>&1") == 0;
+  if (!*have_python) return false;
+  std::string cmd = "python3 -c 'import json,sys; json.load(open(sys.argv[1]))' " + path;
+  return std::system(cmd.c_str()) == 0;
+}
+
+std::string temp_path(const char* name) {
+  const char* dir = std::getenv("TMPDIR");
+  return std::string(dir != nullptr ? dir : "/tmp") + "/braid_topo_test_" + std::to_string(getpid()) + "_" +
+         name;
+}
+
+TEST(Json, WellFormed) {
+  HostTopology t = load_dgx();
+  t.hostname = "quote\" backslash\\ newline\n tab\t bell\a";  // escapes
+  std::string json = to_json(t);
+  for (const char* key : {"\"packages\"", "\"numa_nodes\"", "\"gpus\"", "\"nics\"", "\"nvlink_mbyte_s\"",
+                          "\"gpu_matrix\"", "\"gpu_nic_matrix\"", "\"process\"", "\"mlx5_2\""})
+    EXPECT_NE(json.find(key), std::string::npos) << key;
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < json.size(); ++i) {
+    char c = json[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
+      EXPECT_GE(static_cast<unsigned char>(c), 0x20) << "raw control character at " << i;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    if (c == '{' || c == '[') ++depth;
+    if (c == '}' || c == ']') --depth;
+    ASSERT_GE(depth, 0) << i;
+  }
+  EXPECT_EQ(depth, 0);
+  EXPECT_FALSE(in_string);
+
+  std::string path = temp_path("topo.json");
+  std::ofstream(path) << json;
+  bool have_python = false;
+  bool ok = python_accepts_json(path, &have_python);
+  std::remove(path.c_str());
+  if (!have_python) GTEST_SKIP() << "python3 not found; JSON checked for balance only";
+  EXPECT_TRUE(ok) << json;
+}
+
+#ifdef BRAID_TOPO_BINARY
+int run(const std::string& command) {
+  int status = std::system(command.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST(Tool, JsonOnSavedTopology) {
+  std::string out = temp_path("tool.json");
+  std::string cmd = "BRAID_TOPO_FILE='" + kDgxXml +
+                    "' '" BRAID_TOPO_BINARY "' --json --hosts 2 --ranks-per-host 4 > " + out;
+  EXPECT_EQ(run(cmd), 0) << cmd;
+  bool have_python = false;
+  bool ok = python_accepts_json(out, &have_python);
+  std::remove(out.c_str());
+  if (have_python) {
+    EXPECT_TRUE(ok);
+  }
+}
+
+TEST(Tool, TextAndBadFlags) {
+  EXPECT_EQ(run("BRAID_TOPO_FILE='" + kDgxXml + "' '" BRAID_TOPO_BINARY "' --ranks-per-host 3 > /dev/null"),
+            0);
+  EXPECT_EQ(run("'" BRAID_TOPO_BINARY "' > /dev/null"), 0);
+  EXPECT_EQ(run("'" BRAID_TOPO_BINARY "' --frobnicate 2> /dev/null"), 2);
+  EXPECT_EQ(run("'" BRAID_TOPO_BINARY "' --hosts 0 2> /dev/null"), 2);
+  EXPECT_EQ(run("BRAID_TOPO_FILE=/nonexistent '" BRAID_TOPO_BINARY "' 2> /dev/null"), 1);
+}
+#endif
+
+}  // namespace
+}  // namespace braid::topo

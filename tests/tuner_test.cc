@@ -1,0 +1,156 @@
+// The tuner's choices and BRAID_ALGO's grammar, without processes: the
+// same facts must give the same choice, forced choices hold where they can
+// run, and a bad BRAID_ALGO names what is wrong.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+
+#include "src/algo/tuner.h"
+
+namespace braid {
+namespace {
+
+JobShape one_host(int nranks) {
+  JobShape s;
+  s.nranks = nranks;
+  s.ranks_per_host = nranks;
+  s.peer_reads = true;
+  s.host_peer_reads = true;
+  return s;
+}
+
+JobShape hosts(int nhosts, int per_host) {
+  JobShape s;
+  s.nranks = nhosts * per_host;
+  s.nhosts = nhosts;
+  s.ranks_per_host = per_host;
+  s.host_peer_reads = per_host > 1;
+  return s;
+}
+
+TEST(AlgoSpec, OneNameForcesEveryCollectiveThatHasIt) {
+  AlgoChoice c;
+  ASSERT_TRUE(parse_algo_spec("tree", &c).is_ok());
+  EXPECT_EQ(c[Coll::kAllReduce], Algo::kTree);
+  EXPECT_EQ(c[Coll::kBroadcast], Algo::kTree);
+  EXPECT_EQ(c[Coll::kReduce], Algo::kTree);
+  EXPECT_EQ(c[Coll::kAllGather], Algo::kAuto);  // has no tree
+  ASSERT_TRUE(parse_algo_spec("hier", &c).is_ok());
+  EXPECT_EQ(c[Coll::kAllReduce], Algo::kHierarchical);
+  EXPECT_EQ(c[Coll::kReduce], Algo::kHierarchical);
+  EXPECT_EQ(c[Coll::kAllGather], Algo::kAuto);
+  ASSERT_TRUE(parse_algo_spec("", &c).is_ok());
+  EXPECT_EQ(c.encode(), 0u);
+}
+
+TEST(AlgoSpec, PerCollectiveEntries) {
+  AlgoChoice c;
+  ASSERT_TRUE(parse_algo_spec(" all_reduce:rd; broadcast : chain ,reduce:tree;", &c).is_ok());
+  EXPECT_EQ(c[Coll::kAllReduce], Algo::kRecursiveDoubling);
+  EXPECT_EQ(c[Coll::kBroadcast], Algo::kRing);
+  EXPECT_EQ(c[Coll::kReduce], Algo::kTree);
+  EXPECT_EQ(c[Coll::kAllGather], Algo::kAuto);
+  AlgoChoice d;
+  ASSERT_TRUE(parse_algo_spec("all_reduce:recursive_doubling;broadcast:ring;reduce:tree", &d).is_ok());
+  EXPECT_EQ(c.encode(), d.encode());
+}
+
+TEST(AlgoSpec, BadSpecsNameTheProblem) {
+  struct Case {
+    const char* spec;
+    const char* says;
+  };
+  for (const Case& k :
+       {Case{"fastest", "unknown algorithm 'fastest'"},
+        Case{"all_reduce:zigzag", "all_reduce has no algorithm 'zigzag'"},
+        Case{"all_gather:tree", "all_gather has no algorithm 'tree' (choose ring, peer_read)"},
+        Case{"allreduce:ring", "unknown collective 'allreduce'"},
+        Case{"all_reduce:ring;tree", "'tree' is not collective:algorithm"}}) {
+    AlgoChoice c;
+    Status st = parse_algo_spec(k.spec, &c);
+    ASSERT_FALSE(st.is_ok()) << k.spec;
+    EXPECT_EQ(st.code(), BRAID_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(st.message().find("BRAID_ALGO"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find(k.says), std::string::npos) << st.message();
+  }
+}
+
+TEST(Tuner, ForcedChoicesHoldWhereTheyCanRun) {
+  AlgoChoice forced;
+  ASSERT_TRUE(parse_algo_spec("all_reduce:direct;broadcast:peer_read", &forced).is_ok());
+  Tuner t(hosts(2, 2), forced);
+  EXPECT_EQ(t.pick(Coll::kAllReduce, 1024), Algo::kDirect);
+  // Direct posts the whole buffer at once: never beyond one piece.
+  EXPECT_NE(t.pick(Coll::kAllReduce, 4 << 20), Algo::kDirect);
+  // No peer reads across hosts.
+  EXPECT_NE(t.pick(Coll::kBroadcast, 4 << 20), Algo::kPeerRead);
+
+  ASSERT_TRUE(parse_algo_spec("hier", &forced).is_ok());
+  EXPECT_EQ(Tuner(hosts(3, 2), forced).pick(Coll::kAllReduce, 64), Algo::kHierarchical);
+  EXPECT_NE(Tuner(one_host(4), forced).pick(Coll::kAllReduce, 64 << 20), Algo::kHierarchical);
+  JobShape uneven = hosts(2, 2);
+  uneven.nranks = 5;
+  uneven.ranks_per_host = 0;
+  EXPECT_NE(Tuner(uneven, forced).pick(Coll::kAllReduce, 64 << 20), Algo::kHierarchical);
+}
+
+TEST(Tuner, ModelPrefersFewStepsSmallAndFewBytesLarge) {
+  Tuner t(hosts(2, 4), AlgoChoice{});
+  // Small: a ring's 2(n-1) network steps lose to one or log2(n) steps.
+  EXPECT_NE(t.pick(Coll::kAllReduce, 8), Algo::kRing);
+  // Large, across hosts: the hierarchical schedule sends 1/L of the data
+  // per rank over the network.
+  EXPECT_EQ(t.pick(Coll::kAllReduce, 64 << 20), Algo::kHierarchical);
+  EXPECT_LT(t.predict_us(Coll::kAllReduce, Algo::kHierarchical, 64 << 20),
+            t.predict_us(Coll::kAllReduce, Algo::kRing, 64 << 20));
+  EXPECT_LT(t.predict_us(Coll::kAllReduce, Algo::kRecursiveDoubling, 8),
+            t.predict_us(Coll::kAllReduce, Algo::kRing, 8));
+  // Algorithms that cannot run have no prediction.
+  EXPECT_LT(t.predict_us(Coll::kAllReduce, Algo::kPeerRead, 64 << 20), 0);
+  Tuner single(one_host(2), AlgoChoice{});
+  EXPECT_LT(single.predict_us(Coll::kAllReduce, Algo::kHierarchical, 64 << 20), 0);
+}
+
+TEST(Tuner, TableLookupAgreesWithTheModelAtEverySize) {
+  // pick() reads a table per power of two plus exact checks; it must give
+  // what choose() computes for sizes in between too.
+  std::mt19937_64 rng(7);
+  for (const JobShape& shape : {one_host(2), one_host(4), hosts(2, 2), hosts(3, 2)}) {
+    for (const char* spec : {"", "direct", "peer_read", "all_reduce:rd;broadcast:tree"}) {
+      AlgoChoice forced;
+      ASSERT_TRUE(parse_algo_spec(spec, &forced).is_ok());
+      Tuner t(shape, forced);
+      for (int i = 0; i < 2000; ++i) {
+        const size_t bytes = rng() >> (rng() % 64);
+        for (Coll c :
+             {Coll::kAllReduce, Coll::kBroadcast, Coll::kReduce, Coll::kAllGather, Coll::kReduceScatter}) {
+          const Algo a = t.pick(c, bytes);
+          ASSERT_TRUE(t.can_run(c, a, bytes)) << coll_name(c) << " " << algo_name(a) << " " << bytes;
+          // Within a power of two the model may change its mind, the
+          // thresholds may not: direct and peer reads respect theirs.
+          if (a == Algo::kDirect && forced[c] != Algo::kDirect) {
+            EXPECT_LE(bytes, shape.direct_max_bytes);
+          }
+          if (a == Algo::kPeerRead && forced[c] != Algo::kPeerRead) {
+            EXPECT_GE(bytes, shape.peer_read_min_bytes);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Tuner, DescribeNamesWhereEachAlgorithmTakesOver) {
+  Tuner t(one_host(4), AlgoChoice{});
+  auto lines = t.describe();
+  ASSERT_EQ(lines.size(), 5u);
+  EXPECT_EQ(lines[0].rfind("all_reduce: ", 0), 0u) << lines[0];
+  EXPECT_EQ(lines[4].rfind("reduce_scatter: ", 0), 0u) << lines[4];
+  AlgoChoice forced;
+  ASSERT_TRUE(parse_algo_spec("all_reduce:ring", &forced).is_ok());
+  EXPECT_EQ(Tuner(one_host(4), forced).describe()[0], "all_reduce: ring (BRAID_ALGO) where it runs; ring");
+}
+
+}  // namespace
+}  // namespace braid
