@@ -337,10 +337,11 @@ void Communicator::log_summary() const {
   }
   BRAID_INFO("TOPO", rank_, "%s", topo.c_str());
   const topo::HostTopology& t = *topology_;
+  const std::string from = t.source == "this host" ? "" : " (" + t.source + ")";  // BRAID_TOPO_FILE
   BRAID_INFO("TOPO", rank_,
-             "this host (%s): %zu package(s), %zu NUMA node(s), %zu cores, %zu GPU(s), %zu NIC(s); rank %d "
+             "this host%s: %zu package(s), %zu NUMA node(s), %zu cores, %zu GPU(s), %zu NIC(s); rank %d "
              "on NUMA node %d, core %d",
-             t.source.c_str(), t.packages.size(), t.numa_nodes.size(), t.cores.size(), t.gpus.size(),
+             from.c_str(), t.packages.size(), t.numa_nodes.size(), t.cores.size(), t.gpus.size(),
              t.nics.size(), rank_, placements_[rank_].numa, placements_[rank_].core);
   std::string paths;
   for (const auto& [kind, ranks] : group_ranks(peers, [&](int p) {
