@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <utility>
 #include <vector>
 
@@ -99,20 +100,15 @@ Task direct_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
 
 std::vector<std::vector<int>> host_groups(const std::vector<std::string>& host,
                                           const std::vector<int>& numa) {
-  std::vector<std::string> names;
+  std::vector<int> all(host.size());
+  std::iota(all.begin(), all.end(), 0);
   std::vector<std::vector<int>> groups;
-  for (size_t r = 0; r < host.size(); ++r) {
-    const size_t h = static_cast<size_t>(std::find(names.begin(), names.end(), host[r]) - names.begin());
-    if (h == names.size()) {
-      names.push_back(host[r]);
-      groups.emplace_back();
-    }
-    groups[h].push_back(static_cast<int>(r));
+  for (auto& [name, ranks] : group_ranks(all, [&](int r) { return host[r]; })) {
+    // Ranks of one NUMA node next to each other: a ring then crosses between
+    // sockets twice, not on every hop.
+    std::stable_sort(ranks.begin(), ranks.end(), [&](int a, int b) { return numa[a] < numa[b]; });
+    groups.push_back(std::move(ranks));
   }
-  // Ranks of one NUMA node next to each other: a ring then crosses between
-  // sockets twice, not on every hop.
-  for (auto& g : groups)
-    std::stable_sort(g.begin(), g.end(), [&](int a, int b) { return numa[a] < numa[b]; });
   return groups;
 }
 

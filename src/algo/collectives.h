@@ -4,9 +4,11 @@
 
 #include <braid/braid.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "src/algo/primitives.h"
@@ -38,6 +40,19 @@ Task peer_read_all_reduce(const Channel& ch, CollArgs a, char* scratch);
 Task peer_read_reduce_scatter(const Channel& ch, CollArgs a, char* scratch);
 Task peer_read_all_gather(const Channel& ch, CollArgs a);
 Task peer_read_broadcast(const Channel& ch, CollArgs a);
+// Ranks grouped by key(rank), groups in order of first appearance.
+template <class Key>
+std::vector<std::pair<std::string, std::vector<int>>> group_ranks(const std::vector<int>& ranks, Key key) {
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  for (int r : ranks) {
+    const std::string k = key(r);
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& x) { return x.first == k; });
+    if (g == groups.end()) g = groups.insert(groups.end(), {k, {}});
+    g->second.push_back(r);
+  }
+  return groups;
+}
+
 // The ranks of each host (hosts in order of first appearance), those of one
 // NUMA node together. Rings and trees visit ranks in this order, so they
 // cross between hosts once per host, whatever order the launcher gave.

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "src/core/logging.h"
+
 namespace braid {
 namespace {
 
@@ -62,13 +64,6 @@ std::string trim(std::string s) {
 Status bad_spec(const std::string& spec, const std::string& why) {
   return Status::invalid_argument("BRAID_ALGO='" + spec + "': " + why +
                                   " (e.g. BRAID_ALGO=ring or BRAID_ALGO='all_reduce:tree;broadcast:chain')");
-}
-
-std::string size_text(size_t b) {
-  if (b >= (size_t{1} << 30) && b % (size_t{1} << 30) == 0) return std::to_string(b >> 30) + " GiB";
-  if (b >= (1u << 20) && b % (1u << 20) == 0) return std::to_string(b >> 20) + " MiB";
-  if (b >= 1024 && b % 1024 == 0) return std::to_string(b >> 10) + " KiB";
-  return std::to_string(b) + " B";
 }
 
 }  // namespace
@@ -325,7 +320,7 @@ std::vector<std::string> Tuner::describe() const {
     for (size_t b = 2; b <= (size_t{1} << 30); b *= 2) {
       const Algo now = pick(c, b);
       if (now == prev) continue;
-      line += " < " + size_text(b) + " <= " + algo_name(now);
+      line += " < " + bytes_text(b) + " <= " + algo_name(now);
       prev = now;
     }
     lines.push_back(line);

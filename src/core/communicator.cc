@@ -221,14 +221,13 @@ void Communicator::build_schedules(const std::vector<PeerInfo>& infos) {
   for (int r = 0; r < nranks_; ++r) numa[r] = placements_[r].numa;
   const std::vector<std::vector<int>> members = host_groups(hosts_, numa);
   const int nhosts = static_cast<int>(members.size());
-  std::vector<int> host_of(nranks_);
+  host_index_.assign(nranks_, 0);
   local_index_.assign(nranks_, 0);
   for (int h = 0; h < nhosts; ++h)
     for (size_t i = 0; i < members[h].size(); ++i) {
-      host_of[members[h][i]] = h;
+      host_index_[members[h][i]] = h;
       local_index_[members[h][i]] = static_cast<int>(i);
     }
-  host_index_ = host_of;
 
   // A ring (and tree) that visits each host's ranks together crosses
   // between hosts once per host, whatever order the launcher gave ranks.
@@ -259,10 +258,9 @@ void Communicator::build_schedules(const std::vector<PeerInfo>& infos) {
   shape.direct_max_bytes = config_.direct_max_bytes;
   shape.peer_read_min_bytes = config_.peer_read_min_bytes;
   if (nhosts > 1 && shape.ranks_per_host > 1) {
-    const auto& mine = members[host_of[rank_]];
-    const int index = static_cast<int>(std::find(mine.begin(), mine.end(), rank_) - mine.begin());
+    const auto& mine = members[host_index_[rank_]];
     std::vector<int> across;
-    for (const auto& m : members) across.push_back(m[index]);
+    for (const auto& m : members) across.push_back(m[local_index_[rank_]]);
     host_channel_ = coll_channel_.subset(mine);
     across_channel_ = coll_channel_.subset(across);
     shape.host_peer_reads = channel_reads_peers(host_channel_);
@@ -293,25 +291,6 @@ std::string rank_ranges(const std::vector<int>& ranks) {
     i = j + 1;
   }
   return out;
-}
-
-// Ranks grouped by key(rank), groups in order of first appearance.
-template <class Key>
-std::vector<std::pair<std::string, std::vector<int>>> group_ranks(const std::vector<int>& ranks, Key key) {
-  std::vector<std::pair<std::string, std::vector<int>>> groups;
-  for (int r : ranks) {
-    const std::string k = key(r);
-    auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& x) { return x.first == k; });
-    if (g == groups.end()) g = groups.insert(groups.end(), {k, {}});
-    g->second.push_back(r);
-  }
-  return groups;
-}
-
-std::string bytes_text(size_t b) {
-  if (b >= (1u << 20) && b % (1u << 20) == 0) return std::to_string(b >> 20) + " MiB";
-  if (b >= 1024 && b % 1024 == 0) return std::to_string(b >> 10) + " KiB";
-  return std::to_string(b) + " B";
 }
 
 }  // namespace

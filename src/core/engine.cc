@@ -315,7 +315,9 @@ bool Engine::advance_lane(Lane& lane) {
   while (!lane.ops.empty()) {
     std::shared_ptr<Op> op = lane.ops.front();
     if (op->finished) {
-      // Its coroutine is done, its last tcp bytes are not yet written.
+      // A blocking call returns once its data is the kernel's: bytes left in
+      // tcp slots would wait for the next call, and a peer waiting for them
+      // could wait forever (this rank may block in another library meanwhile).
       if (!tcp_writes_flushed()) return progressed;
       lane.ops.pop_front();
       complete(op, Status::ok());
@@ -359,12 +361,7 @@ bool Engine::advance_lane(Lane& lane) {
       return progressed;
     }
     if (!op->finished) return progressed;
-    // A blocking call returns once its data is the kernel's: bytes left in
-    // tcp slots would wait for the next call, and a peer waiting for them
-    // could wait forever (this rank may block in another library meanwhile).
-    if (!tcp_writes_flushed()) return progressed;
-    lane.ops.pop_front();
-    complete(op, Status::ok());
+    // The top of the loop completes it (once its tcp bytes are written).
   }
   return progressed;
 }

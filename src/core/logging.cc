@@ -116,6 +116,13 @@ const LogSettings& settings() {
 
 }  // namespace
 
+std::string bytes_text(size_t b) {
+  if (b >= (size_t{1} << 30) && b % (size_t{1} << 30) == 0) return std::to_string(b >> 30) + " GiB";
+  if (b >= (1u << 20) && b % (1u << 20) == 0) return std::to_string(b >> 20) + " MiB";
+  if (b >= 1024 && b % 1024 == 0) return std::to_string(b >> 10) + " KiB";
+  return std::to_string(b) + " B";
+}
+
 std::string expand_path_pattern(const char* pattern, int rank) {
   std::string out;
   for (const char* p = pattern; *p != '\0'; ++p) {

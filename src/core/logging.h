@@ -27,6 +27,9 @@ void log_message(LogLevel level, const char* subsys, int rank, const char* fmt, 
 #define BRAID_INFO(subsys, rank, ...) BRAID_LOG(::braid::LogLevel::kInfo, subsys, rank, __VA_ARGS__)
 #define BRAID_TRACE(subsys, rank, ...) BRAID_LOG(::braid::LogLevel::kTrace, subsys, rank, __VA_ARGS__)
 
+// "256 KiB", "16 MiB", "1 GiB", or "1000 B" when not a whole unit: sizes in log lines.
+std::string bytes_text(size_t bytes);
+
 // "%h" -> host name, "%p" -> pid, "%r" -> rank (when rank >= 0) in a path.
 std::string expand_path_pattern(const char* pattern, int rank);
 
