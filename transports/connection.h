@@ -1,8 +1,9 @@
 // A Connection moves messages one way each between this rank and one peer,
 // through a bounded set of slots (flow control is "no free slot"). Every
 // algorithm is written over this interface, so it runs over every transport:
-//   sender:   send_slot() -> fill up to slot_bytes() -> commit_send(n)
-//   receiver: recv_ready(&data, &n) -> read or reduce from data -> release_recv()
+//   sender:   send_slot() -> fill up to slot_bytes() -> commit_send(n, tag)
+//   receiver: recv_ready(&data, &n) -> recv_tag() -> read or reduce from data
+//             -> release_recv()
 // A slot may live in the peer's memory (shm), so a reduction can write its
 // result straight into the next hop's slot without an extra copy.
 // All calls are non-blocking; the engine decides when to wait and how.
@@ -16,6 +17,24 @@
 
 namespace braid {
 
+// What the sending rank's operation is, carried with every message: a rank
+// that receives a message sent by a different call (another collective, a
+// count, dtype, op or root that differs, an operation further along) fails
+// with BRAID_ERR_MISMATCH naming both calls, instead of using the bytes.
+struct CallTag {
+  uint64_t count = 0;               // elements; 0 where ranks may differ (all_to_allv, p2p)
+  uint32_t seq = 0;                 // collective sequence number (low 32 bits); 0 for p2p
+  int32_t root = -1;                // -1 where the call has none
+  uint8_t kind = 0;                 // OpKind
+  uint8_t dtype = 0xff, op = 0xff;  // 0xff where the call has none
+  uint8_t reserved[5] = {};
+  bool operator==(const CallTag& o) const {
+    return count == o.count && seq == o.seq && root == o.root && kind == o.kind && dtype == o.dtype &&
+           op == o.op;
+  }
+};
+static_assert(sizeof(CallTag) == 24, "CallTag travels in slot and frame headers");
+
 class Connection {
  public:
   virtual ~Connection() = default;
@@ -25,10 +44,12 @@ class Connection {
 
   // A free slot to fill, or nullptr while every slot is in flight.
   virtual void* send_slot() = 0;
-  virtual void commit_send(size_t bytes) = 0;
+  virtual void commit_send(size_t bytes, const CallTag& tag) = 0;
 
-  // The oldest message that arrived and is not released yet.
+  // The oldest message that arrived and is not released yet, and the tag it
+  // was sent with (valid once recv_ready returned true).
   virtual bool recv_ready(const void** data, size_t* bytes) = 0;
+  virtual const CallTag& recv_tag() const = 0;
   virtual void release_recv() = 0;
 
   // Moves bytes for transports that need the CPU to (tcp). An error means the
@@ -37,6 +58,10 @@ class Connection {
   // Cheap liveness check used while blocked on this peer (peer process gone,
   // peer marked itself failed). `thorough` also makes syscalls.
   virtual Status check_peer(bool thorough) = 0;
+  // Only what the peer said about itself: it marked itself failed (shm) or
+  // sent its abort frame (tcp). Cheap; checked on every peer while blocked,
+  // since a failed peer breaks every collective, whoever is waited on.
+  virtual Status peer_failure() { return Status::ok(); }
   // A file descriptor to poll for readiness, or -1 (shm wakes by doorbell).
   virtual int poll_fd() const { return -1; }
   virtual bool wants_write() const { return false; }

@@ -603,46 +603,39 @@ Task p2p_recv(const Channel& ch, CollArgs a) {
 namespace braid {
 namespace {
 
-std::string describe(const CallDescriptor& d) {
-  std::string s = std::string(d.name) + "(count " + std::to_string(d.count);
-  if (d.dtype >= 0) s += std::string(", ") + braid_dtype_name(static_cast<braid_dtype_t>(d.dtype));
-  if (d.op >= 0) s += std::string(", ") + braid_redop_name(static_cast<braid_redop_t>(d.op));
-  if (d.root >= 0) s += ", root " + std::to_string(d.root);
-  return s + ")";
-}
-
-Status mismatch_status(const CallDescriptor& mine, int r, const CallDescriptor& theirs, int p) {
-  return Status(BRAID_ERR_MISMATCH, "call mismatch at collective #" + std::to_string(mine.seq) + ": rank " +
-                                        std::to_string(r) + " called " + describe(mine) + ", rank " +
-                                        std::to_string(p) + " called " + describe(theirs) +
-                                        " (BRAID_CHECK_CALLS)");
-}
-
-bool same_call(const CallDescriptor& a, const CallDescriptor& b) {
-  return std::strncmp(a.name, b.name, sizeof a.name) == 0 && a.seq == b.seq && a.count == b.count &&
-         a.dtype == b.dtype && a.op == b.op && a.root == b.root;
+Status mismatch_status(const CallTag& mine, int r, const CallTag& theirs, int p) {
+  return Status(BRAID_ERR_MISMATCH, "call mismatch: rank " + std::to_string(r) + " called " +
+                                        describe_call(mine) + ", rank " + std::to_string(p) + " called " +
+                                        describe_call(theirs) + " (BRAID_CHECK_CALLS)");
 }
 
 }  // namespace
 
-Task checked_call(const Channel& ch, CallDescriptor mine, Task body) {
+Task checked_call(const Channel& ch, CallTag mine, Task body) {
   const int n = ch.nranks, r = ch.rank;
-  std::vector<CallDescriptor> theirs(static_cast<size_t>(n));
+  // The tags themselves travel under a tag every rank agrees on, so the
+  // comparison below, not the check on every message, reports a difference.
+  Op* op = current_op();
+  op->tag = CallTag{};
+  op->tag.kind = kCallCheckTag;
+  op->tag.seq = mine.seq;
+  std::vector<CallTag> theirs(static_cast<size_t>(n));
   for (int s = 1; s < n; ++s) {
     co_await exchange(ch, mod(r + s, n), &mine, sizeof mine, mod(r - s, n), &theirs[mod(r - s, n)],
                       sizeof mine);
   }
   int differs = -1;
   for (int p = 0; p < n && differs < 0; ++p) {
-    if (p != r && !same_call(theirs[p], mine)) differs = p;
+    if (p != r && !(theirs[p] == mine)) differs = p;
   }
   if (differs >= 0) {
     // Named, not a temporary of the co_await operand: built there, with GCC 12
     // its Status was released twice when the op's frame was destroyed at that
     // suspension (ASan: use after free).
-    FailOp fail{mismatch_status(mine, r, theirs[differs], differs)};
+    FailOp fail{mismatch_status(mine, ch.global(r), theirs[differs], ch.global(differs))};
     co_await fail;
   }
+  op->tag = mine;
   co_await std::move(body);
 }
 

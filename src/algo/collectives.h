@@ -92,17 +92,11 @@ Task pairwise_all_to_all(const Channel& ch, CollArgs a);
 Task pairwise_all_to_allv(const Channel& ch, CollArgs a);
 Task dissemination_barrier(const Channel& ch);
 
-// What a rank called, as BRAID_CHECK_CALLS compares it across ranks.
-struct CallDescriptor {
-  char name[24];  // "all_reduce", ...
-  uint64_t seq;
-  uint64_t count;           // 0 for all_to_allv (its counts may differ by rank)
-  int32_t dtype, op, root;  // -1 where the collective has none
-};
-// BRAID_CHECK_CALLS=1: every rank sends its descriptor to every other before
+// BRAID_CHECK_CALLS=1: every rank sends its call's tag to every other before
 // `body` runs; any difference fails the op with BRAID_ERR_MISMATCH naming
-// both sides, on every rank, before a byte of data moves.
-Task checked_call(const Channel& ch, CallDescriptor mine, Task body);
+// both sides, on every rank, before a byte of data moves (the tag on every
+// message catches a mismatch only once a message arrives).
+Task checked_call(const Channel& ch, CallTag mine, Task body);
 Task p2p_send(const Channel& ch, CollArgs a);
 Task p2p_recv(const Channel& ch, CollArgs a);
 

@@ -56,14 +56,28 @@ Until wait_both(BothWait* w, int from) {
 
 void commit(Connection* c, size_t bytes) {
   c->count_moved(bytes);
-  c->commit_send(bytes);
+  c->commit_send(bytes, current_op()->tag);
 }
 
-FailOp size_mismatch(int from, size_t got, size_t want) {
+// The message that arrived from a peer was sent by the same call as this
+// op's, and is the piece this op expects next.
+bool usable(const Connection* c, size_t got, size_t want) {
+  return got == want && c->recv_tag() == current_op()->tag;
+}
+
+// Why a message was not usable, naming both calls (a differing call is the
+// cause most worth telling; a differing piece size follows from counts or
+// dtypes that the tag does not see, such as all_to_allv's).
+FailOp unusable(const Channel& ch, int from, const Connection* c, size_t got, size_t want) {
   Op* op = current_op();
+  const int me = ch.global(ch.rank), peer = ch.global(from);
+  if (!(c->recv_tag() == op->tag))
+    return FailOp{Status(BRAID_ERR_MISMATCH, "call mismatch: rank " + std::to_string(me) + " called " +
+                                                 describe_call(op->tag) + ", rank " + std::to_string(peer) +
+                                                 " sent it a message of " + describe_call(c->recv_tag()))};
   return FailOp{
       Status(BRAID_ERR_MISMATCH, std::string(op->name) + " #" + std::to_string(op->seq) + ": rank " +
-                                     std::to_string(from) + " sent a piece of " + std::to_string(got) +
+                                     std::to_string(peer) + " sent a piece of " + std::to_string(got) +
                                      " bytes where " + std::to_string(want) +
                                      " were expected (do all ranks pass the same count and dtype?)")};
 }
@@ -101,7 +115,10 @@ Task send_piece(const Channel& ch, int to, const void* src, size_t bytes) {
 Task recv_piece(const Channel& ch, int from, void* dst, size_t bytes) {
   RecvWait w{ch.to(from)};
   if (!recv_check(&w)) co_await wait_recv(&w, ch.global(from));
-  if (w.bytes != bytes) co_await size_mismatch(ch.global(from), w.bytes, bytes);
+  if (!usable(w.conn, w.bytes, bytes)) {
+    FailOp fail = unusable(ch, from, w.conn, w.bytes, bytes);  // named: see checked_call
+    co_await fail;
+  }
   if (bytes) std::memcpy(dst, w.data, bytes);
   w.conn->release_recv();
 }
@@ -110,7 +127,10 @@ Task recv_reduce_copy(const Channel& ch, int from, void* dst, const void* local,
                       braid_dtype_t dtype, braid_redop_t op) {
   RecvWait w{ch.to(from)};
   if (!recv_check(&w)) co_await wait_recv(&w, ch.global(from));
-  if (w.bytes != bytes) co_await size_mismatch(ch.global(from), w.bytes, bytes);
+  if (!usable(w.conn, w.bytes, bytes)) {
+    FailOp fail = unusable(ch, from, w.conn, w.bytes, bytes);  // named: see checked_call
+    co_await fail;
+  }
   kernels::reduce(dtype, op, dst, w.data, local, bytes / braid_dtype_size(dtype));
   w.conn->release_recv();
 }
@@ -119,7 +139,10 @@ Task recv_reduce_send(const Channel& ch, int from, int to, const void* local, si
                       braid_dtype_t dtype, braid_redop_t op) {
   BothWait w{{ch.to(from)}, {ch.to(to)}};
   if (!both_check(&w)) co_await wait_both(&w, ch.global(from));
-  if (w.r.bytes != bytes) co_await size_mismatch(ch.global(from), w.r.bytes, bytes);
+  if (!usable(w.r.conn, w.r.bytes, bytes)) {
+    FailOp fail = unusable(ch, from, w.r.conn, w.r.bytes, bytes);  // named: see checked_call
+    co_await fail;
+  }
   kernels::reduce(dtype, op, w.s.slot, w.r.data, local, bytes / braid_dtype_size(dtype));
   commit(w.s.conn, bytes);
   w.r.conn->release_recv();
@@ -129,7 +152,10 @@ Task recv_reduce_copy_send(const Channel& ch, int from, int to, void* dst, const
                            braid_dtype_t dtype, braid_redop_t op) {
   BothWait w{{ch.to(from)}, {ch.to(to)}};
   if (!both_check(&w)) co_await wait_both(&w, ch.global(from));
-  if (w.r.bytes != bytes) co_await size_mismatch(ch.global(from), w.r.bytes, bytes);
+  if (!usable(w.r.conn, w.r.bytes, bytes)) {
+    FailOp fail = unusable(ch, from, w.r.conn, w.r.bytes, bytes);  // named: see checked_call
+    co_await fail;
+  }
   kernels::reduce(dtype, op, dst, w.r.data, local, bytes / braid_dtype_size(dtype));
   if (bytes) std::memcpy(w.s.slot, dst, bytes);
   commit(w.s.conn, bytes);
@@ -139,7 +165,10 @@ Task recv_reduce_copy_send(const Channel& ch, int from, int to, void* dst, const
 Task recv_copy_send(const Channel& ch, int from, int to, void* dst, size_t bytes) {
   BothWait w{{ch.to(from)}, {ch.to(to)}};
   if (!both_check(&w)) co_await wait_both(&w, ch.global(from));
-  if (w.r.bytes != bytes) co_await size_mismatch(ch.global(from), w.r.bytes, bytes);
+  if (!usable(w.r.conn, w.r.bytes, bytes)) {
+    FailOp fail = unusable(ch, from, w.r.conn, w.r.bytes, bytes);  // named: see checked_call
+    co_await fail;
+  }
   if (bytes) {
     std::memcpy(dst, w.r.data, bytes);
     std::memcpy(w.s.slot, w.r.data, bytes);
@@ -178,7 +207,10 @@ Task exchange(const Channel& ch, int to, const void* src, size_t send_bytes, int
     bool moved = false;
     if (received < nrecv && (w.r.data != nullptr || recv_check(&w.r))) {
       size_t off = received * piece, want = std::min(piece, recv_bytes - off);
-      if (w.r.bytes != want) co_await size_mismatch(ch.global(from), w.r.bytes, want);
+      if (!usable(w.r.conn, w.r.bytes, want)) {
+        FailOp fail = unusable(ch, from, w.r.conn, w.r.bytes, want);  // named: see checked_call
+        co_await fail;
+      }
       if (want) std::memcpy(d + off, w.r.data, want);
       w.r.conn->release_recv();
       w.r.data = nullptr;

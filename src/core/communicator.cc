@@ -72,38 +72,6 @@ Status check_same(const std::vector<PeerInfo>& infos, const char* var, auto fiel
 
 }  // namespace
 
-const char* op_kind_name(OpKind kind) {
-  switch (kind) {
-    case OpKind::kSend:
-      return "send";
-    case OpKind::kRecv:
-      return "recv";
-    case OpKind::kAllReduce:
-      return "all_reduce";
-    case OpKind::kBroadcast:
-      return "broadcast";
-    case OpKind::kReduce:
-      return "reduce";
-    case OpKind::kAllGather:
-      return "all_gather";
-    case OpKind::kReduceScatter:
-      return "reduce_scatter";
-    case OpKind::kGather:
-      return "gather";
-    case OpKind::kScatter:
-      return "scatter";
-    case OpKind::kAllToAll:
-      return "all_to_all";
-    case OpKind::kAllToAllv:
-      return "all_to_allv";
-    case OpKind::kRecvAny:
-      return "recv (any source)";
-    case OpKind::kBarrier:
-      return "barrier";
-  }
-  return "?";
-}
-
 Status Communicator::create(std::unique_ptr<Bootstrap> bootstrap, const Config& config,
                             std::shared_ptr<Communicator>* out) {
   std::shared_ptr<Communicator> c(new Communicator());
@@ -204,6 +172,7 @@ Status Communicator::setup_transports() {
   trace_ = TraceRecorder::make(config_, rank_, nranks_);
   engine_ = std::make_unique<Engine>(rank_, config_, peers, shm_->doorbell());
   engine_->set_trace(trace_.get());
+  engine_->set_collective_conns(coll_channel_.conns);
   ShmTransport* shm = shm_.get();
   engine_->set_failure_notifier([shm, peers](const Status& why) {
     shm->mark_failed(why);
@@ -408,6 +377,31 @@ Status Communicator::split(int color, int key, std::shared_ptr<Communicator>* ou
   return create(std::move(b), cfg, out);
 }
 
+namespace {
+
+// What a collective's messages carry; p2p messages all carry the same tag
+// (their order, not a sequence number, matches them).
+CallTag call_tag(OpKind kind, uint64_t seq, const CollArgs& a) {
+  CallTag t;
+  if (kind == OpKind::kSend || kind == OpKind::kRecv || kind == OpKind::kRecvAny) {
+    t.kind = static_cast<uint8_t>(OpKind::kSend);
+    return t;
+  }
+  t.kind = static_cast<uint8_t>(kind);
+  t.seq = static_cast<uint32_t>(seq);
+  if (kind == OpKind::kBarrier) return t;
+  t.count = kind == OpKind::kAllToAllv ? 0 : a.count;
+  t.dtype = static_cast<uint8_t>(a.dtype);
+  if (kind == OpKind::kAllReduce || kind == OpKind::kReduce || kind == OpKind::kReduceScatter)
+    t.op = static_cast<uint8_t>(a.op);
+  if (kind == OpKind::kBroadcast || kind == OpKind::kReduce || kind == OpKind::kGather ||
+      kind == OpKind::kScatter)
+    t.root = a.root;
+  return t;
+}
+
+}  // namespace
+
 std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, bool async) {
   auto op = std::make_shared<Op>();
   op->name = op_kind_name(kind);
@@ -417,6 +411,7 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
   const size_t n = static_cast<size_t>(nranks_);
   op->bytes = a.count * esize;
   op->algo = "p2p";
+  op->tag = call_tag(kind, 0, args);
   if (kind == OpKind::kRecvAny) {
     op->lane = LaneKind::kRecv;
     op->lane_peer = -1;
@@ -440,10 +435,11 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
   }
   op->lane = LaneKind::kCollective;
   op->seq = engine_->next_collective_seq();
+  op->tag = call_tag(kind, op->seq, args);
   if (kind == OpKind::kBarrier) {
     op->algo = "dissemination";
     op->task = dissemination_barrier(coll_channel_);
-    return checked(std::move(op), kind, a);
+    return checked(std::move(op));
   }
 
   // Input and output regions, to spot overlaps other than the in-place layouts.
@@ -501,7 +497,7 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
     // Every rank passes the same count, so every rank skips together
     // (BRAID_CHECK_CALLS still compares the calls).
     op->task = []() -> Task { co_return; }();
-    return checked(std::move(op), kind, a);
+    return checked(std::move(op));
   }
   if (uses_input && uses_output) {
     const char* in = static_cast<const char*>(a.sendbuf);
@@ -584,7 +580,7 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
     default:
       break;
   }
-  return checked(std::move(op), kind, a);
+  return checked(std::move(op));
 }
 
 Task Communicator::all_reduce_task(Op* op, const CollArgs& a) {
@@ -619,20 +615,9 @@ Task Communicator::all_reduce_task(Op* op, const CollArgs& a) {
   return ring_all_reduce(ordered_channel_, a);
 }
 
-std::shared_ptr<Op> Communicator::checked(std::shared_ptr<Op> op, OpKind kind, const CollArgs& a) {
+std::shared_ptr<Op> Communicator::checked(std::shared_ptr<Op> op) {
   if (!config_.check_calls) return op;
-  CallDescriptor d{};
-  std::strncpy(d.name, op_kind_name(kind), sizeof d.name - 1);
-  d.seq = op->seq;
-  d.count = kind == OpKind::kAllToAllv || kind == OpKind::kBarrier ? 0 : a.count;
-  const bool reduces =
-      kind == OpKind::kAllReduce || kind == OpKind::kReduce || kind == OpKind::kReduceScatter;
-  const bool rooted = kind == OpKind::kBroadcast || kind == OpKind::kReduce || kind == OpKind::kGather ||
-                      kind == OpKind::kScatter;
-  d.dtype = kind == OpKind::kBarrier ? -1 : static_cast<int32_t>(a.dtype);
-  d.op = reduces ? static_cast<int32_t>(a.op) : -1;
-  d.root = rooted ? a.root : -1;
-  op->task = checked_call(coll_channel_, d, std::move(op->task));
+  op->task = checked_call(coll_channel_, op->tag, std::move(op->task));
   return op;
 }
 

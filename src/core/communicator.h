@@ -21,23 +21,6 @@ class ShmTransport;
 struct PeerInfo;
 class TcpTransport;
 
-enum class OpKind {
-  kSend,
-  kRecv,
-  kRecvAny,
-  kAllReduce,
-  kBroadcast,
-  kReduce,
-  kAllGather,
-  kReduceScatter,
-  kGather,
-  kScatter,
-  kAllToAll,
-  kAllToAllv,
-  kBarrier
-};
-const char* op_kind_name(OpKind kind);
-
 class Communicator {
  public:
   // Collective: sets up transports among the bootstrap's ranks.
@@ -72,7 +55,7 @@ class Communicator {
   Task all_reduce_task(Op* op, const CollArgs& a);
   void log_summary() const;
   // With BRAID_CHECK_CALLS, runs the op's task behind a comparison of calls.
-  std::shared_ptr<Op> checked(std::shared_ptr<Op> op, OpKind kind, const CollArgs& a);
+  std::shared_ptr<Op> checked(std::shared_ptr<Op> op);
 
   int rank_ = 0;
   int nranks_ = 1;

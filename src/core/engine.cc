@@ -16,6 +16,52 @@
 
 namespace braid {
 
+const char* op_kind_name(OpKind kind) {
+  switch (kind) {
+    case OpKind::kSend:
+      return "send";
+    case OpKind::kRecv:
+      return "recv";
+    case OpKind::kAllReduce:
+      return "all_reduce";
+    case OpKind::kBroadcast:
+      return "broadcast";
+    case OpKind::kReduce:
+      return "reduce";
+    case OpKind::kAllGather:
+      return "all_gather";
+    case OpKind::kReduceScatter:
+      return "reduce_scatter";
+    case OpKind::kGather:
+      return "gather";
+    case OpKind::kScatter:
+      return "scatter";
+    case OpKind::kAllToAll:
+      return "all_to_all";
+    case OpKind::kAllToAllv:
+      return "all_to_allv";
+    case OpKind::kRecvAny:
+      return "recv (any source)";
+    case OpKind::kBarrier:
+      return "barrier";
+  }
+  return "?";
+}
+
+std::string describe_call(const CallTag& t) {
+  const auto kind = static_cast<OpKind>(t.kind);
+  if (kind == OpKind::kSend) return "send/recv";
+  if (t.kind == kCallCheckTag) return "the call check of #" + std::to_string(t.seq) + " (BRAID_CHECK_CALLS)";
+  std::string s = std::string(op_kind_name(kind)) + " #" + std::to_string(t.seq);
+  std::string args;
+  auto add = [&](const std::string& x) { args += (args.empty() ? "" : ", ") + x; };
+  if (kind != OpKind::kBarrier && kind != OpKind::kAllToAllv) add("count " + std::to_string(t.count));
+  if (t.dtype != 0xff) add(braid_dtype_name(static_cast<braid_dtype_t>(t.dtype)));
+  if (t.op != 0xff) add(braid_redop_name(static_cast<braid_redop_t>(t.op)));
+  if (t.root >= 0) add("root " + std::to_string(t.root));
+  return args.empty() ? s : s + " (" + args + ")";
+}
+
 Op*& current_op() {
   thread_local Op* op = nullptr;
   return op;
@@ -469,6 +515,14 @@ void Engine::check_peers(bool thorough) {
                                (peer >= 0 ? " rank " + std::to_string(peer) : std::string())));
       return;
     }
+    if (lane.kind == LaneKind::kCollective && op.started && thorough) {
+      if (Status st = watch_collective(op); !st) {
+        if (advance()) return;
+        fail_all(st.with_context("rank " + std::to_string(rank_) + ": " + op.name + " #" +
+                                 std::to_string(op.seq)));
+        return;
+      }
+    }
     if (op.wait == nullptr) continue;
     for (Connection* c : op.wait->conn) {
       if (c == nullptr) continue;
@@ -482,6 +536,30 @@ void Engine::check_peers(bool thorough) {
       return;
     }
   }
+}
+
+// While a collective waits on one peer, the others may already show that it
+// cannot finish: a peer that marked itself failed, or a message whose tag
+// says its sender ran a different call at this sequence number, or one this
+// rank already finished (so nothing will ever read it). Without this, a
+// mismatch where nobody reads the wrong message would wait for the timeout.
+Status Engine::watch_collective(const Op& op) {
+  for (size_t p = 0; p < coll_conns_.size(); ++p) {
+    Connection* c = coll_conns_[p];
+    if (c == nullptr || static_cast<int>(p) == rank_) continue;
+    BRAID_RETURN_IF_ERROR(c->peer_failure());
+    const void* data = nullptr;
+    size_t bytes = 0;
+    // During BRAID_CHECK_CALLS's exchange, its own comparison reports.
+    if (op.tag.kind == kCallCheckTag || !c->recv_ready(&data, &bytes)) continue;
+    const CallTag& t = c->recv_tag();
+    const auto ahead = static_cast<int32_t>(t.seq - op.tag.seq);
+    if (ahead > 0 || (ahead == 0 && t == op.tag)) continue;  // the peer may run ahead
+    return Status(BRAID_ERR_MISMATCH, "call mismatch: rank " + std::to_string(rank_) + " called " +
+                                          describe_call(op.tag) + ", rank " + std::to_string(p) +
+                                          " sent it a message of " + describe_call(t));
+  }
+  return Status::ok();
 }
 
 void Engine::block(int max_ms) {

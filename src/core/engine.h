@@ -32,12 +32,35 @@
 
 namespace braid {
 
+enum class OpKind {
+  kSend,
+  kRecv,
+  kRecvAny,
+  kAllReduce,
+  kBroadcast,
+  kReduce,
+  kAllGather,
+  kReduceScatter,
+  kGather,
+  kScatter,
+  kAllToAll,
+  kAllToAllv,
+  kBarrier
+};
+const char* op_kind_name(OpKind kind);
+// The tag BRAID_CHECK_CALLS's exchange of tags travels under (any OpKind
+// otherwise).
+constexpr uint8_t kCallCheckTag = 0xfe;
+// "all_reduce #5 (count 1024, float32, sum)": what a tag says was called.
+std::string describe_call(const CallTag& tag);
+
 enum class LaneKind { kCollective, kSend, kRecv };
 
 class Op {
  public:
   const char* name = "";  // "all_reduce", "send", ... (static)
   uint64_t seq = 0;       // collective sequence number, or message number on its lane
+  CallTag tag;            // sent with every message; what received ones must carry
   LaneKind lane = LaneKind::kCollective;
   int lane_peer = -1;
   bool async = false;
@@ -116,6 +139,9 @@ class Engine {
   uint64_t next_collective_seq() { return coll_seq_.fetch_add(1); }
   // Records a timeline of every op from now on (before any op is posted).
   void set_trace(TraceRecorder* trace) { trace_ = trace; }
+  // The connections collectives use, indexed by rank (this rank's is skipped):
+  // watched while a collective waits, for failed peers and stray messages.
+  void set_collective_conns(std::vector<Connection*> conns) { coll_conns_ = std::move(conns); }
   // Prints the operations in flight (braid_comm_dump): at once when no other
   // thread drives, else the driver prints within one wake-up (<= 20 ms).
   void request_dump();
@@ -138,6 +164,7 @@ class Engine {
   Lane* find_lane(LaneKind kind, int peer);
   void block(int max_ms);
   void check_peers(bool thorough);
+  Status watch_collective(const Op& op);
   // One line per operation in flight: its step and what it waits on (driver only).
   void dump(const char* why);
   // Serves dump requests and SIGUSR1 (driver only).
@@ -152,6 +179,7 @@ class Engine {
   const double spin_us_;
   std::atomic<double> timeout_s_;
   std::vector<Connection*> tcp_conns_;
+  std::vector<Connection*> coll_conns_;
   Doorbell* bell_;  // our shm doorbell, or null
   int event_fd_ = -1;
   std::function<void(const Status&)> notify_failure_;

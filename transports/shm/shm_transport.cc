@@ -45,6 +45,7 @@ struct alignas(kCacheLine) FifoControl {
 struct alignas(kCacheLine) SlotHeader {
   std::atomic<uint64_t> seq;  // message number + 1 once the payload is valid
   uint64_t bytes;
+  CallTag tag;
 };
 
 size_t round_up(size_t x, size_t a) {
@@ -118,9 +119,10 @@ class ShmConnection : public Connection {
     if (sent_ - consumed >= slots_) return nullptr;
     return payload(send_, sent_ % slots_);
   }
-  void commit_send(size_t bytes) override {
+  void commit_send(size_t bytes, const CallTag& tag) override {
     SlotHeader* s = slot(send_, sent_ % slots_);
     s->bytes = bytes;
+    s->tag = tag;
     s->seq.store(sent_ + 1, std::memory_order_release);
     ++sent_;
     theirs_->bell.ring(true);
@@ -131,6 +133,9 @@ class ShmConnection : public Connection {
     *data = payload(recv_, received_ % slots_);
     *bytes = s->bytes;
     return true;
+  }
+  const CallTag& recv_tag() const override {
+    return slot(recv_, received_ % slots_)->tag;
   }
   void release_recv() override {
     ++received_;
@@ -166,6 +171,13 @@ class ShmConnection : public Connection {
     peer_reads_ = true;
   }
   Status check_peer(bool thorough) override {
+    BRAID_RETURN_IF_ERROR(peer_failure());
+    if (thorough && peer_exited())
+      return Status::remote("rank " + std::to_string(peer_) + " (pid " + std::to_string(peer_pid_) +
+                            ", this host) died");
+    return Status::ok();
+  }
+  Status peer_failure() override {
     if (uint32_t code = theirs_->failed.load(std::memory_order_acquire); code != 0) {
       char reason[sizeof(theirs_->reason)];
       std::memcpy(reason, theirs_->reason, sizeof(reason));
@@ -175,9 +187,6 @@ class ShmConnection : public Connection {
                                                            std::to_string(peer_pid_) +
                                                            ", this host) failed: " + reason);
     }
-    if (thorough && peer_exited())
-      return Status::remote("rank " + std::to_string(peer_) + " (pid " + std::to_string(peer_pid_) +
-                            ", this host) died");
     return Status::ok();
   }
 

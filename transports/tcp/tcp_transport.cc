@@ -20,6 +20,7 @@ constexpr uint32_t kMaxAbortBytes = 1024;
 struct FrameHeader {
   uint32_t magic;
   uint32_t bytes;
+  CallTag tag;  // the sending call (unused in abort frames)
 };
 
 class TcpConnection : public Connection {
@@ -31,8 +32,10 @@ class TcpConnection : public Connection {
         nslots_(static_cast<uint64_t>(config.tcp_slots)) {
     send_buf_.resize(nslots_ * slot_bytes_);
     send_len_.resize(nslots_);
+    send_tag_.resize(nslots_);
     recv_buf_.resize(nslots_ * slot_bytes_);
     recv_len_.resize(nslots_);
+    recv_tag_.resize(nslots_);
   }
   ~TcpConnection() override { close_fd(&fd_); }
 
@@ -48,8 +51,9 @@ class TcpConnection : public Connection {
     }
     return &send_buf_[(committed_ % nslots_) * slot_bytes_];
   }
-  void commit_send(size_t bytes) override {
+  void commit_send(size_t bytes, const CallTag& tag) override {
     send_len_[committed_ % nslots_] = bytes;
+    send_tag_[committed_ % nslots_] = tag;
     ++committed_;
     (void)progress();  // start writing now: latency matters more than batching here
   }
@@ -62,6 +66,7 @@ class TcpConnection : public Connection {
     *bytes = recv_len_[released_ % nslots_];
     return true;
   }
+  const CallTag& recv_tag() const override { return recv_tag_[released_ % nslots_]; }
   void release_recv() override {
     ++released_;
     (void)progress();
@@ -71,7 +76,7 @@ class TcpConnection : public Connection {
     if (!error_.is_ok()) return error_;
     while (written_ < committed_) {
       uint64_t i = written_ % nslots_;
-      FrameHeader h{kFrameMagic, static_cast<uint32_t>(send_len_[i])};
+      FrameHeader h{kFrameMagic, static_cast<uint32_t>(send_len_[i]), send_tag_[i]};
       size_t total = sizeof(h) + send_len_[i];
       iovec iov[2];
       int n = 0;
@@ -115,6 +120,7 @@ class TcpConnection : public Connection {
               return error_;
             }
             payload_got_ = 0;
+            recv_tag_[i] = header_.tag;
             if (header_.bytes == 0) {
               recv_len_[i] = 0;
               header_got_ = 0;
@@ -158,6 +164,10 @@ class TcpConnection : public Connection {
                             " closed its tcp connection (process exited or failed)");
     return Status::ok();
   }
+  Status peer_failure() override {
+    (void)progress();
+    return peer_failure_;
+  }
   // After what is queued, send an abort frame with the cause (best effort: a
   // full socket skips it), then half-close so the peer reads both.
   void shutdown(const Status& why) override {
@@ -167,7 +177,7 @@ class TcpConnection : public Connection {
     if (written_ == committed_ && error_.is_ok() && !why.is_ok()) {
       std::string text = why.message().substr(0, kMaxAbortBytes - 4);
       uint32_t code = static_cast<uint32_t>(why.code());
-      FrameHeader h{kAbortMagic, static_cast<uint32_t>(4 + text.size())};
+      FrameHeader h{kAbortMagic, static_cast<uint32_t>(4 + text.size()), {}};
       std::string frame(reinterpret_cast<const char*>(&h), sizeof(h));
       frame.append(reinterpret_cast<const char*>(&code), 4);
       frame += text;
@@ -212,10 +222,12 @@ class TcpConnection : public Connection {
   Status peer_failure_;  // from the peer's abort frame
   std::vector<char> send_buf_;
   std::vector<size_t> send_len_;
+  std::vector<CallTag> send_tag_;
   uint64_t committed_ = 0, written_ = 0;
   size_t write_off_ = 0;
   std::vector<char> recv_buf_;
   std::vector<size_t> recv_len_;
+  std::vector<CallTag> recv_tag_;
   uint64_t filled_ = 0, released_ = 0;
   FrameHeader header_{};
   size_t header_got_ = 0, payload_got_ = 0;
