@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -37,9 +38,18 @@ TEST_P(FailureTransports, KilledPeerGivesRemoteErrorNotTimeout) {
   Env env = transport_env(GetParam());
   env.push_back({"BRAID_TIMEOUT", "120"});
   env.push_back({"BRAID_DEBUG", "NONE"});
+  // Where rank 0 leaves a fresh unique id for the survivors' new communicator.
+  struct NewId {
+    std::atomic<int> ready;
+    braid_unique_id_t id;
+  };
+  auto* fresh = static_cast<NewId*>(
+      mmap(nullptr, sizeof(NewId), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(fresh, MAP_FAILED);
+  new (fresh) NewId{};
   auto result = launch(
       3, env,
-      [](braid_comm_t comm, int rank, int) {
+      [fresh](braid_comm_t comm, int rank, int) {
         std::vector<float> buf(1 << 20, 1.0f);
         BRAID_ASSERT_OK(
             braid_all_reduce(buf.data(), buf.data(), buf.size(), BRAID_FLOAT32, BRAID_SUM, comm, nullptr));
@@ -48,15 +58,33 @@ TEST_P(FailureTransports, KilledPeerGivesRemoteErrorNotTimeout) {
         for (int i = 0; i < 3 && r == BRAID_SUCCESS; ++i)
           r = braid_all_reduce(buf.data(), buf.data(), buf.size(), BRAID_FLOAT32, BRAID_SUM, comm, nullptr);
         EXPECT_EQ(r, BRAID_ERR_REMOTE) << braid_comm_get_last_error(comm);
-        EXPECT_TRUE(contains(braid_comm_get_last_error(comm), "rank ")) << braid_comm_get_last_error(comm);
+        // The dead rank and its host are named (directly, or through the
+        // survivor that saw it first).
+        const std::string msg = braid_comm_get_last_error(comm);
+        EXPECT_TRUE(contains(msg.c_str(), "rank 2 (")) << msg;
+        EXPECT_TRUE(contains(msg.c_str(), "host")) << msg;
         braid_result_t async = BRAID_SUCCESS;
         BRAID_EXPECT_OK(braid_comm_get_async_error(comm, &async));
         EXPECT_EQ(async, BRAID_ERR_REMOTE);
         // The communicator stays broken but destroyable; the launcher destroys it.
         float x = 0;
         EXPECT_EQ(braid_all_reduce(&x, &x, 1, BRAID_FLOAT32, BRAID_SUM, comm, nullptr), BRAID_ERR_REMOTE);
+        // The survivors build a new communicator and carry on.
+        if (rank == 0) {
+          BRAID_ASSERT_OK(braid_get_unique_id(&fresh->id));
+          fresh->ready.store(1);
+        }
+        for (int i = 0; i < 10000 && fresh->ready.load() == 0; ++i) usleep(1000);
+        ASSERT_EQ(fresh->ready.load(), 1);
+        braid_comm_t again = nullptr;
+        BRAID_ASSERT_OK(braid_comm_init_rank(&again, 2, fresh->id, rank));
+        int32_t v = rank + 1;
+        BRAID_EXPECT_OK(braid_all_reduce(&v, &v, 1, BRAID_INT32, BRAID_SUM, again, nullptr));
+        EXPECT_EQ(v, 3);
+        BRAID_EXPECT_OK(braid_comm_destroy(again));
       },
       60);
+  munmap(fresh, sizeof(NewId));
   ASSERT_EQ(result.ranks.size(), 3u);
   EXPECT_EQ(result.ranks[2].signal, SIGKILL);
   for (int r = 0; r < 2; ++r) {
@@ -321,6 +349,57 @@ TEST(Resources, TooManyOpenFilesNamesTheLimit) {
   ASSERT_TRUE(r.ok()) << r.describe();
 }
 
+// A rank whose shared memory segment cannot be made (here a file size limit
+// below the segment's size, as a full /dev/shm would do) makes every rank use
+// tcp instead, with a warning; under BRAID_TRANSPORT=shm the job fails,
+// naming the limit and the remedy.
+TEST(Resources, SharedMemoryFailureFallsBackToTcp) {
+  auto small_file_limit = [](int rank) {
+    if (rank != 1) return;
+    signal(SIGXFSZ, SIG_IGN);  // the limit then fails the call (EFBIG) instead of killing
+    rlimit lim{64 * 1024, 64 * 1024};
+    setrlimit(RLIMIT_FSIZE, &lim);
+  };
+  auto fallback = launch(
+      3, {{"BRAID_DEBUG", "NONE"}},
+      [](braid_comm_t comm, int rank, int) {
+        std::vector<int32_t> v(100000, rank + 1);
+        BRAID_ASSERT_OK(
+            braid_all_reduce(v.data(), v.data(), v.size(), BRAID_INT32, BRAID_SUM, comm, nullptr));
+        EXPECT_EQ(v[0], 6);
+        EXPECT_EQ(v.back(), 6);
+        uint64_t shm = 1, tcp = 0;
+        BRAID_ASSERT_OK(braid_comm_transport_bytes(comm, "shm", &shm));
+        BRAID_ASSERT_OK(braid_comm_transport_bytes(comm, "tcp", &tcp));
+        EXPECT_EQ(shm, 0u);
+        EXPECT_GT(tcp, 0u);
+      },
+      60, true, small_file_limit);
+  ASSERT_TRUE(fallback.ok()) << fallback.describe();
+
+  launcher::LaunchOptions o;
+  o.nranks = 3;
+  o.make_comm = false;
+  o.env = {{"BRAID_DEBUG", "NONE"}, {"BRAID_TRANSPORT", "shm"}};
+  o.per_rank_setup = small_file_limit;
+  auto r = launcher::fork_ranks(o, [](braid_comm_t, int rank, int n, const braid_unique_id_t& id) {
+    braid_comm_t comm = nullptr;
+    const braid_result_t res = braid_comm_init_rank(&comm, n, id, rank);
+    const std::string msg = braid_get_last_error();
+    const bool named =
+        rank == 1 ? msg.find("file size limit (ulimit -f)") != std::string::npos &&
+                        msg.find("BRAID_TRANSPORT=tcp") != std::string::npos
+                  : msg.find("rank 1 could not create its shared memory segment") != std::string::npos;
+    if (res != BRAID_ERR_SYSTEM && res != BRAID_ERR_REMOTE) return 1;
+    if (!named) {
+      std::fprintf(stderr, "rank %d got %d: %s\n", rank, res, msg.c_str());
+      return 2;
+    }
+    return 0;
+  });
+  ASSERT_TRUE(r.ok()) << r.describe();
+}
+
 // The rendezvous port taken by another process: the error names the address,
 // the cause and the variable that moves it.
 TEST(Resources, PortInUseNamesTheFix) {
@@ -392,6 +471,57 @@ TEST(Bootstrap, StrangersAtTheRootDoNotStopTheJob) {
     return braid_comm_destroy(comm) == BRAID_SUCCESS ? 0 : 7;
   });
   ASSERT_TRUE(r.ok()) << r.describe();
+}
+
+// The parsers behind the listeners (also fuzzed: tests/fuzz) accept this
+// job's hellos and say what is wrong with anything else.
+TEST(Bootstrap, HandshakeParsersNameWhatIsWrong) {
+  JobToken token{};
+  for (size_t i = 0; i < token.size(); ++i) token[i] = static_cast<uint8_t>(i + 1);
+  std::vector<uint8_t> hello(kRootHelloBytes, 0);
+  const uint32_t magic = 0x31445242, kind = 1, rank = 2, nranks = 4;
+  std::memcpy(hello.data(), &magic, 4);
+  std::memcpy(hello.data() + 4, &kind, 4);
+  std::memcpy(hello.data() + 8, token.data(), 16);
+  std::memcpy(hello.data() + 24, &rank, 4);
+  std::memcpy(hello.data() + 28, &nranks, 4);
+  SockAddr addr;
+  ASSERT_TRUE(SockAddr::parse("127.0.0.1", 4000, &addr));
+  addr.to_wire(hello.data() + 32);
+  RootHelloFields f;
+  ASSERT_TRUE(parse_root_hello(hello.data(), hello.size(), token, &f));
+  EXPECT_EQ(f.rank, 2);
+  EXPECT_EQ(f.nranks, 4);
+  EXPECT_EQ(f.addr.str(), "127.0.0.1:4000");
+
+  EXPECT_TRUE(
+      contains(parse_root_hello(hello.data(), 51, token, &f).message().c_str(), "a hello of 51 bytes"));
+  JobToken other = token;
+  other[5] ^= 1;
+  EXPECT_TRUE(
+      contains(parse_root_hello(hello.data(), hello.size(), other, &f).message().c_str(), "wrong job token"));
+  std::vector<uint8_t> bad = hello;
+  std::memcpy(bad.data() + 24, &nranks, 4);  // rank 4 of 4
+  EXPECT_TRUE(contains(parse_root_hello(bad.data(), bad.size(), token, &f).message().c_str(),
+                       "rank 4 of 4 is out of range"));
+  bad = hello;
+  bad[0] ^= 0xff;
+  EXPECT_TRUE(
+      contains(parse_root_hello(bad.data(), bad.size(), token, &f).message().c_str(), "not a braid hello"));
+
+  // The root's answer: header, then the table.
+  std::vector<uint8_t> reply(root_reply_bytes(2));
+  const uint32_t hdr[2] = {magic, 2};
+  std::memcpy(reply.data(), hdr, 8);
+  addr.to_wire(reply.data() + 8);
+  addr.to_wire(reply.data() + 8 + SockAddr::kWireBytes);
+  std::vector<SockAddr> table;
+  ASSERT_TRUE(parse_root_reply(reply.data(), reply.size(), 2, &table));
+  EXPECT_EQ(table.size(), 2u);
+  EXPECT_TRUE(contains(parse_root_reply(reply.data(), reply.size(), 3, &table).message().c_str(),
+                       "bad header (another job on that port?)"));
+  EXPECT_TRUE(contains(parse_root_reply(reply.data(), reply.size() - 1, 2, &table).message().c_str(),
+                       "wrong length"));
 }
 
 }  // namespace

@@ -7,7 +7,8 @@ packages=(build-essential cmake ninja-build pkg-config git
           libopenmpi-dev openmpi-bin
           libibverbs-dev rdma-core
           googletest libgtest-dev libbenchmark-dev
-          clang-format python3)
+          clang-format python3
+          clang libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

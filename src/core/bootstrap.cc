@@ -38,6 +38,9 @@ struct PeerHello {
   uint32_t tag;
 };
 
+static_assert(sizeof(RootHello) == kRootHelloBytes && sizeof(PeerHello) == kPeerHelloBytes,
+              "hello layouts are wire formats");
+
 Deadline earliest(Deadline a, Deadline b) {
   return a.at() < b.at() ? a : b;
 }
@@ -57,7 +60,7 @@ class RendezvousRoot {
     size_t got = 0;
   };
   void drop(size_t i, const char* why);
-  bool accept_hello(const RootHello& h, int fd);
+  Status accept_hello(const RootHello& h, int fd);
 
   int listen_fd_;
   JobToken token_;
@@ -75,30 +78,24 @@ void RendezvousRoot::drop(size_t i, const char* why) {
   pending_.erase(pending_.begin() + static_cast<long>(i));
 }
 
-bool RendezvousRoot::accept_hello(const RootHello& h, int fd) {
-  if (h.magic != kMagic || h.kind != kKindRootHello) return false;
-  if (std::memcmp(h.token, token_.data(), kTokenBytes) != 0) return false;
-  if (h.nranks == 0 || h.nranks > static_cast<uint32_t>(kMaxRanks) || h.rank >= h.nranks) return false;
+Status RendezvousRoot::accept_hello(const RootHello& h, int fd) {
+  RootHelloFields f;
+  BRAID_RETURN_IF_ERROR(parse_root_hello(reinterpret_cast<const uint8_t*>(&h), sizeof(h), token_, &f));
   if (nranks_ < 0) {
-    nranks_ = static_cast<int>(h.nranks);
+    nranks_ = f.nranks;
     rank_fd_.assign(nranks_, -1);
     rank_addr_.resize(nranks_);
   }
-  if (static_cast<int>(h.nranks) != nranks_) {
-    BRAID_WARN("BOOTSTRAP", -1, "rendezvous root: rank %u says the job has %u ranks, others said %d", h.rank,
-               h.nranks, nranks_);
-    return false;
-  }
-  if (rank_fd_[h.rank] >= 0) {
-    BRAID_WARN("BOOTSTRAP", -1, "rendezvous root: rank %u joined twice", h.rank);
-    return false;
-  }
-  SockAddr a;
-  if (!SockAddr::from_wire(h.addr, &a)) return false;
-  rank_fd_[h.rank] = fd;
-  rank_addr_[h.rank] = a;
+  if (f.nranks != nranks_)
+    return Status::invalid_argument("rank " + std::to_string(f.rank) + " says the job has " +
+                                    std::to_string(f.nranks) + " ranks, others said " +
+                                    std::to_string(nranks_));
+  if (rank_fd_[f.rank] >= 0)
+    return Status::invalid_argument("rank " + std::to_string(f.rank) + " joined twice");
+  rank_fd_[f.rank] = fd;
+  rank_addr_[f.rank] = f.addr;
   ++joined_;
-  return true;
+  return Status::ok();
 }
 
 void RendezvousRoot::run() {
@@ -132,9 +129,8 @@ void RendezvousRoot::run() {
           int fd = c.fd;
           RootHello h = c.hello;
           pending_.erase(pending_.begin() + static_cast<long>(i));
-          if (!accept_hello(h, fd)) {
-            BRAID_WARN("BOOTSTRAP", -1,
-                       "rendezvous root rejected a connection: wrong magic, job token or rank");
+          if (Status st = accept_hello(h, fd); !st) {
+            BRAID_WARN("BOOTSTRAP", -1, "rendezvous root rejected a connection: %s", st.message().c_str());
             close(fd);
           }
           continue;
@@ -144,7 +140,7 @@ void RendezvousRoot::run() {
     }
   }
   if (nranks_ > 0 && joined_ == nranks_) {
-    std::vector<uint8_t> reply(8 + static_cast<size_t>(nranks_) * SockAddr::kWireBytes);
+    std::vector<uint8_t> reply(root_reply_bytes(nranks_));
     uint32_t hdr[2] = {kMagic, static_cast<uint32_t>(nranks_)};
     std::memcpy(reply.data(), hdr, 8);
     for (int r = 0; r < nranks_; ++r) rank_addr_[r].to_wire(reply.data() + 8 + r * SockAddr::kWireBytes);
@@ -162,6 +158,58 @@ void RendezvousRoot::run() {
 }
 
 }  // namespace
+
+Status parse_root_hello(const uint8_t* in, size_t n, const JobToken& token, RootHelloFields* out) {
+  RootHello h{};
+  if (n != sizeof(h)) return Status::invalid_argument("a hello of " + std::to_string(n) + " bytes");
+  std::memcpy(&h, in, sizeof(h));
+  if (h.magic != kMagic || h.kind != kKindRootHello) return Status::invalid_argument("not a braid hello");
+  if (std::memcmp(h.token, token.data(), kTokenBytes) != 0)
+    return Status::invalid_argument("wrong job token (another job, or a stranger)");
+  if (h.nranks == 0 || h.nranks > static_cast<uint32_t>(kMaxRanks) || h.rank >= h.nranks)
+    return Status::invalid_argument("rank " + std::to_string(h.rank) + " of " + std::to_string(h.nranks) +
+                                    " is out of range");
+  BRAID_RETURN_IF_ERROR(SockAddr::from_wire(h.addr, &out->addr).with_context("the hello's address"));
+  out->rank = static_cast<int>(h.rank);
+  out->nranks = static_cast<int>(h.nranks);
+  return Status::ok();
+}
+
+Status parse_peer_hello(const uint8_t* in, size_t n, const JobToken& token, int nranks, int* rank,
+                        uint32_t* tag) {
+  PeerHello h{};
+  if (n != sizeof(h)) return Status::invalid_argument("a hello of " + std::to_string(n) + " bytes");
+  std::memcpy(&h, in, sizeof(h));
+  if (h.magic != kMagic || h.kind != kKindPeerHello) return Status::invalid_argument("not a braid hello");
+  if (std::memcmp(h.token, token.data(), kTokenBytes) != 0)
+    return Status::invalid_argument("wrong job token (another job, or a stranger)");
+  if (h.rank >= static_cast<uint32_t>(nranks))
+    return Status::invalid_argument("rank " + std::to_string(h.rank) + " is out of range");
+  *rank = static_cast<int>(h.rank);
+  *tag = h.tag;
+  return Status::ok();
+}
+
+size_t root_reply_bytes(int nranks) {
+  return 8 + static_cast<size_t>(nranks) * SockAddr::kWireBytes;
+}
+
+Status parse_root_reply(const uint8_t* in, size_t n, int nranks, std::vector<SockAddr>* table) {
+  uint32_t hdr[2] = {0, 0};
+  if (n < sizeof(hdr)) return Status::remote("the rendezvous root's answer is truncated");
+  std::memcpy(hdr, in, sizeof(hdr));
+  if (hdr[0] != kMagic || static_cast<int>(hdr[1]) != nranks)
+    return Status::remote("the rendezvous root answered with a bad header (another job on that port?)");
+  if (table == nullptr) return Status::ok();
+  if (n != root_reply_bytes(nranks))
+    return Status::remote("the rendezvous root's answer has the wrong length");
+  table->assign(static_cast<size_t>(nranks), SockAddr());
+  for (int r = 0; r < nranks; ++r) {
+    Status st = SockAddr::from_wire(in + sizeof(hdr) + r * SockAddr::kWireBytes, &(*table)[r]);
+    if (!st) return st.with_context("the rendezvous root's address of rank " + std::to_string(r));
+  }
+  return Status::ok();
+}
 
 void UniqueId::encode(void* out128) const {
   uint8_t* p = static_cast<uint8_t*>(out128);
@@ -250,20 +298,18 @@ Status Bootstrap::join(const UniqueId& id, int rank, int nranks, const std::stri
   h.nranks = static_cast<uint32_t>(nranks);
   b->listen_addr_.to_wire(h.addr);
   st = send_all(fd, &h, sizeof(h), deadline);
-  uint32_t hdr[2] = {0, 0};
-  if (st) st = recv_all(fd, hdr, sizeof(hdr), deadline);
-  if (st && (hdr[0] != kMagic || static_cast<int>(hdr[1]) != nranks))
-    st = Status::remote("the rendezvous root answered with a bad header (another job on that port?)");
-  std::vector<uint8_t> table(static_cast<size_t>(nranks) * SockAddr::kWireBytes);
-  if (st) st = recv_all(fd, table.data(), table.size(), deadline);
+  // The header first: a wrong one (another job) must not make us wait for
+  // a table that never comes.
+  std::vector<uint8_t> reply(root_reply_bytes(nranks));
+  if (st) st = recv_all(fd, reply.data(), 8, deadline);
+  if (st) st = parse_root_reply(reply.data(), 8, nranks, nullptr);
+  if (st) st = recv_all(fd, reply.data() + 8, reply.size() - 8, deadline);
+  if (st) st = parse_root_reply(reply.data(), reply.size(), nranks, &b->peers_);
   close(fd);
   if (!st)
     return st.with_context("rank " + std::to_string(rank) + " waiting for the rendezvous root at " +
                            id.root.str() + " (do all " + std::to_string(nranks) +
                            " ranks use the same id and nranks?)");
-  b->peers_.resize(nranks);
-  for (int r = 0; r < nranks; ++r)
-    BRAID_RETURN_IF_ERROR(SockAddr::from_wire(table.data() + r * SockAddr::kWireBytes, &b->peers_[r]));
   BRAID_RETURN_IF_ERROR(b->connect_ring(deadline));
   *out = std::move(b);
   return Status::ok();
@@ -329,18 +375,18 @@ Status Bootstrap::accept_from_peer(int peer, uint32_t tag, Deadline deadline, in
     if (!st)
       return st.with_context("rank " + std::to_string(rank_) + " waiting for rank " + std::to_string(peer) +
                              " to connect");
-    PeerHello h{};
-    st = recv_all(fd, &h, sizeof(h), earliest(deadline, Deadline::after_seconds(kHandshakeSeconds)));
-    bool valid = st && h.magic == kMagic && h.kind == kKindPeerHello &&
-                 std::memcmp(h.token, token_.data(), kTokenBytes) == 0 &&
-                 h.rank < static_cast<uint32_t>(nranks_);
-    if (!valid) {
-      BRAID_WARN("BOOTSTRAP", rank_, "dropped a connection with a bad or missing handshake (%s)",
-                 st ? "wrong magic, token or rank" : st.message().c_str());
+    uint8_t hello[kPeerHelloBytes];
+    st = recv_all(fd, hello, sizeof(hello), earliest(deadline, Deadline::after_seconds(kHandshakeSeconds)));
+    int from = -1;
+    uint32_t tag = 0;
+    if (st) st = parse_peer_hello(hello, sizeof(hello), token_, nranks_, &from, &tag);
+    if (!st) {
+      BRAID_WARN("BOOTSTRAP", rank_, "dropped a connection with a bad or missing handshake: %s",
+                 st.message().c_str());
       close(fd);
       continue;
     }
-    parked_[{static_cast<int>(h.rank), h.tag}] = fd;
+    parked_[{from, tag}] = fd;
   }
 }
 

@@ -44,6 +44,25 @@ std::string token_hex(const JobToken& t, size_t bytes = 4);
 Status start_rendezvous_root(const SockAddr& listen_addr, const JobToken& token, double timeout_s,
                              SockAddr* bound);
 
+// The handshakes as they arrive on a socket: each parse says why a
+// connection's bytes are rejected (a stranger, another job, a truncated or
+// garbled message), so the listener can log it and go on. Exposed for the
+// tests and the fuzz targets.
+struct RootHelloFields {
+  int rank = -1;
+  int nranks = 0;
+  SockAddr addr;
+};
+constexpr size_t kRootHelloBytes = 52;
+constexpr size_t kPeerHelloBytes = 32;
+Status parse_root_hello(const uint8_t* in, size_t n, const JobToken& token, RootHelloFields* out);
+Status parse_peer_hello(const uint8_t* in, size_t n, const JobToken& token, int nranks, int* rank,
+                        uint32_t* tag);
+// The root's answer: a header, then every rank's listen address. With
+// table == nullptr only the header (the first 8 bytes) is checked.
+size_t root_reply_bytes(int nranks);
+Status parse_root_reply(const uint8_t* in, size_t n, int nranks, std::vector<SockAddr>* table);
+
 // Tags for point-to-point bootstrap connections.
 enum : uint32_t { kTagRing = 1, kTagTcpTransport = 100 };
 

@@ -143,8 +143,21 @@ Status Communicator::setup_transports() {
     host_group.insert(host_group.begin(), rank_);
   std::sort(host_group.begin(), host_group.end());
 
-  BRAID_RETURN_IF_ERROR(ShmTransport::setup(*bootstrap_, host_group, kNumChannels, config_, &shm_));
-  BRAID_RETURN_IF_ERROR(TcpTransport::setup(*bootstrap_, tcp_peers, kNumChannels, config_, &tcp_));
+  bool shm_unavailable = false;
+  Status shm_st =
+      ShmTransport::setup(*bootstrap_, host_group, kNumChannels, config_, &shm_, &shm_unavailable);
+  if (!shm_st && shm_unavailable && config_.transport == TransportChoice::kAuto) {
+    // Every rank saw the failure in the same all-gather, so all switch.
+    BRAID_WARN("SHM", rank_, "%s; ranks of one host talk over tcp instead (slower)",
+               shm_st.message().c_str());
+    for (int r : host_group)
+      if (r != rank_) tcp_peers.push_back(r);
+    std::sort(tcp_peers.begin(), tcp_peers.end());
+    host_group = {rank_};
+    shm_st = ShmTransport::setup(*bootstrap_, host_group, kNumChannels, config_, &shm_, &shm_unavailable);
+  }
+  BRAID_RETURN_IF_ERROR(shm_st);
+  BRAID_RETURN_IF_ERROR(TcpTransport::setup(*bootstrap_, tcp_peers, hosts_, kNumChannels, config_, &tcp_));
 
   std::vector<std::vector<Connection*>> peers(nranks_);
   Channel* channels[kNumChannels] = {&coll_channel_, &p2p_channel_};

@@ -246,6 +246,11 @@ Status map_segment(const std::string& name, size_t bytes, bool create, void** ba
                       "shared memory segment " + name + " of " + std::to_string(bytes) +
                           " bytes does not fit in /dev/shm (full or too small); free space there, "
                           "lower BRAID_SHM_SLOT_BYTES, or use BRAID_TRANSPORT=tcp");
+      if (err == EFBIG)
+        return Status(BRAID_ERR_SYSTEM,
+                      "shared memory segment " + name + " of " + std::to_string(bytes) +
+                          " bytes exceeds this process's file size limit (ulimit -f); "
+                          "raise it, lower BRAID_SHM_SLOT_BYTES, or use BRAID_TRANSPORT=tcp");
       return Status::system("sizing shared memory segment " + name, err);
     }
   }
@@ -260,7 +265,8 @@ Status map_segment(const std::string& name, size_t bytes, bool create, void** ba
 }  // namespace
 
 Status ShmTransport::setup(Bootstrap& bootstrap, const std::vector<int>& host_group, int nchannels,
-                           const Config& config, std::unique_ptr<ShmTransport>* out) {
+                           const Config& config, std::unique_ptr<ShmTransport>* out, bool* unavailable) {
+  *unavailable = false;
   std::unique_ptr<ShmTransport> t(new ShmTransport());
   const int me = bootstrap.rank();
   const Layout layout = Layout::make(config);
@@ -268,12 +274,20 @@ Status ShmTransport::setup(Bootstrap& bootstrap, const std::vector<int>& host_gr
   const size_t bytes = layout.total(npeers * static_cast<size_t>(nchannels));
   const std::string my_name = segment_name(bootstrap.token(), me);
   const Deadline deadline = Deadline::after_seconds(config.timeout_s);
+  // Our segment leaves /dev/shm once peers mapped it, or on any early return.
+  struct Unlink {
+    std::string name;
+    ~Unlink() {
+      if (!name.empty()) shm_unlink(name.c_str());
+    }
+  } unlink_mine;
   Status st;
   if (npeers > 0) {
     auto m = std::make_unique<Mapping>();
     m->bytes = bytes;
     m->rank = me;
     st = map_segment(my_name, bytes, true, &m->base);
+    if (st) unlink_mine.name = my_name;
     if (st) {
       auto* h = new (m->base) SegmentHeader();
       h->magic = kSegmentMagic;
@@ -292,10 +306,13 @@ Status ShmTransport::setup(Bootstrap& bootstrap, const std::vector<int>& host_gr
   uint8_t ok = st ? 1 : 0;
   std::vector<uint8_t> oks;
   BRAID_RETURN_IF_ERROR(bootstrap.all_gather(&ok, 1, &oks, deadline));
+  // From here every rank knows of a failure anywhere: all report it alike.
+  *unavailable = true;
   if (!st) return st;
   for (size_t r = 0; r < oks.size(); ++r)
     if (!oks[r])
       return Status::remote("rank " + std::to_string(r) + " could not create its shared memory segment");
+  *unavailable = false;
   for (int peer : host_group) {
     if (peer == me) continue;
     auto m = std::make_unique<Mapping>();
@@ -313,9 +330,8 @@ Status ShmTransport::setup(Bootstrap& bootstrap, const std::vector<int>& host_gr
   for (size_t i = 1; st && reads_ok && i < t->maps_.size(); ++i)
     reads_ok = probe_peer_reads(t->maps_[i]->header());
   ok = static_cast<uint8_t>((st ? 1 : 0) | (reads_ok ? 2 : 0));
-  Status barrier = bootstrap.all_gather(&ok, 1, &oks, deadline);
-  if (npeers > 0) shm_unlink(my_name.c_str());
-  BRAID_RETURN_IF_ERROR(barrier);
+  BRAID_RETURN_IF_ERROR(bootstrap.all_gather(&ok, 1, &oks, deadline));
+  *unavailable = true;
   if (!st) return st;
   bool all_reads = true;
   for (size_t r = 0; r < oks.size(); ++r) {
@@ -323,6 +339,7 @@ Status ShmTransport::setup(Bootstrap& bootstrap, const std::vector<int>& host_gr
       return Status::remote("rank " + std::to_string(r) + " could not map a shared memory segment");
     all_reads = all_reads && (oks[r] & 2);
   }
+  *unavailable = false;
 
   // FIFO index of sender `s` inside receiver `r`'s segment.
   auto fifo_index = [&](int channel, int receiver, int sender) {

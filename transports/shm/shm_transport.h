@@ -22,9 +22,12 @@ class ShmTransport {
  public:
   // Collective over every rank of the bootstrap. `host_group` lists the ranks
   // that share this rank's host and talk over shm (sorted, including this
-  // rank); a rank alone in its group makes no segment.
+  // rank); a rank alone in its group makes no segment. On failure,
+  // *unavailable says that segments could not be made or mapped somewhere
+  // (/dev/shm full, limits): every rank of the job then returns an error with
+  // *unavailable set, so all can fall back to tcp together.
   static Status setup(Bootstrap& bootstrap, const std::vector<int>& host_group, int nchannels,
-                      const Config& config, std::unique_ptr<ShmTransport>* out);
+                      const Config& config, std::unique_ptr<ShmTransport>* out, bool* unavailable);
   ~ShmTransport();
 
   // The connection to `peer` (a member of host_group) on `channel`.

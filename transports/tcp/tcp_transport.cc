@@ -25,9 +25,9 @@ struct FrameHeader {
 
 class TcpConnection : public Connection {
  public:
-  TcpConnection(int fd, int peer, const Config& config)
+  TcpConnection(int fd, int peer, const std::string& host, const Config& config)
       : fd_(fd),
-        peer_(peer),
+        peer_("rank " + std::to_string(peer) + " (host " + host + ")"),
         slot_bytes_(config.tcp_slot_bytes),
         nslots_(static_cast<uint64_t>(config.tcp_slots)) {
     send_buf_.resize(nslots_ * slot_bytes_);
@@ -114,9 +114,9 @@ class TcpConnection : public Connection {
               break;
             }
             if (header_.magic != kFrameMagic || header_.bytes > slot_bytes_) {
-              error_ = Status::remote(
-                  "rank " + std::to_string(peer_) + " sent a malformed frame header (bad magic or length " +
-                  std::to_string(header_.bytes) + " > slot " + std::to_string(slot_bytes_) + ")");
+              error_ = Status::remote(peer_ + " sent a malformed frame header (bad magic or length " +
+                                      std::to_string(header_.bytes) + " > slot " +
+                                      std::to_string(slot_bytes_) + ")");
               return error_;
             }
             payload_got_ = 0;
@@ -159,9 +159,7 @@ class TcpConnection : public Connection {
     BRAID_RETURN_IF_ERROR(progress());
     if (filled_ != released_) return Status::ok();
     if (!peer_failure_.is_ok()) return peer_failure_;
-    if (eof_)
-      return Status::remote("rank " + std::to_string(peer_) +
-                            " closed its tcp connection (process exited or failed)");
+    if (eof_) return Status::remote(peer_ + " closed its tcp connection (process exited or failed)");
     return Status::ok();
   }
   Status peer_failure() override {
@@ -192,28 +190,27 @@ class TcpConnection : public Connection {
     std::vector<char> body(header_.bytes);
     Status st = recv_all(fd_, body.data(), body.size(), Deadline::after_seconds(1));
     if (!st) {
-      error_ = st.with_context("rank " + std::to_string(peer_) + " sent a truncated abort frame");
+      error_ = st.with_context(peer_ + " sent a truncated abort frame");
       return error_;
     }
     uint32_t code = 0;
     std::memcpy(&code, body.data(), 4);
     if (code == 0 || code > BRAID_ERR_IN_PROGRESS) code = BRAID_ERR_REMOTE;
-    peer_failure_ =
-        Status(static_cast<braid_result_t>(code),
-               "rank " + std::to_string(peer_) + " failed: " + std::string(body.data() + 4, body.size() - 4));
+    peer_failure_ = Status(static_cast<braid_result_t>(code),
+                           peer_ + " failed: " + std::string(body.data() + 4, body.size() - 4));
     eof_ = true;  // nothing valid follows an abort frame
     header_got_ = 0;
     return Status::ok();
   }
 
   Status fail(const char* what, int err) {
-    error_ = Status::remote(std::string("tcp connection ") + what + " rank " + std::to_string(peer_) +
+    error_ = Status::remote(std::string("tcp connection ") + what + " " + peer_ +
                             " failed: " + std::strerror(err));
     return error_;
   }
 
   int fd_;
-  int peer_;
+  std::string peer_;  // "rank 3 (host node7)", as errors name it
   size_t slot_bytes_;
   uint64_t nslots_;
   Status error_;
@@ -235,8 +232,9 @@ class TcpConnection : public Connection {
 
 }  // namespace
 
-Status TcpTransport::setup(Bootstrap& bootstrap, const std::vector<int>& peers, int nchannels,
-                           const Config& config, std::unique_ptr<TcpTransport>* out) {
+Status TcpTransport::setup(Bootstrap& bootstrap, const std::vector<int>& peers,
+                           const std::vector<std::string>& hosts, int nchannels, const Config& config,
+                           std::unique_ptr<TcpTransport>* out) {
   std::unique_ptr<TcpTransport> t(new TcpTransport());
   const int me = bootstrap.rank();
   const Deadline deadline = Deadline::after_seconds(config.timeout_s);
@@ -248,7 +246,7 @@ Status TcpTransport::setup(Bootstrap& bootstrap, const std::vector<int>& peers, 
       int fd = -1;
       BRAID_RETURN_IF_ERROR(bootstrap.connect_to_peer(peer, kTagTcpTransport + c, deadline, &fd));
       BRAID_RETURN_IF_ERROR(set_nonblocking(fd, true));
-      t->conns_.push_back({c, peer, std::make_unique<TcpConnection>(fd, peer, config)});
+      t->conns_.push_back({c, peer, adopt(fd, peer, hosts[peer], config)});
     }
   }
   for (int peer : peers) {
@@ -257,11 +255,16 @@ Status TcpTransport::setup(Bootstrap& bootstrap, const std::vector<int>& peers, 
       int fd = -1;
       BRAID_RETURN_IF_ERROR(bootstrap.accept_from_peer(peer, kTagTcpTransport + c, deadline, &fd));
       BRAID_RETURN_IF_ERROR(set_nonblocking(fd, true));
-      t->conns_.push_back({c, peer, std::make_unique<TcpConnection>(fd, peer, config)});
+      t->conns_.push_back({c, peer, adopt(fd, peer, hosts[peer], config)});
     }
   }
   *out = std::move(t);
   return Status::ok();
+}
+
+std::unique_ptr<Connection> TcpTransport::adopt(int fd, int peer, const std::string& host,
+                                                const Config& config) {
+  return std::make_unique<TcpConnection>(fd, peer, host, config);
 }
 
 TcpTransport::~TcpTransport() = default;

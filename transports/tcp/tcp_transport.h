@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "src/core/bootstrap.h"
@@ -15,12 +16,17 @@ namespace braid {
 class TcpTransport {
  public:
   // Collective over every rank of the bootstrap; `peers` are the ranks this
-  // rank reaches over tcp (the relation is symmetric across ranks).
-  static Status setup(Bootstrap& bootstrap, const std::vector<int>& peers, int nchannels,
-                      const Config& config, std::unique_ptr<TcpTransport>* out);
+  // rank reaches over tcp (the relation is symmetric across ranks); `hosts`
+  // names every rank's host, for errors.
+  static Status setup(Bootstrap& bootstrap, const std::vector<int>& peers,
+                      const std::vector<std::string>& hosts, int nchannels, const Config& config,
+                      std::unique_ptr<TcpTransport>* out);
   ~TcpTransport();
 
   Connection* connection(int channel, int peer);
+  // A connection over an already connected, non-blocking socket (which it
+  // then owns): what setup builds, and what the frame fuzzer reads through.
+  static std::unique_ptr<Connection> adopt(int fd, int peer, const std::string& host, const Config& config);
 
  private:
   TcpTransport() = default;
