@@ -39,7 +39,11 @@ TEST(AlgoSpec, OneNameForcesEveryCollectiveThatHasIt) {
   ASSERT_TRUE(parse_algo_spec("hier", &c).is_ok());
   EXPECT_EQ(c[Coll::kAllReduce], Algo::kHierarchical);
   EXPECT_EQ(c[Coll::kReduce], Algo::kHierarchical);
-  EXPECT_EQ(c[Coll::kAllGather], Algo::kAuto);
+  EXPECT_EQ(c[Coll::kAllGather], Algo::kHierarchical);
+  EXPECT_EQ(c[Coll::kReduceScatter], Algo::kHierarchical);
+  ASSERT_TRUE(parse_algo_spec("rabenseifner", &c).is_ok());
+  EXPECT_EQ(c[Coll::kAllReduce], Algo::kRabenseifner);
+  EXPECT_EQ(c[Coll::kBroadcast], Algo::kAuto);  // all_reduce only
   ASSERT_TRUE(parse_algo_spec("", &c).is_ok());
   EXPECT_EQ(c.encode(), 0u);
 }
@@ -64,7 +68,7 @@ TEST(AlgoSpec, BadSpecsNameTheProblem) {
   for (const Case& k :
        {Case{"fastest", "unknown algorithm 'fastest'"},
         Case{"all_reduce:zigzag", "all_reduce has no algorithm 'zigzag'"},
-        Case{"all_gather:tree", "all_gather has no algorithm 'tree' (choose ring, peer_read)"},
+        Case{"all_gather:tree", "all_gather has no algorithm 'tree' (choose ring, peer_read, hier)"},
         Case{"allreduce:ring", "unknown collective 'allreduce'"},
         Case{"all_reduce:ring;tree", "'tree' is not collective:algorithm"}}) {
     AlgoChoice c;

@@ -225,6 +225,64 @@ Task recursive_doubling_all_reduce(const Channel& ch, CollArgs a, char* scratch)
   if (r + p2 < n) co_await send_message(ch, r + p2, out, bytes);
 }
 
+// Rabenseifner: reduce-scatter by recursive halving, then all-gather by
+// recursive doubling, over the largest power of two p2 of ranks (the others
+// fold in and out as in recursive_doubling_all_reduce). Each rank moves
+// 2 (p2 - 1) / p2 of the buffer in 2 log2(p2) steps: recursive doubling's
+// few steps with the ring's bytes.
+Task rabenseifner_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
+  const int n = ch.nranks, r = ch.rank;
+  const size_t esize = braid_dtype_size(a.dtype), bytes = a.count * esize;
+  char* out = static_cast<char*>(a.recvbuf);
+  int p2 = 1;
+  while (p2 * 2 <= n) p2 *= 2;
+  if (r >= p2) {
+    co_await send_message(ch, r - p2, a.sendbuf, bytes);
+    co_await recv_message(ch, r - p2, out, bytes);
+    co_return;
+  }
+  copy_if_distinct(out, a.sendbuf, bytes);
+  if (r + p2 < n) {
+    co_await recv_message(ch, r + p2, scratch, bytes);
+    kernels::reduce(a.dtype, a.op, out, out, scratch, a.count);
+  }
+  // Block b of p2 covers elements [first(b), first(b + 1)).
+  const Split blocks(a.count, static_cast<size_t>(p2));
+  auto first = [&](int b) { return blocks.begin(static_cast<size_t>(b)); };
+  auto at = [&](int b) { return out + first(b) * esize; };
+  auto span = [&](int lo, int hi) { return (first(hi) - first(lo)) * esize; };
+  // Halving: keep the half of the blocks on this rank's side of `mask`,
+  // send the other half to the partner, reduce the partner's copy of ours.
+  int lo = 0, hi = p2;
+  for (int mask = p2 / 2; mask >= 1; mask >>= 1) {
+    const int partner = r ^ mask, mid = (lo + hi) / 2;
+    const bool lower = (r & mask) == 0;
+    const int keep_lo = lower ? lo : mid, keep_hi = lower ? mid : hi;
+    const int give_lo = lower ? mid : lo, give_hi = lower ? hi : mid;
+    co_await exchange(ch, partner, at(give_lo), span(give_lo, give_hi), partner, scratch,
+                      span(keep_lo, keep_hi));
+    const size_t elems = first(keep_hi) - first(keep_lo);
+    // The lower rank's operand first, on both sides (see recursive doubling).
+    if (r < partner)
+      kernels::reduce(a.dtype, a.op, at(keep_lo), at(keep_lo), scratch, elems);
+    else
+      kernels::reduce(a.dtype, a.op, at(keep_lo), scratch, at(keep_lo), elems);
+    lo = keep_lo;
+    hi = keep_hi;
+  }
+  // This rank now holds block r, fully reduced; finish it before sharing.
+  finish_avg(a, at(lo), first(hi) - first(lo), n);
+  // Doubling: swap ranges with partners 1, 2, 4, ... apart.
+  for (int mask = 1; mask < p2; mask <<= 1) {
+    const int partner = r ^ mask;
+    const int their_lo = lo ^ mask, their_hi = their_lo + (hi - lo);
+    co_await exchange(ch, partner, at(lo), span(lo, hi), partner, at(their_lo), span(their_lo, their_hi));
+    lo = std::min(lo, their_lo);
+    hi = lo + 2 * mask;
+  }
+  if (r + p2 < n) co_await send_message(ch, r + p2, out, bytes);
+}
+
 // ---- hierarchical: inside each host, across hosts, inside again ----
 
 Task hierarchical_all_reduce(const Channel& all, const Channel& host, const Channel& across, CollArgs a,
@@ -243,10 +301,13 @@ Task hierarchical_all_reduce(const Channel& all, const Channel& host, const Chan
     rs.recvbuf = mine;
     rs.count = block;
     rs.op = op;
+    // Blocks by position in the buffer, not by rank.
+    const size_t bb = block * esize;
     if (host_reads)
       co_await peer_read_reduce_scatter(host, rs, scratch);
     else
-      co_await ring_reduce_scatter(host, rs);
+      co_await ring_reduce_blocks(
+          host, block, a.dtype, op, [in, bb](int k) { return in + k * bb; }, mine);
     // 2. ... which it all-reduces with the ranks holding that block on the
     // other hosts (each host's link carries 1/L of the data per rank) ...
     CollArgs ar = rs;
@@ -261,7 +322,7 @@ Task hierarchical_all_reduce(const Channel& all, const Channel& host, const Chan
     if (host_reads)
       co_await peer_read_all_gather(host, ag);
     else
-      co_await ring_all_gather(host, ag);
+      co_await ring_gather_blocks(host, bb, [out, bb](int k) { return out + k * bb; });
   }
   if (head < a.count) {
     // The few elements that do not divide among a host's ranks.
@@ -271,6 +332,41 @@ Task hierarchical_all_reduce(const Channel& all, const Channel& host, const Chan
     tail.count = a.count - head;
     co_await ring_all_reduce(all, tail);
   }
+}
+
+// All_gather in two levels: the ranks at one index on every host gather
+// each other's blocks across hosts, then each host shares what its ranks
+// gathered, one ring per host's worth of blocks. Every rank sends its own
+// block over the network once per other host, so all of a host's ranks share
+// the slow links instead of the ring's one crossing.
+Task hierarchical_all_gather(const Channel& host, const Channel& across, const HostGrid& grid, CollArgs a) {
+  const size_t block = a.count * braid_dtype_size(a.dtype);
+  char* out = static_cast<char*>(a.recvbuf);
+  auto at = [out, block](int global) { return out + static_cast<size_t>(global) * block; };
+  copy_if_distinct(at(across.global(across.rank)), a.sendbuf, block);
+  co_await ring_gather_blocks(across, block, [&](int k) { return at(across.global(k)); });
+  for (size_t h = 0; h < grid.size(); ++h)
+    co_await ring_gather_blocks(host, block, [&](int j) { return at(grid[h][j]); });
+}
+
+// Reduce_scatter in two levels: inside each host, one ring per host's
+// blocks leaves each rank with its host's partial sum of the block of the
+// rank at its index on that host (scratch: one block per host); across
+// hosts, the ranks at one index reduce-scatter those partial sums.
+Task hierarchical_reduce_scatter(const Channel& host, const Channel& across, const HostGrid& grid, CollArgs a,
+                                 char* scratch) {
+  const size_t block = a.count * braid_dtype_size(a.dtype);
+  const char* in = static_cast<const char*>(a.sendbuf);
+  const braid_redop_t op = a.op == BRAID_AVG ? BRAID_SUM : a.op;
+  for (size_t h = 0; h < grid.size(); ++h) {
+    co_await ring_reduce_blocks(
+        host, a.count, a.dtype, op, [&](int j) { return in + static_cast<size_t>(grid[h][j]) * block; },
+        scratch + h * block);
+  }
+  co_await ring_reduce_blocks(
+      across, a.count, a.dtype, op, [&](int k) { return scratch + static_cast<size_t>(k) * block; },
+      static_cast<char*>(a.recvbuf));
+  finish_avg(a, a.recvbuf, a.count, host.nranks * across.nranks);
 }
 
 // Broadcast: across hosts among the ranks at the root's index in their
@@ -487,14 +583,11 @@ Task chain_reduce(const Channel& ch, CollArgs a) {
   if (r == a.root) finish_avg(a, out, a.count, n);
 }
 
-Task ring_all_gather(const Channel& ch, CollArgs a) {
+Task ring_gather_blocks(const Channel& ch, size_t block, BlockAt at) {
   const int n = ch.nranks, r = ch.rank;
-  const size_t block = a.count * braid_dtype_size(a.dtype);
-  const int next = mod(r + 1, n), prev = mod(r - 1, n);
-  char* out = static_cast<char*>(a.recvbuf);
-  copy_if_distinct(out + r * block, a.sendbuf, block);
   if (n == 1) co_return;
-  auto blk = [&](int k) { return out + static_cast<size_t>(mod(k, n)) * block; };
+  const int next = mod(r + 1, n), prev = mod(r - 1, n);
+  auto blk = [&](int k) { return at(mod(k, n)); };
   for (size_t off = 0; off < block; off += ch.piece_bytes) {
     size_t len = std::min(ch.piece_bytes, block - off);
     co_await send_piece(ch, next, blk(r) + off, len);
@@ -503,27 +596,44 @@ Task ring_all_gather(const Channel& ch, CollArgs a) {
   }
 }
 
-Task ring_reduce_scatter(const Channel& ch, CollArgs a) {
-  const int n = ch.nranks, r = ch.rank;
-  const size_t esize = braid_dtype_size(a.dtype), block = a.count * esize;
-  const int next = mod(r + 1, n), prev = mod(r - 1, n);
-  const char* in = static_cast<const char*>(a.sendbuf);
+Task ring_all_gather(const Channel& ch, CollArgs a) {
+  const size_t block = a.count * braid_dtype_size(a.dtype);
   char* out = static_cast<char*>(a.recvbuf);
-  auto blk = [&](int k) { return in + static_cast<size_t>(mod(k, n)) * block; };
+  // Blocks sit in communicator rank order, whatever order the ring visits.
+  auto at = [&ch, out, block](int k) { return out + static_cast<size_t>(ch.global(k)) * block; };
+  copy_if_distinct(at(ch.rank), a.sendbuf, block);
+  co_await ring_gather_blocks(ch, block, at);
+}
+
+Task ring_reduce_blocks(const Channel& ch, size_t count, braid_dtype_t dtype, braid_redop_t op,
+                        ConstBlockAt in, char* out) {
+  const int n = ch.nranks, r = ch.rank;
+  const size_t esize = braid_dtype_size(dtype), block = count * esize;
+  const int next = mod(r + 1, n), prev = mod(r - 1, n);
+  auto blk = [&](int k) { return in(mod(k, n)); };
   if (n == 1) {
-    copy_if_distinct(out, in, block);
-  } else {
-    // Block b's partial sum starts at rank b+1 and ends, complete, at rank b.
-    const size_t piece = ch.piece_bytes / esize * esize;
-    for (size_t off = 0; off < block; off += piece) {
-      size_t len = std::min(piece, block - off);
-      co_await send_piece(ch, next, blk(r - 1) + off, len);
-      for (int s = 1; s < n - 1; ++s)
-        co_await recv_reduce_send(ch, prev, next, blk(r - s - 1) + off, len, a.dtype, a.op);
-      co_await recv_reduce_copy(ch, prev, out + off, blk(r) + off, len, a.dtype, a.op);
-    }
+    copy_if_distinct(out, blk(0), block);
+    co_return;
   }
-  finish_avg(a, out, a.count, n);
+  // Block b's partial sum starts at rank b+1 and ends, complete, at rank b.
+  const size_t piece = ch.piece_bytes / esize * esize;
+  for (size_t off = 0; off < block; off += piece) {
+    size_t len = std::min(piece, block - off);
+    co_await send_piece(ch, next, blk(r - 1) + off, len);
+    for (int s = 1; s < n - 1; ++s)
+      co_await recv_reduce_send(ch, prev, next, blk(r - s - 1) + off, len, dtype, op);
+    co_await recv_reduce_copy(ch, prev, out + off, blk(r) + off, len, dtype, op);
+  }
+}
+
+Task ring_reduce_scatter(const Channel& ch, CollArgs a) {
+  const size_t block = a.count * braid_dtype_size(a.dtype);
+  const char* in = static_cast<const char*>(a.sendbuf);
+  co_await ring_reduce_blocks(
+      ch, a.count, a.dtype, a.op,
+      [&ch, in, block](int k) { return in + static_cast<size_t>(ch.global(k)) * block; },
+      static_cast<char*>(a.recvbuf));
+  finish_avg(a, a.recvbuf, a.count, ch.nranks);
 }
 
 Task direct_gather(const Channel& ch, CollArgs a) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -71,6 +72,8 @@ Task tree_all_reduce(const Channel& ch, CollArgs a, char* scratch);
 Task tree_broadcast(const Channel& ch, CollArgs a);
 Task tree_reduce(const Channel& ch, CollArgs a, char* scratch);
 Task recursive_doubling_all_reduce(const Channel& ch, CollArgs a, char* scratch);
+// scratch: the whole buffer (the partner's data, folded ranks too).
+Task rabenseifner_all_reduce(const Channel& ch, CollArgs a, char* scratch);
 // `host`: this host's ranks; `across`: the ranks with this rank's index on
 // every host; `host_reads`: `host` can read peers' memory (scratch: 2 pieces).
 Task hierarchical_all_reduce(const Channel& all, const Channel& host, const Channel& across, CollArgs a,
@@ -84,8 +87,25 @@ Task hierarchical_reduce(const Channel& all, const Channel& host, const Channel&
                          int root_host, int root_index, char* scratch);
 Task chain_broadcast(const Channel& ch, CollArgs a);
 Task chain_reduce(const Channel& ch, CollArgs a);
+// Where member k of a channel keeps its block (as a communicator-ordered
+// buffer is laid out, say), for rings that visit members in another order.
+using BlockAt = std::function<char*(int member)>;
+using ConstBlockAt = std::function<const char*(int member)>;
+// Every member's block to every member; this rank's is already at its place.
+Task ring_gather_blocks(const Channel& ch, size_t block, BlockAt at);
+// This rank's block, reduced over the members (op applied as is: no AVG).
+Task ring_reduce_blocks(const Channel& ch, size_t count, braid_dtype_t dtype, braid_redop_t op,
+                        ConstBlockAt in, char* out);
+// Blocks in communicator rank order on any channel (a host-ordered one
+// crosses between hosts once per host).
 Task ring_all_gather(const Channel& ch, CollArgs a);
 Task ring_reduce_scatter(const Channel& ch, CollArgs a);
+// grid[h][j]: the communicator rank at index j on host h (every host alike).
+using HostGrid = std::vector<std::vector<int>>;
+Task hierarchical_all_gather(const Channel& host, const Channel& across, const HostGrid& grid, CollArgs a);
+// scratch: one block per host.
+Task hierarchical_reduce_scatter(const Channel& host, const Channel& across, const HostGrid& grid, CollArgs a,
+                                 char* scratch);
 Task direct_gather(const Channel& ch, CollArgs a);
 Task direct_scatter(const Channel& ch, CollArgs a);
 Task pairwise_all_to_all(const Channel& ch, CollArgs a);

@@ -41,6 +41,8 @@ constexpr Name kNames[] = {
     {"recursive_doubling", Algo::kRecursiveDoubling},
     {"hier", Algo::kHierarchical},
     {"hierarchical", Algo::kHierarchical},
+    {"rabenseifner", Algo::kRabenseifner},
+    {"rhd", Algo::kRabenseifner},
 };
 
 bool has_algo(Coll c, Algo a) {
@@ -76,16 +78,18 @@ const char* coll_name(Coll c) {
 
 const char* algo_name(Algo a) {
   // Indexed by Algo.
-  static constexpr const char* kAlgoNames[] = {"auto", "ring", "direct", "peer_read", "tree", "rd", "hier"};
+  static constexpr const char* kAlgoNames[] = {"auto", "ring", "direct", "peer_read",
+                                               "tree", "rd",   "hier",   "rabenseifner"};
   return kAlgoNames[static_cast<int>(a)];
 }
 
 const std::vector<Algo>& algos_of(Coll c) {
-  static const std::vector<Algo> all_reduce = {Algo::kDirect, Algo::kRecursiveDoubling, Algo::kRing,
-                                               Algo::kTree,   Algo::kPeerRead,          Algo::kHierarchical};
+  static const std::vector<Algo> all_reduce = {
+      Algo::kDirect, Algo::kRecursiveDoubling, Algo::kRabenseifner, Algo::kRing,
+      Algo::kTree,   Algo::kPeerRead,          Algo::kHierarchical};
   static const std::vector<Algo> rooted = {Algo::kRing, Algo::kTree, Algo::kPeerRead, Algo::kHierarchical};
   static const std::vector<Algo> reduce = {Algo::kRing, Algo::kTree, Algo::kHierarchical};
-  static const std::vector<Algo> gather_scatter = {Algo::kRing, Algo::kPeerRead};
+  static const std::vector<Algo> gather_scatter = {Algo::kRing, Algo::kPeerRead, Algo::kHierarchical};
   switch (c) {
     case Coll::kAllReduce:
       return all_reduce;
@@ -182,12 +186,12 @@ bool Tuner::can_run(Coll c, Algo a, size_t bytes) const {
       // It posts the whole buffer to every peer before receiving: one piece at most.
       return c == Coll::kAllReduce && bytes <= s.piece_bytes;
     case Algo::kRecursiveDoubling:
+    case Algo::kRabenseifner:
       return c == Coll::kAllReduce;
     case Algo::kPeerRead:
       return s.peer_reads && c != Coll::kReduce;
     case Algo::kHierarchical:
-      return (c == Coll::kAllReduce || c == Coll::kBroadcast || c == Coll::kReduce) && s.nhosts > 1 &&
-             s.ranks_per_host > 1;
+      return s.nhosts > 1 && s.ranks_per_host > 1;
   }
   return false;
 }
@@ -205,6 +209,13 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
   const double msg_out = over ? kTcpMessageUsPerRankPerCore * sh.ranks_per_core : kTcpMessageUs;
   const double pr_beta = 1.0 / (over ? kPeerReadBytesPerUsOversubscribed : kPeerReadBytesPerUs);
   const double depth = std::floor(std::log2(n));  // levels below a binary tree's root
+  // Recursive doubling and halving pair ranks 1, 2, 4, ... apart among the
+  // largest power of two p2: steps below Li stay inside a host when hosts
+  // hold equal powers of two.
+  const int p2 = 1 << static_cast<int>(depth);
+  const int Li = multi && sh.ranks_per_host > 0 && (sh.ranks_per_host & (sh.ranks_per_host - 1)) == 0
+                     ? sh.ranks_per_host
+                     : (multi ? 1 : p2);
   // An exchange needs both partners running at once.
   const double pair_alpha = 2 * in.alpha_us;
   switch (c) {
@@ -215,17 +226,23 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
           return l.alpha_us + (L - 1) * (msg_in + 1.2 * S * in.beta_us_per_byte) +
                  (n - L) * (msg_out + 1.2 * S * out.beta_us_per_byte);
         case Algo::kRecursiveDoubling: {
-          // Partners 1, 2, 4, ... apart: the first log2(L) steps stay inside
-          // a host when hosts hold equal powers of two.
-          const int p2 = 1 << static_cast<int>(depth);
           const bool pow2 = p2 == sh.nranks;
-          const int Li = multi && sh.ranks_per_host > 0 && (sh.ranks_per_host & (sh.ranks_per_host - 1)) == 0
-                             ? sh.ranks_per_host
-                             : (multi ? 1 : p2);
           double t = pow2 ? 0 : 2 * (l.alpha_us + S * l.beta_us_per_byte);  // the fold in and out
           for (int mask = 1; mask < p2; mask <<= 1)
             t += mask < Li ? pair_alpha + 2 * S * in.beta_us_per_byte
                            : out.alpha_us + 2 * S * out.beta_us_per_byte;
+          return t;
+        }
+        case Algo::kRabenseifner: {
+          // At partner distance `mask`, halving exchanges S * mask / p2 and
+          // then reduces it (as recursive doubling does the whole buffer);
+          // doubling exchanges the same straight into place.
+          double t = p2 == sh.nranks ? 0 : 2 * (l.alpha_us + S * l.beta_us_per_byte);
+          for (int mask = 1; mask < p2; mask <<= 1) {
+            const double part = S * mask / p2;
+            t += mask < Li ? 2 * pair_alpha + 3 * part * in.beta_us_per_byte
+                           : 2 * out.alpha_us + 3 * part * out.beta_us_per_byte;
+          }
           return t;
         }
         case Algo::kRing:
@@ -266,6 +283,13 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
     case Coll::kReduceScatter:
       if (a == Algo::kRing) return (n - 1) * l.alpha_us + (n - 1) / n * S * l.beta_us_per_byte;
       if (a == Algo::kPeerRead) return 5 * (n - 1) * in.alpha_us + (n - 1) / n * S * pr_beta;
+      if (a == Algo::kHierarchical) {
+        // A ring across hosts of one block each, then a ring inside the
+        // host per host's worth of blocks (reduce_scatter: the reverse).
+        const double H = sh.nhosts, b = S / n;
+        return (H - 1) * (out.alpha_us + b * out.beta_us_per_byte) +
+               H * (L - 1) * (in.alpha_us + b * in.beta_us_per_byte);
+      }
       break;
   }
   return -1;

@@ -28,6 +28,7 @@ enum class Algo : uint8_t {
   kTree,               // pipelined binary tree
   kRecursiveDoubling,  // log2(n) exchanges of the whole buffer
   kHierarchical,       // inside each host, across hosts, inside again
+  kRabenseifner,       // recursive halving reduce-scatter, recursive doubling all-gather
 };
 const char* algo_name(Algo a);
 

@@ -245,6 +245,7 @@ void Communicator::build_schedules(const std::vector<PeerInfo>& infos) {
     for (const auto& m : members) across.push_back(m[local_index_[rank_]]);
     host_channel_ = coll_channel_.subset(mine);
     across_channel_ = coll_channel_.subset(across);
+    grid_ = members;
     shape.host_peer_reads = channel_reads_peers(host_channel_);
   }
   tuner_ = Tuner(shape, config_.algo);
@@ -559,21 +560,33 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
       break;
     }
     case OpKind::kAllGather: {
-      const bool reads = tuner_.pick(Coll::kAllGather, out_bytes) == Algo::kPeerRead;
-      op->algo = reads ? "peer_read" : "ring";
-      op->task = reads ? peer_read_all_gather(coll_channel_, a) : ring_all_gather(coll_channel_, a);
-      break;
-    }
-    case OpKind::kReduceScatter:
-      if (tuner_.pick(Coll::kReduceScatter, in_bytes) == Algo::kPeerRead) {
-        op->algo = "peer_read";
-        op->work.resize(2 * std::min(coll_channel_.piece_bytes, out_bytes));
-        op->task = peer_read_reduce_scatter(coll_channel_, a, op->work.data());
+      const Algo algo = tuner_.pick(Coll::kAllGather, out_bytes);
+      op->algo = algo_name(algo);
+      if (algo == Algo::kPeerRead) {
+        op->task = peer_read_all_gather(coll_channel_, a);
+      } else if (algo == Algo::kHierarchical) {
+        op->task = hierarchical_all_gather(host_channel_, across_channel_, grid_, a);
       } else {
         op->algo = "ring";
-        op->task = ring_reduce_scatter(coll_channel_, a);
+        op->task = ring_all_gather(ordered_channel_, a);
       }
       break;
+    }
+    case OpKind::kReduceScatter: {
+      const Algo algo = tuner_.pick(Coll::kReduceScatter, in_bytes);
+      op->algo = algo_name(algo);
+      if (algo == Algo::kPeerRead) {
+        op->work.resize(2 * std::min(coll_channel_.piece_bytes, out_bytes));
+        op->task = peer_read_reduce_scatter(coll_channel_, a, op->work.data());
+      } else if (algo == Algo::kHierarchical) {
+        op->work.resize(out_bytes * grid_.size());
+        op->task = hierarchical_reduce_scatter(host_channel_, across_channel_, grid_, a, op->work.data());
+      } else {
+        op->algo = "ring";
+        op->task = ring_reduce_scatter(ordered_channel_, a);
+      }
+      break;
+    }
     case OpKind::kGather:
       op->algo = "direct";
       op->task = direct_gather(coll_channel_, a);
@@ -614,6 +627,9 @@ Task Communicator::all_reduce_task(Op* op, const CollArgs& a) {
     case Algo::kRecursiveDoubling:
       op->work.resize(bytes);
       return recursive_doubling_all_reduce(ordered_channel_, a, op->work.data());
+    case Algo::kRabenseifner:
+      op->work.resize(bytes);
+      return rabenseifner_all_reduce(ordered_channel_, a, op->work.data());
     case Algo::kHierarchical: {
       const bool host_reads = tuner_.hierarchical_reads_peers(bytes);
       if (host_reads) op->work.resize(2 * std::min(coll_channel_.piece_bytes, bytes));

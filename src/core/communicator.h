@@ -76,6 +76,7 @@ class Communicator {
   Channel across_channel_;        // one rank per host, this rank's index on each
   std::vector<int> host_index_;   // each rank's host (order of first appearance)
   std::vector<int> local_index_;  // each rank's index among its host's ranks
+  HostGrid grid_;                 // the ranks of each host (when hosts hold alike)
   Tuner tuner_;
   std::unique_ptr<TraceRecorder> trace_;  // BRAID_TRACE_FILE, written at destroy
   std::unique_ptr<Engine> engine_;

@@ -136,11 +136,21 @@ void TraceRecorder::push(const Event& e) {
   Chunk& c = chunks_.back();
   c.events[c.used++] = e;
   ++count_;
+  // Fetch the next record's line now, for writing: the store of the next
+  // op then hits the cache instead of waiting on memory (the op takes far
+  // longer than the fetch).
+  if (c.used < kChunkEvents) __builtin_prefetch(&c.events[c.used + (c.used & 1)], 1, 3);
 }
 
 uint8_t TraceRecorder::intern(const char* s) {
+  // Runs of one operation (and one algorithm) are the common case.
+  for (const Memo& m : memo_)
+    if (m.s == s) return m.index;
   for (size_t i = 0; i < strings_.size(); ++i) {
-    if (strings_[i] == s) return static_cast<uint8_t>(i);
+    if (strings_[i] == s) {
+      memo_[memo_next_++ % 2] = {s, static_cast<uint8_t>(i)};
+      return static_cast<uint8_t>(i);
+    }
   }
   if (strings_.size() == 255) return 0;  // never: braid has a few dozen names
   strings_.push_back(s);

@@ -95,6 +95,12 @@ class TraceRecorder {
   std::vector<Chunk> chunks_;
   size_t count_ = 0;
   std::vector<const char*> strings_;
+  struct Memo {
+    const char* s = nullptr;
+    uint8_t index = 0;
+  };
+  Memo memo_[2];  // the last two strings interned
+  unsigned memo_next_ = 0;
 
  public:
   ~TraceRecorder();
