@@ -18,7 +18,7 @@ import subprocess
 import sys
 
 ALGOS = {
-    "all_reduce": ["direct", "rd", "rabenseifner", "ring", "tree", "peer_read", "hier"],
+    "all_reduce": ["direct", "rd", "rabenseifner", "ring", "tree", "dbtree", "peer_read", "hier"],
     "broadcast": ["ring", "tree", "peer_read", "hier"],
     "reduce": ["ring", "tree", "hier"],
     "all_gather": ["ring", "peer_read"],

@@ -54,7 +54,7 @@ TEST_P(Transports, AllReduceSizesAndRankCounts) {
 TEST_P(Transports, EveryAllReduceAlgorithmAgrees) {
   // peer_read reads peers' buffers with process_vm_readv on shm; over tcp
   // it falls back to the ring. Direct beyond one slot falls back too.
-  for (const char* algo : {"ring", "direct", "peer_read", "tree", "rd", "rabenseifner"}) {
+  for (const char* algo : {"ring", "direct", "peer_read", "tree", "dbtree", "rd", "rabenseifner"}) {
     Env env = transport_env(GetParam());
     env.push_back({"BRAID_ALGO", algo});
     run_ranks(3, env, [algo](braid_comm_t comm, int rank, int) {

@@ -103,7 +103,7 @@ TEST(MultiHost, EveryAlgorithmExactOnEveryShape) {
     int nranks, hosts;
   };
   for (Shape s : {Shape{4, 2}, Shape{6, 3}, Shape{5, 2}}) {
-    for (const char* algo : {"auto", "ring", "tree", "rd", "rabenseifner", "hier", "direct"}) {
+    for (const char* algo : {"auto", "ring", "tree", "dbtree", "rd", "rabenseifner", "hier", "direct"}) {
       const std::string what =
           std::to_string(s.nranks) + " ranks on " + std::to_string(s.hosts) + " hosts, BRAID_ALGO=" + algo;
       SCOPED_TRACE(what);

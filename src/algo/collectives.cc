@@ -123,51 +123,61 @@ BinaryTree::BinaryTree(int r, int n, int root) {
 
 namespace {
 
-// `acc` (piece-sized, this node's partial result) = in op children's pieces,
-// sent up toward the root; the root's result lands in `out`.
-Task tree_reduce_pieces(const Channel& ch, const CollArgs& a, int root, char* out, char* scratch) {
-  const BinaryTree t(ch.rank, ch.nranks, root);
-  const size_t esize = braid_dtype_size(a.dtype), bytes = a.count * esize;
-  const size_t piece = ch.piece_bytes / esize * esize;
+// One piece of a tree reduction: `acc` (piece-sized, this node's partial
+// result) = in op children's pieces, sent up toward the root; the root's
+// result lands in `out`.
+Task tree_reduce_piece(const Channel& ch, const BinaryTree& t, const CollArgs& a, size_t off, size_t len,
+                       char* out, char* scratch) {
   const char* in = static_cast<const char*>(a.sendbuf);
-  for (size_t off = 0; off < bytes; off += piece) {
-    const size_t len = std::min(piece, bytes - off);
-    // Where this node's partial sum is built: the output at the root, the
-    // caller's scratch (one piece) elsewhere.
-    char* acc = t.parent < 0 ? out + off : scratch;
-    if (t.children == 0) {
+  // Where this node's partial sum is built: the output at the root, the
+  // caller's scratch (one piece) elsewhere.
+  char* acc = t.parent < 0 ? out + off : scratch;
+  if (t.children == 0) {
+    if (t.parent < 0)
+      copy_if_distinct(acc, in + off, len);
+    else
+      co_await send_piece(ch, t.parent, in + off, len);
+  } else if (t.children == 1 && t.parent >= 0) {
+    co_await recv_reduce_send(ch, t.child[0], t.parent, in + off, len, a.dtype, a.op);
+  } else {
+    co_await recv_reduce_copy(ch, t.child[0], acc, in + off, len, a.dtype, a.op);
+    if (t.children == 2) {
       if (t.parent < 0)
-        copy_if_distinct(acc, in + off, len);
+        co_await recv_reduce_copy(ch, t.child[1], acc, acc, len, a.dtype, a.op);
       else
-        co_await send_piece(ch, t.parent, in + off, len);
-    } else if (t.children == 1 && t.parent >= 0) {
-      co_await recv_reduce_send(ch, t.child[0], t.parent, in + off, len, a.dtype, a.op);
-    } else {
-      co_await recv_reduce_copy(ch, t.child[0], acc, in + off, len, a.dtype, a.op);
-      if (t.children == 2) {
-        if (t.parent < 0)
-          co_await recv_reduce_copy(ch, t.child[1], acc, acc, len, a.dtype, a.op);
-        else
-          co_await recv_reduce_send(ch, t.child[1], t.parent, acc, len, a.dtype, a.op);
-      }
+        co_await recv_reduce_send(ch, t.child[1], t.parent, acc, len, a.dtype, a.op);
     }
   }
 }
 
-// buf (valid at the root) reaches every rank, piece by piece down the tree.
+// One piece of a tree broadcast: buf + off (valid at the root) down the tree.
+Task tree_broadcast_piece(const Channel& ch, const BinaryTree& t, char* piece, size_t len) {
+  if (t.parent < 0) {
+    for (int k = 0; k < t.children; ++k) co_await send_piece(ch, t.child[k], piece, len);
+  } else if (t.children == 0) {
+    co_await recv_piece(ch, t.parent, piece, len);
+  } else {
+    co_await recv_copy_send(ch, t.parent, t.child[0], piece, len);
+    if (t.children == 2) co_await send_piece(ch, t.child[1], piece, len);
+  }
+}
+
+size_t reduce_piece_bytes(const Channel& ch, braid_dtype_t dtype) {
+  const size_t esize = braid_dtype_size(dtype);
+  return ch.piece_bytes / esize * esize;
+}
+
+Task tree_reduce_pieces(const Channel& ch, const CollArgs& a, int root, char* out, char* scratch) {
+  const BinaryTree t(ch.rank, ch.nranks, root);
+  const size_t bytes = a.count * braid_dtype_size(a.dtype), piece = reduce_piece_bytes(ch, a.dtype);
+  for (size_t off = 0; off < bytes; off += piece)
+    co_await tree_reduce_piece(ch, t, a, off, std::min(piece, bytes - off), out, scratch);
+}
+
 Task tree_broadcast_pieces(const Channel& ch, int root, char* buf, size_t bytes) {
   const BinaryTree t(ch.rank, ch.nranks, root);
-  for (size_t off = 0; off < bytes; off += ch.piece_bytes) {
-    const size_t len = std::min(ch.piece_bytes, bytes - off);
-    if (t.parent < 0) {
-      for (int k = 0; k < t.children; ++k) co_await send_piece(ch, t.child[k], buf + off, len);
-    } else if (t.children == 0) {
-      co_await recv_piece(ch, t.parent, buf + off, len);
-    } else {
-      co_await recv_copy_send(ch, t.parent, t.child[0], buf + off, len);
-      if (t.children == 2) co_await send_piece(ch, t.child[1], buf + off, len);
-    }
-  }
+  for (size_t off = 0; off < bytes; off += ch.piece_bytes)
+    co_await tree_broadcast_piece(ch, t, buf + off, std::min(ch.piece_bytes, bytes - off));
 }
 
 }  // namespace
@@ -178,6 +188,40 @@ Task tree_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
   co_await tree_reduce_pieces(ch, a, 0, out, scratch);
   if (ch.rank == 0) finish_avg(a, out, a.count, ch.nranks);
   co_await tree_broadcast_pieces(ch, 0, out, bytes);
+}
+
+// Two trees, each carrying half of the buffer: the heap tree over the
+// channel's order, and the same tree over the reversed order, whose inner
+// nodes are the first tree's leaves. Every rank then forwards about as much
+// as a leaf of one tree plus an inner node of the other, instead of all of
+// it through the inner nodes of one tree. Pieces of the two trees alternate
+// in one order on every rank (A0 B0 A1 B1 ...), so a connection that both
+// trees use sees their messages in the same order at both ends.
+Task double_tree_all_reduce(const Channel& ch, const Channel& mirror, CollArgs a, char* scratch) {
+  const size_t esize = braid_dtype_size(a.dtype), piece = reduce_piece_bytes(ch, a.dtype);
+  char* out = static_cast<char*>(a.recvbuf);
+  const size_t half = a.count / 2;
+  CollArgs first = a, second = a;
+  first.count = half;
+  second.count = a.count - half;
+  second.sendbuf = static_cast<const char*>(a.sendbuf) + half * esize;
+  second.recvbuf = out + half * esize;
+  const BinaryTree ta(ch.rank, ch.nranks, 0), tb(mirror.rank, mirror.nranks, 0);
+  const size_t a_bytes = first.count * esize, b_bytes = second.count * esize;
+  char* b_out = static_cast<char*>(second.recvbuf);
+  char* b_scratch = scratch + std::min(piece, a_bytes);  // after the first tree's largest piece
+  for (size_t off = 0; off < std::max(a_bytes, b_bytes); off += piece) {
+    if (off < a_bytes)
+      co_await tree_reduce_piece(ch, ta, first, off, std::min(piece, a_bytes - off), out, scratch);
+    if (off < b_bytes)
+      co_await tree_reduce_piece(mirror, tb, second, off, std::min(piece, b_bytes - off), b_out, b_scratch);
+  }
+  if (ta.parent < 0) finish_avg(a, out, first.count, ch.nranks);
+  if (tb.parent < 0) finish_avg(a, b_out, second.count, ch.nranks);
+  for (size_t off = 0; off < std::max(a_bytes, b_bytes); off += piece) {
+    if (off < a_bytes) co_await tree_broadcast_piece(ch, ta, out + off, std::min(piece, a_bytes - off));
+    if (off < b_bytes) co_await tree_broadcast_piece(mirror, tb, b_out + off, std::min(piece, b_bytes - off));
+  }
 }
 
 Task tree_broadcast(const Channel& ch, CollArgs a) {

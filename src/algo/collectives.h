@@ -69,6 +69,9 @@ struct BinaryTree {
 // scratch: one piece (tree, for partial sums at inner nodes) or the whole
 // buffer (recursive doubling, for the partner's data).
 Task tree_all_reduce(const Channel& ch, CollArgs a, char* scratch);
+// `mirror`: the same ranks in reverse order (the second tree); scratch: two
+// pieces.
+Task double_tree_all_reduce(const Channel& ch, const Channel& mirror, CollArgs a, char* scratch);
 Task tree_broadcast(const Channel& ch, CollArgs a);
 Task tree_reduce(const Channel& ch, CollArgs a, char* scratch);
 Task recursive_doubling_all_reduce(const Channel& ch, CollArgs a, char* scratch);

@@ -43,6 +43,8 @@ constexpr Name kNames[] = {
     {"hierarchical", Algo::kHierarchical},
     {"rabenseifner", Algo::kRabenseifner},
     {"rhd", Algo::kRabenseifner},
+    {"dbtree", Algo::kDoubleTree},
+    {"double_tree", Algo::kDoubleTree},
 };
 
 bool has_algo(Coll c, Algo a) {
@@ -78,15 +80,15 @@ const char* coll_name(Coll c) {
 
 const char* algo_name(Algo a) {
   // Indexed by Algo.
-  static constexpr const char* kAlgoNames[] = {"auto", "ring", "direct", "peer_read",
-                                               "tree", "rd",   "hier",   "rabenseifner"};
+  static constexpr const char* kAlgoNames[] = {"auto", "ring", "direct",       "peer_read", "tree",
+                                               "rd",   "hier", "rabenseifner", "dbtree"};
   return kAlgoNames[static_cast<int>(a)];
 }
 
 const std::vector<Algo>& algos_of(Coll c) {
   static const std::vector<Algo> all_reduce = {
       Algo::kDirect, Algo::kRecursiveDoubling, Algo::kRabenseifner, Algo::kRing,
-      Algo::kTree,   Algo::kPeerRead,          Algo::kHierarchical};
+      Algo::kTree,   Algo::kDoubleTree,        Algo::kPeerRead,     Algo::kHierarchical};
   static const std::vector<Algo> rooted = {Algo::kRing, Algo::kTree, Algo::kPeerRead, Algo::kHierarchical};
   static const std::vector<Algo> reduce = {Algo::kRing, Algo::kTree, Algo::kHierarchical};
   static const std::vector<Algo> gather_scatter = {Algo::kRing, Algo::kPeerRead, Algo::kHierarchical};
@@ -187,6 +189,7 @@ bool Tuner::can_run(Coll c, Algo a, size_t bytes) const {
       return c == Coll::kAllReduce && bytes <= s.piece_bytes;
     case Algo::kRecursiveDoubling:
     case Algo::kRabenseifner:
+    case Algo::kDoubleTree:
       return c == Coll::kAllReduce;
     case Algo::kPeerRead:
       return s.peer_reads && c != Coll::kReduce;
@@ -247,6 +250,11 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
         }
         case Algo::kRing:
           return 2 * (n - 1) * l.alpha_us + 2 * (n - 1) / n * S * l.beta_us_per_byte;
+        case Algo::kDoubleTree:
+          // Half the buffer per tree: a rank is an inner node of one (3/2 of
+          // its half out) and a leaf of the other (its half up once): two
+          // thirds of a single tree's inner-node traffic, one more step.
+          return 2 * (depth + 1) * l.alpha_us + 4.0 / 3.0 * S * l.beta_us_per_byte;
         case Algo::kTree:
           // Inner nodes take two children's pieces and pass on one, and back.
           return 2 * depth * l.alpha_us + 2 * S * l.beta_us_per_byte;

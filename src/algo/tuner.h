@@ -29,6 +29,7 @@ enum class Algo : uint8_t {
   kRecursiveDoubling,  // log2(n) exchanges of the whole buffer
   kHierarchical,       // inside each host, across hosts, inside again
   kRabenseifner,       // recursive halving reduce-scatter, recursive doubling all-gather
+  kDoubleTree,         // two binary trees, each carrying half (each rank a leaf in one)
 };
 const char* algo_name(Algo a);
 

@@ -219,6 +219,9 @@ void Communicator::build_schedules(const std::vector<PeerInfo>& infos) {
   for (int i = 0; i < nranks_; ++i) position_[order_[i]] = i;
   ordered_channel_ = coll_channel_.subset(order_);
   if (std::is_sorted(order_.begin(), order_.end())) ordered_channel_.ranks.clear();
+  std::vector<int> reversed(order_.size());
+  for (size_t i = 0; i < reversed.size(); ++i) reversed[i] = static_cast<int>(reversed.size() - 1 - i);
+  mirror_channel_ = ordered_channel_.subset(reversed);
 
   JobShape shape;
   shape.nranks = nranks_;
@@ -627,6 +630,9 @@ Task Communicator::all_reduce_task(Op* op, const CollArgs& a) {
     case Algo::kRecursiveDoubling:
       op->work.resize(bytes);
       return recursive_doubling_all_reduce(ordered_channel_, a, op->work.data());
+    case Algo::kDoubleTree:
+      op->work.resize(2 * std::min(coll_channel_.piece_bytes, bytes));
+      return double_tree_all_reduce(ordered_channel_, mirror_channel_, a, op->work.data());
     case Algo::kRabenseifner:
       op->work.resize(bytes);
       return rabenseifner_all_reduce(ordered_channel_, a, op->work.data());

@@ -72,6 +72,7 @@ class Communicator {
   std::vector<int> order_;        // ranks grouped by host: the order of rings and trees
   std::vector<int> position_;     // each rank's index in order_
   Channel ordered_channel_;       // coll_channel_ in order_
+  Channel mirror_channel_;        // ordered_channel_ reversed: the double tree's second tree
   Channel host_channel_;          // this host's ranks (hierarchical schedules)
   Channel across_channel_;        // one rank per host, this rank's index on each
   std::vector<int> host_index_;   // each rank's host (order of first appearance)
