@@ -251,10 +251,12 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
         case Algo::kRing:
           return 2 * (n - 1) * l.alpha_us + 2 * (n - 1) / n * S * l.beta_us_per_byte;
         case Algo::kDoubleTree:
-          // Half the buffer per tree: a rank is an inner node of one (3/2 of
-          // its half out) and a leaf of the other (its half up once): two
-          // thirds of a single tree's inner-node traffic, one more step.
-          return 2 * (depth + 1) * l.alpha_us + 4.0 / 3.0 * S * l.beta_us_per_byte;
+          // In theory two thirds of a single tree's inner-node traffic; on
+          // the 2-core VM (4 ranks, bench/all_reduce_perf) it ran 1.2-1.8x
+          // slower than the tree at every size, so the model gives it the
+          // tree's bytes and one more step: forced only (BRAID_ALGO=dbtree)
+          // until a machine's sweep shows it ahead.
+          return 2 * (depth + 1) * l.alpha_us + 2 * S * l.beta_us_per_byte;
         case Algo::kTree:
           // Inner nodes take two children's pieces and pass on one, and back.
           return 2 * depth * l.alpha_us + 2 * S * l.beta_us_per_byte;
