@@ -123,7 +123,9 @@ braid_result_t braid_comm_size(braid_comm_t comm, int* size);
 /* The error that broke the communicator, BRAID_SUCCESS while it is healthy. */
 braid_result_t braid_comm_get_async_error(braid_comm_t comm, braid_result_t* async_error);
 /* Deadline for each later operation on comm, in seconds (> 0). The default is
- * BRAID_TIMEOUT from the environment, else 600. */
+ * BRAID_TIMEOUT from the environment, else 600. An operation takes the value
+ * in force when it is posted, so setting it around one call overrides the
+ * deadline of that call only. */
 braid_result_t braid_comm_set_timeout(braid_comm_t comm, double seconds);
 /* Prints, through braid's log (BRAID_DEBUG_FILE or stderr; shown unless
  * BRAID_DEBUG=NONE), the operations this rank has in flight: name, sequence
