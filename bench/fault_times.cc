@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "tools/launcher/fork_ranks.h"
+#include "tools/result_name.h"
 
 namespace {
 
@@ -35,12 +36,6 @@ struct Shared {
   int64_t returned_ns[kMaxRanks];
   int result[kMaxRanks];
 };
-
-const char* code_name(int r) {
-  static const char* names[] = {"SUCCESS", "INVALID_ARGUMENT", "INVALID_USAGE", "SYSTEM",   "INTERNAL",
-                                "REMOTE",  "TIMEOUT",          "ABORTED",       "MISMATCH", "UNSUPPORTED"};
-  return r >= 0 && r < 10 ? names[r] : "?";
-}
 
 int64_t now_ns() {
   timespec t{};
@@ -208,7 +203,9 @@ int main(int argc, char** argv) {
         const bool bystander = (sc.body == aborted || sc.body == absent) && r == 1;
         if (is_victim || bystander || s->result[r] < 0) continue;
         ms[r].push_back(static_cast<double>(s->returned_ns[r] - t0) / 1e6);
-        if (rep == 0) c += std::string(c.empty() ? "" : ",") + code_name(s->result[r]);
+        if (rep == 0)
+          c += std::string(c.empty() ? "" : ",") +
+               braid::result_name(static_cast<braid_result_t>(s->result[r]));
       }
       if (rep == 0) codes = c;
     }

@@ -237,14 +237,21 @@ Task tree_reduce(const Channel& ch, CollArgs a, char* scratch) {
 
 // ---- recursive doubling: log2(n) exchanges of the whole buffer ----
 
-Task recursive_doubling_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
+namespace {
+
+int largest_power_of_two(int n) {
+  int p2 = 1;
+  while (p2 * 2 <= n) p2 *= 2;
+  return p2;
+}
+
+// Ranks beyond the largest power of two p2 hand their data to the rank p2
+// below them and wait there for the result (fold_out); the ranks below p2
+// start from their input, their partner's added in. scratch: the buffer.
+Task fold_in(const Channel& ch, const CollArgs& a, int p2, char* scratch) {
   const int n = ch.nranks, r = ch.rank;
   const size_t bytes = a.count * braid_dtype_size(a.dtype);
   char* out = static_cast<char*>(a.recvbuf);
-  int p2 = 1;
-  while (p2 * 2 <= n) p2 *= 2;
-  // Ranks beyond the largest power of two hand their data to a partner
-  // below it and take the result back at the end.
   if (r >= p2) {
     co_await send_message(ch, r - p2, a.sendbuf, bytes);
     co_await recv_message(ch, r - p2, out, bytes);
@@ -255,6 +262,23 @@ Task recursive_doubling_all_reduce(const Channel& ch, CollArgs a, char* scratch)
     co_await recv_message(ch, r + p2, scratch, bytes);
     kernels::reduce(a.dtype, a.op, out, out, scratch, a.count);
   }
+}
+
+// The result back to the folded rank, if this rank has one.
+Task fold_out(const Channel& ch, const CollArgs& a, int p2) {
+  if (ch.rank + p2 < ch.nranks)
+    co_await send_message(ch, ch.rank + p2, a.recvbuf, a.count * braid_dtype_size(a.dtype));
+}
+
+}  // namespace
+
+Task recursive_doubling_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
+  const int n = ch.nranks, r = ch.rank;
+  const size_t bytes = a.count * braid_dtype_size(a.dtype);
+  char* out = static_cast<char*>(a.recvbuf);
+  const int p2 = largest_power_of_two(n);
+  co_await fold_in(ch, a, p2, scratch);
+  if (r >= p2) co_return;
   for (int mask = 1; mask < p2; mask <<= 1) {
     const int partner = r ^ mask;
     co_await exchange(ch, partner, out, bytes, partner, scratch, bytes);
@@ -266,7 +290,7 @@ Task recursive_doubling_all_reduce(const Channel& ch, CollArgs a, char* scratch)
       kernels::reduce(a.dtype, a.op, out, scratch, out, a.count);
   }
   finish_avg(a, out, a.count, n);
-  if (r + p2 < n) co_await send_message(ch, r + p2, out, bytes);
+  co_await fold_out(ch, a, p2);
 }
 
 // Rabenseifner: reduce-scatter by recursive halving, then all-gather by
@@ -276,20 +300,11 @@ Task recursive_doubling_all_reduce(const Channel& ch, CollArgs a, char* scratch)
 // few steps with the ring's bytes.
 Task rabenseifner_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
   const int n = ch.nranks, r = ch.rank;
-  const size_t esize = braid_dtype_size(a.dtype), bytes = a.count * esize;
+  const size_t esize = braid_dtype_size(a.dtype);
   char* out = static_cast<char*>(a.recvbuf);
-  int p2 = 1;
-  while (p2 * 2 <= n) p2 *= 2;
-  if (r >= p2) {
-    co_await send_message(ch, r - p2, a.sendbuf, bytes);
-    co_await recv_message(ch, r - p2, out, bytes);
-    co_return;
-  }
-  copy_if_distinct(out, a.sendbuf, bytes);
-  if (r + p2 < n) {
-    co_await recv_message(ch, r + p2, scratch, bytes);
-    kernels::reduce(a.dtype, a.op, out, out, scratch, a.count);
-  }
+  const int p2 = largest_power_of_two(n);
+  co_await fold_in(ch, a, p2, scratch);
+  if (r >= p2) co_return;
   // Block b of p2 covers elements [first(b), first(b + 1)).
   const Split blocks(a.count, static_cast<size_t>(p2));
   auto first = [&](int b) { return blocks.begin(static_cast<size_t>(b)); };
@@ -324,7 +339,7 @@ Task rabenseifner_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
     lo = std::min(lo, their_lo);
     hi = lo + 2 * mask;
   }
-  if (r + p2 < n) co_await send_message(ch, r + p2, out, bytes);
+  co_await fold_out(ch, a, p2);
 }
 
 // ---- hierarchical: inside each host, across hosts, inside again ----

@@ -71,10 +71,7 @@ bool usable(const Connection* c, size_t got, size_t want) {
 FailOp unusable(const Channel& ch, int from, const Connection* c, size_t got, size_t want) {
   Op* op = current_op();
   const int me = ch.global(ch.rank), peer = ch.global(from);
-  if (!(c->recv_tag() == op->tag))
-    return FailOp{Status(BRAID_ERR_MISMATCH, "call mismatch: rank " + std::to_string(me) + " called " +
-                                                 describe_call(op->tag) + ", rank " + std::to_string(peer) +
-                                                 " sent it a message of " + describe_call(c->recv_tag()))};
+  if (!(c->recv_tag() == op->tag)) return FailOp{call_mismatch(me, op->tag, peer, c->recv_tag())};
   return FailOp{
       Status(BRAID_ERR_MISMATCH, std::string(op->name) + " #" + std::to_string(op->seq) + ": rank " +
                                      std::to_string(peer) + " sent a piece of " + std::to_string(got) +

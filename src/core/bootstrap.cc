@@ -159,13 +159,25 @@ void RendezvousRoot::run() {
 
 }  // namespace
 
+namespace {
+
+// What both hellos start with: their size, braid's magic, the kind, and this
+// job's token.
+template <class Hello>
+Status read_hello(const uint8_t* in, size_t n, uint32_t kind, const JobToken& token, Hello* h) {
+  if (n != sizeof(Hello)) return Status::invalid_argument("a hello of " + std::to_string(n) + " bytes");
+  std::memcpy(h, in, sizeof(Hello));
+  if (h->magic != kMagic || h->kind != kind) return Status::invalid_argument("not a braid hello");
+  if (std::memcmp(h->token, token.data(), kTokenBytes) != 0)
+    return Status::invalid_argument("wrong job token (another job, or a stranger)");
+  return Status::ok();
+}
+
+}  // namespace
+
 Status parse_root_hello(const uint8_t* in, size_t n, const JobToken& token, RootHelloFields* out) {
   RootHello h{};
-  if (n != sizeof(h)) return Status::invalid_argument("a hello of " + std::to_string(n) + " bytes");
-  std::memcpy(&h, in, sizeof(h));
-  if (h.magic != kMagic || h.kind != kKindRootHello) return Status::invalid_argument("not a braid hello");
-  if (std::memcmp(h.token, token.data(), kTokenBytes) != 0)
-    return Status::invalid_argument("wrong job token (another job, or a stranger)");
+  BRAID_RETURN_IF_ERROR(read_hello(in, n, kKindRootHello, token, &h));
   if (h.nranks == 0 || h.nranks > static_cast<uint32_t>(kMaxRanks) || h.rank >= h.nranks)
     return Status::invalid_argument("rank " + std::to_string(h.rank) + " of " + std::to_string(h.nranks) +
                                     " is out of range");
@@ -178,11 +190,7 @@ Status parse_root_hello(const uint8_t* in, size_t n, const JobToken& token, Root
 Status parse_peer_hello(const uint8_t* in, size_t n, const JobToken& token, int nranks, int* rank,
                         uint32_t* tag) {
   PeerHello h{};
-  if (n != sizeof(h)) return Status::invalid_argument("a hello of " + std::to_string(n) + " bytes");
-  std::memcpy(&h, in, sizeof(h));
-  if (h.magic != kMagic || h.kind != kKindPeerHello) return Status::invalid_argument("not a braid hello");
-  if (std::memcmp(h.token, token.data(), kTokenBytes) != 0)
-    return Status::invalid_argument("wrong job token (another job, or a stranger)");
+  BRAID_RETURN_IF_ERROR(read_hello(in, n, kKindPeerHello, token, &h));
   if (h.rank >= static_cast<uint32_t>(nranks))
     return Status::invalid_argument("rank " + std::to_string(h.rank) + " is out of range");
   *rank = static_cast<int>(h.rank);

@@ -62,6 +62,12 @@ std::string describe_call(const CallTag& t) {
   return args.empty() ? s : s + " (" + args + ")";
 }
 
+Status call_mismatch(int rank, const CallTag& mine, int peer, const CallTag& theirs) {
+  return Status(BRAID_ERR_MISMATCH, "call mismatch: rank " + std::to_string(rank) + " called " +
+                                        describe_call(mine) + ", rank " + std::to_string(peer) +
+                                        " sent it a message of " + describe_call(theirs));
+}
+
 Op*& current_op() {
   thread_local Op* op = nullptr;
   return op;
@@ -515,26 +521,17 @@ void Engine::check_peers(bool thorough) {
                                (peer >= 0 ? " rank " + std::to_string(peer) : std::string())));
       return;
     }
-    if (lane.kind == LaneKind::kCollective && op.started && thorough) {
-      if (Status st = watch_collective(op); !st) {
-        if (advance()) return;
-        fail_all(st.with_context("rank " + std::to_string(rank_) + ": " + op.name + " #" +
-                                 std::to_string(op.seq)));
-        return;
-      }
-    }
-    if (op.wait == nullptr) continue;
-    for (Connection* c : op.wait->conn) {
-      if (c == nullptr) continue;
-      Status st = c->check_peer(thorough);
-      if (st) continue;
-      // The peer may have sent its last messages (or the cause) just before:
-      // take what is there first, and judge again on the next idle round.
-      if (advance()) return;
-      fail_all(
-          st.with_context("rank " + std::to_string(rank_) + ": " + op.name + " #" + std::to_string(op.seq)));
-      return;
-    }
+    Status st;
+    if (lane.kind == LaneKind::kCollective && op.started && thorough) st = watch_collective(op);
+    for (int i = 0; st && op.wait != nullptr && i < 2; ++i)
+      if (op.wait->conn[i] != nullptr) st = op.wait->conn[i]->check_peer(thorough);
+    if (st) continue;
+    // The peer may have sent its last messages (or the cause) just before:
+    // take what is there first, and judge again on the next idle round.
+    if (advance()) return;
+    fail_all(
+        st.with_context("rank " + std::to_string(rank_) + ": " + op.name + " #" + std::to_string(op.seq)));
+    return;
   }
 }
 
@@ -555,9 +552,7 @@ Status Engine::watch_collective(const Op& op) {
     const CallTag& t = c->recv_tag();
     const auto ahead = static_cast<int32_t>(t.seq - op.tag.seq);
     if (ahead > 0 || (ahead == 0 && t == op.tag)) continue;  // the peer may run ahead
-    return Status(BRAID_ERR_MISMATCH, "call mismatch: rank " + std::to_string(rank_) + " called " +
-                                          describe_call(op.tag) + ", rank " + std::to_string(p) +
-                                          " sent it a message of " + describe_call(t));
+    return call_mismatch(rank_, op.tag, static_cast<int>(p), t);
   }
   return Status::ok();
 }

@@ -53,6 +53,8 @@ const char* op_kind_name(OpKind kind);
 constexpr uint8_t kCallCheckTag = 0xfe;
 // "all_reduce #5 (count 1024, float32, sum)": what a tag says was called.
 std::string describe_call(const CallTag& tag);
+// A message from `peer` was sent by another call than this rank's.
+Status call_mismatch(int rank, const CallTag& mine, int peer, const CallTag& theirs);
 
 enum class LaneKind { kCollective, kSend, kRecv };
 
