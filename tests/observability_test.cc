@@ -223,6 +223,12 @@ TEST(Observability, TracesOfFourRanksMerge) {
       braid::launcher::fork_ranks(o, [](braid_comm_t comm, int rank, int n, const braid_unique_id_t&) {
         std::vector<float> small(16, 1.0f), big(1 << 18, 1.0f);
         int bad = 0;
+        // Ranks held back on purpose: every rank then has a wait long
+        // enough to be recorded (ranks 0-2 here, rank 3 at the last
+        // barrier). The first barrier lines the ranks up after init, whose
+        // last steps end at different times on different ranks.
+        bad |= braid_barrier(comm, nullptr);
+        if (rank == 3) usleep(20000);
         bad |= braid_all_reduce(small.data(), small.data(), small.size(), BRAID_FLOAT32, BRAID_SUM, comm,
                                 nullptr);
         bad |= braid_all_reduce(big.data(), big.data(), big.size(), BRAID_FLOAT32, BRAID_SUM, comm, nullptr);
@@ -231,6 +237,7 @@ TEST(Observability, TracesOfFourRanksMerge) {
         bad |= braid_isend(small.data(), 4, BRAID_FLOAT32, (rank + 1) % n, comm, nullptr, &reqs[0]);
         bad |= braid_irecv(small.data() + 8, 4, BRAID_FLOAT32, (rank + n - 1) % n, comm, nullptr, &reqs[1]);
         bad |= braid_wait_all(2, reqs);
+        if (rank == 0) usleep(20000);
         bad |= braid_barrier(comm, nullptr);
         return bad;
       });

@@ -181,9 +181,52 @@ struct HalfF16c : HalfSoft {
     }
   }
 };
+
+// bfloat16, 16 lanes at a time with AVX2. Interleaving each 16-bit value with
+// a zero word widens it to float32 (the value lands in the high half); the
+// two halves come out in a shuffled order that the 32-to-16 pack undoes, so
+// the lanes' order never needs a cross-lane permute. Narrowing uses the same
+// round-to-nearest-even and NaN quieting as float_to_bf16_bits (GCC leaves
+// that scalar loop unvectorised: the NaN select defeats it).
+struct BFloat16Avx2 : BFloat16 {
+  // Round to nearest even on the dropped 16 bits, NaNs quieted; the result
+  // sits in the low half of each 32-bit lane.
+  __attribute__((target("avx2"), always_inline)) static inline void narrow(const Float8& x, __m256i& out) {
+    const __m256i u = _mm256_castps_si256(x);
+    const __m256i hi = _mm256_srli_epi32(u, 16);
+    const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
+    const __m256i rounded =
+        _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    out = _mm256_blendv_epi8(rounded, _mm256_or_si256(hi, _mm256_set1_epi32(0x0040)), nan);
+  }
+
+  template <size_t B, class Fn>
+  __attribute__((target("avx2"))) static void block(unsigned char* dst, const unsigned char* a,
+                                                    const unsigned char* b, Fn fn) {
+    static_assert(B % 16 == 0);
+    const __m256i zero = _mm256_setzero_si256();
+    for (size_t j = 0; j < B; j += 16) {
+      const __m256i va = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 2 * j));
+      const __m256i vb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2 * j));
+      Float8 xlo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, va));
+      Float8 xhi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, va));
+      const Float8 ylo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, vb));
+      const Float8 yhi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, vb));
+      fn(xlo, ylo);
+      fn(xhi, yhi);
+      __m256i rlo, rhi;
+      narrow(xlo, rlo);
+      narrow(xhi, rhi);
+      // Values fit 16 bits, so the signed-to-unsigned pack never saturates.
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * j), _mm256_packus_epi32(rlo, rhi));
+    }
+  }
+};
 #endif
 
-// The policy a vector ISA level uses: F16C for float16 where the CPU has it.
+// The policy a vector ISA level uses: F16C for float16 where the CPU has it,
+// AVX2 shifts and packs for bfloat16.
 template <class E>
 struct WithF16c {
   using type = E;
@@ -192,6 +235,10 @@ struct WithF16c {
 template <>
 struct WithF16c<HalfSoft> {
   using type = HalfF16c;
+};
+template <>
+struct WithF16c<BFloat16> {
+  using type = BFloat16Avx2;
 };
 #endif
 
@@ -436,6 +483,18 @@ void divide_as(void* data, size_t n, int divisor) {
 }
 
 }  // namespace
+
+const char* active_isa() {
+  switch (current_isa()) {
+    case Isa::kAvx512:
+      return "avx512";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kDefault:
+      break;
+  }
+  return "default";
+}
 
 bool is_floating(braid_dtype_t dtype) {
   switch (dtype) {

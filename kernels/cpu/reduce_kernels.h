@@ -19,6 +19,10 @@ bool is_floating(braid_dtype_t dtype);
 // AVG reduces as SUM: the collective divides once at the end.
 void reduce(braid_dtype_t dtype, braid_redop_t op, void* dst, const void* a, const void* b, size_t count);
 
+// The instruction set the kernels run with on this CPU: "avx512", "avx2"
+// (with F16C) or "default" (SSE2 on x86-64), after any BRAID_CPU_ISA cap.
+const char* active_isa();
+
 // data[i] /= divisor, for floating dtypes (the AVG finish).
 void divide(braid_dtype_t dtype, void* data, size_t count, int divisor);
 

@@ -174,7 +174,9 @@ Task recv_copy_send(const Channel& ch, int from, int to, void* dst, size_t bytes
   w.r.conn->release_recv();
 }
 
-Task send_message(const Channel& ch, int to, const void* src, size_t bytes) {
+namespace {
+
+Task send_pieces(const Channel& ch, int to, const void* src, size_t bytes) {
   const char* p = static_cast<const char*>(src);
   size_t n = num_pieces(bytes, ch.piece_bytes);
   for (size_t i = 0; i < n; ++i) {
@@ -183,13 +185,27 @@ Task send_message(const Channel& ch, int to, const void* src, size_t bytes) {
   }
 }
 
-Task recv_message(const Channel& ch, int from, void* dst, size_t bytes) {
+Task recv_pieces(const Channel& ch, int from, void* dst, size_t bytes) {
   char* p = static_cast<char*>(dst);
   size_t n = num_pieces(bytes, ch.piece_bytes);
   for (size_t i = 0; i < n; ++i) {
     size_t off = i * ch.piece_bytes;
     co_await recv_piece(ch, from, p + off, std::min(ch.piece_bytes, bytes - off));
   }
+}
+
+}  // namespace
+
+// A message of one piece is that piece's task: one coroutine frame fewer on
+// the path of every small call.
+Task send_message(const Channel& ch, int to, const void* src, size_t bytes) {
+  if (bytes <= ch.piece_bytes) return send_piece(ch, to, src, bytes);
+  return send_pieces(ch, to, src, bytes);
+}
+
+Task recv_message(const Channel& ch, int from, void* dst, size_t bytes) {
+  if (bytes <= ch.piece_bytes) return recv_piece(ch, from, dst, bytes);
+  return recv_pieces(ch, from, dst, bytes);
 }
 
 Task exchange(const Channel& ch, int to, const void* src, size_t send_bytes, int from, void* dst,

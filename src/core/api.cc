@@ -152,9 +152,10 @@ Status check_redop(const braid_redop_t& op, braid_dtype_t dtype) {
 }
 
 Status check_count(size_t count, braid_dtype_t dtype, size_t multiplier, const char* name) {
-  const size_t limit = static_cast<size_t>(std::numeric_limits<ptrdiff_t>::max());
-  size_t esize = braid_dtype_size(dtype);
-  if (count > limit / esize / multiplier)
+  const size_t esize = braid_dtype_size(dtype);
+  size_t bytes = 0;  // multiplied, not divided: two divisions cost more than the rest of the check
+  if (__builtin_mul_overflow(count, multiplier, &bytes) || __builtin_mul_overflow(bytes, esize, &bytes) ||
+      bytes > static_cast<size_t>(std::numeric_limits<ptrdiff_t>::max()))
     return Status::invalid_argument(
         std::string(name) + "=" + std::to_string(count) + " overflows: " + std::to_string(count) + " x " +
         std::to_string(multiplier) + " x " + std::to_string(esize) + " bytes exceeds the address space");
@@ -295,6 +296,14 @@ braid_result_t submit(const Call& c) {
   if (g.depth > 0) {
     g.ops.push_back({comm, op, !async});
     return BRAID_SUCCESS;
+  }
+  if (!async) {
+    Status result;
+    if (comm->engine().run_blocking(op, &result)) return finish(result, comm.get());
+  }
+  if (!async) {
+    Status result;
+    if (comm->engine().run_blocking(op, &result)) return finish(result, comm.get());
   }
   comm->engine().post(op);
   if (async) return BRAID_SUCCESS;

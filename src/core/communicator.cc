@@ -186,6 +186,7 @@ Status Communicator::setup_transports() {
   engine_ = std::make_unique<Engine>(rank_, config_, peers, shm_->doorbell());
   engine_->set_trace(trace_.get());
   engine_->set_collective_conns(coll_channel_.conns);
+  engine_->set_oversubscribed(tuner_.shape().oversubscribed);
   ShmTransport* shm = shm_.get();
   engine_->set_failure_notifier([shm, peers](const Status& why) {
     shm->mark_failed(why);
@@ -398,15 +399,16 @@ namespace {
 
 // What a collective's messages carry; p2p messages all carry the same tag
 // (their order, not a sequence number, matches them).
-CallTag call_tag(OpKind kind, uint64_t seq, const CollArgs& a) {
-  CallTag t;
+// Written field by field into the op: building a tag on the stack and
+// copying it reads back the byte stores before they land (a stall per call).
+void fill_call_tag(CallTag& t, OpKind kind, uint64_t seq, const CollArgs& a) {
   if (kind == OpKind::kSend || kind == OpKind::kRecv || kind == OpKind::kRecvAny) {
     t.kind = static_cast<uint8_t>(OpKind::kSend);
-    return t;
+    return;
   }
   t.kind = static_cast<uint8_t>(kind);
   t.seq = static_cast<uint32_t>(seq);
-  if (kind == OpKind::kBarrier) return t;
+  if (kind == OpKind::kBarrier) return;
   t.count = kind == OpKind::kAllToAllv ? 0 : a.count;
   t.dtype = static_cast<uint8_t>(a.dtype);
   if (kind == OpKind::kAllReduce || kind == OpKind::kReduce || kind == OpKind::kReduceScatter)
@@ -414,7 +416,6 @@ CallTag call_tag(OpKind kind, uint64_t seq, const CollArgs& a) {
   if (kind == OpKind::kBroadcast || kind == OpKind::kReduce || kind == OpKind::kGather ||
       kind == OpKind::kScatter)
     t.root = a.root;
-  return t;
 }
 
 }  // namespace
@@ -428,8 +429,8 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
   const size_t n = static_cast<size_t>(nranks_);
   op->bytes = a.count * esize;
   op->algo = "p2p";
-  op->tag = call_tag(kind, 0, args);
   if (kind == OpKind::kRecvAny) {
+    fill_call_tag(op->tag, kind, 0, args);
     op->lane = LaneKind::kRecv;
     op->lane_peer = -1;
     op->seq = p2p_recv_seq_++;
@@ -444,6 +445,7 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
     return op;
   }
   if (kind == OpKind::kSend || kind == OpKind::kRecv) {
+    fill_call_tag(op->tag, kind, 0, args);
     op->lane = kind == OpKind::kSend ? LaneKind::kSend : LaneKind::kRecv;
     op->lane_peer = a.peer;
     op->seq = kind == OpKind::kSend ? p2p_send_seq_++ : p2p_recv_seq_++;
@@ -452,7 +454,7 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
   }
   op->lane = LaneKind::kCollective;
   op->seq = engine_->next_collective_seq();
-  op->tag = call_tag(kind, op->seq, args);
+  fill_call_tag(op->tag, kind, op->seq, args);
   if (kind == OpKind::kBarrier) {
     op->algo = "dissemination";
     op->task = dissemination_barrier(coll_channel_);

@@ -83,8 +83,6 @@ void op_suspend(Op* op, std::coroutine_handle<> leaf, const WaitPoint* wait) {
 
 namespace {
 
-constexpr uint32_t kLongWaitChecks = 64;
-
 // SIGUSR1 asks every communicator of the process for a dump of what it has
 // in flight; drivers notice within one wake-up.
 std::atomic<uint32_t> g_dump_signals{0};
@@ -273,6 +271,7 @@ void Engine::post(const std::shared_ptr<Op>& op) {
     }
     if (op->lane == LaneKind::kRecv) op->recv_order = recv_posted_++;
     posted_.push_back(op);
+    have_posted_.store(true, std::memory_order_release);
     active_.fetch_add(1);
   }
   if (op->async) {
@@ -393,10 +392,10 @@ bool Engine::advance_lane(Lane& lane) {
       ready = op->wait == nullptr || op->wait->ready(op->wait->ctx);
       // Only long waits are traced, and a wait proves long by failing many
       // checks: the short ones (most, for small messages) read no clock.
-      // The recorded start is that of the kLongWaitChecks-th failed check.
+      // The recorded start is that of the long_wait_checks_-th failed check.
       if (op->traced && op->wait != nullptr) {
         if (!ready) {
-          if (++op->wait_checks == kLongWaitChecks) op->wait_since_ticks = trace_ticks();
+          if (++op->wait_checks == long_wait_checks_) op->wait_since_ticks = trace_ticks();
         } else if (op->wait_since_ticks != 0) {
           trace_->wait(*op, op->wait_since_ticks, trace_ticks(), op->wait->peer, op->wait->what);
         }
@@ -423,10 +422,11 @@ bool Engine::advance() {
     abort_requested_.store(false);
     fail_all(abort_status_);
   }
-  {
+  if (have_posted_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(post_mu_);
     for (auto& op : posted_) lane_for(*op).ops.push_back(op);
     posted_.clear();
+    have_posted_.store(false, std::memory_order_relaxed);
   }
   for (Connection* c : tcp_conns_) {
     if (!c->wants_write()) continue;
@@ -619,8 +619,10 @@ void Engine::block(int max_ms) {
 
 template <class Pred>
 void Engine::drive(Pred stop) {
-  auto idle_since = Clock::now();
-  auto last_thorough = idle_since;
+  // The idle period starts at the first clock read after the last progress:
+  // a call that completes while spinning (most small ones) reads no clock.
+  Clock::time_point idle_since{}, last_thorough{};
+  bool idle_known = false;
   const auto spin =
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::micro>(spin_us_));
   unsigned spins = 0;
@@ -633,16 +635,21 @@ void Engine::drive(Pred stop) {
     if (stop()) return;
     if (progressed) {
       spins = 0;
-      idle_since = Clock::now();
+      idle_known = false;
       continue;
     }
     // Check the clock only every few spins: it is the costly part of an idle loop.
-    if (++spins < 64) {
+    if (++spins < spins_per_yield_) {
       cpu_relax();
       continue;
     }
     spins = 0;
     auto now = Clock::now();
+    if (!idle_known) {
+      idle_since = now;
+      idle_known = true;
+      if (last_thorough == Clock::time_point{}) last_thorough = now;
+    }
     if (now - idle_since < spin) {
       sched_yield();  // ranks often outnumber cores: let the peer we wait for run
       continue;
@@ -651,7 +658,7 @@ void Engine::drive(Pred stop) {
     // Take whatever arrived before asking whether peers are alive: a peer
     // that finished and left may have sent exactly what we wait for.
     if (advance()) {
-      idle_since = Clock::now();
+      idle_known = false;
       if (stop()) return;
       continue;
     }
@@ -680,6 +687,72 @@ Status Engine::wait(Op& op) {
     op.sleepers.fetch_sub(1, std::memory_order_seq_cst);
   }
   return op.status;
+}
+
+bool Engine::run_blocking(const std::shared_ptr<Op>& op, Status* result) {
+  if (op->lane != LaneKind::kCollective || active_.load(std::memory_order_acquire) != 0) return false;
+  if (!driver_mu_.try_lock()) return false;
+  // Under the driver's lock no fail_all can run, so broken_ is exact; an
+  // abort in progress shows as abort_requested_, which the driver handles.
+  if (active_.load() != 0 || broken_.load() || abort_requested_.load()) {
+    driver_mu_.unlock();
+    return false;
+  }
+  // Not counted in active_ while it runs here: no other thread can see it,
+  // and the driver's lock keeps every other driver out.
+  op->deadline = Deadline::after_seconds(timeout_s_.load());
+  op->traced = trace_ != nullptr;
+  op->started = true;
+  // Untraced, the start time is only for dumps, which see the op only once
+  // it waits in its lane: an op done here reads no clock.
+  if (op->traced) op->start_ticks = trace_ticks();
+  op->leaf = op->task.handle();
+  op->task.handle().promise().top_level_op = op.get();
+  // Spin checks before the op joins its lane: a small collective's peers
+  // answer within a few hundred nanoseconds when they are running.
+  const unsigned inline_checks = spins_per_yield_ < 16 ? spins_per_yield_ : 16;
+  bool inline_done = false;
+  for (;;) {
+    current_op() = op.get();
+    op->wait = nullptr;
+    op->leaf.resume();
+    current_op() = nullptr;
+    if (!op->failure.is_ok()) break;
+    if (op->finished) {
+      if (tcp_writes_flushed()) {
+        // complete() without what only other threads need: nobody else
+        // holds this op, so no sleeper to wake, no callback, no count.
+        const uint64_t end = op->traced ? trace_ticks() : 0;
+        op->task = Task();
+        op->done.store(1, std::memory_order_release);
+        if (end != 0) trace_->op_done(*op, end, op->status);
+        inline_done = true;
+      }
+      break;
+    }
+    unsigned checks = 0;
+    while (checks < inline_checks && op->wait != nullptr && !op->wait->ready(op->wait->ctx)) {
+      cpu_relax();
+      ++checks;
+    }
+    if (checks == inline_checks) break;
+  }
+  if (!inline_done) {
+    // The lane is empty (nothing was in flight): the op is its front.
+    if (!op->traced) op->start_ticks = trace_ticks();
+    active_.fetch_add(1);
+    lanes_[0].ops.push_back(op);
+    if (!op->failure.is_ok()) fail_all(op->failure);
+    drive([&] { return is_done(*op); });
+  }
+  driver_mu_.unlock();
+  // Ops other threads posted meanwhile go to the progress thread.
+  if (active_.load() > 0) {
+    async_posted_.fetch_add(1);
+    futex_wake_all(&async_posted_, false);
+  }
+  *result = op->status;
+  return true;
 }
 
 void Engine::drain() {

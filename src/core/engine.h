@@ -60,6 +60,10 @@ enum class LaneKind { kCollective, kSend, kRecv };
 
 class Op {
  public:
+  // User-provided, so make_shared does not zero the whole object before the
+  // member initializers run (a measurable part of a small call).
+  Op() {}
+
   const char* name = "";  // "all_reduce", "send", ... (static)
   uint64_t seq = 0;       // collective sequence number, or message number on its lane
   CallTag tag;            // sent with every message; what received ones must carry
@@ -130,6 +134,13 @@ class Engine {
   void post(const std::shared_ptr<Op>& op);
   // Waits for the op, driving the engine when no other thread does.
   Status wait(Op& op);
+  // A blocking collective, run on the calling thread when nothing else is in
+  // flight: no queue, no lane, no lock beyond the driver's, which is what a
+  // small call's latency is made of. If it must wait longer than a short
+  // spin, fails, or leaves tcp bytes unwritten, it joins its lane and the
+  // driver loop finishes it. Returns false, having done nothing, when the
+  // engine is busy or broken: the caller then posts and waits.
+  bool run_blocking(const std::shared_ptr<Op>& op, Status* result);
   bool is_done(const Op& op) const { return op.done.load(std::memory_order_acquire) != 0; }
   // Waits until every posted op completed (destroy).
   void drain();
@@ -144,6 +155,12 @@ class Engine {
   // The connections collectives use, indexed by rank (this rank's is skipped):
   // watched while a collective waits, for failed peers and stray messages.
   void set_collective_conns(std::vector<Connection*> conns) { coll_conns_ = std::move(conns); }
+  // More ranks than cores on this machine: a waiting rank yields its core at
+  // once, since the peer it waits for may need it to run.
+  void set_oversubscribed(bool over) {
+    spins_per_yield_ = over ? 1 : kSpinsPerYield;
+    long_wait_checks_ = over ? kLongWaitYields : kLongWaitSpins;
+  }
   // Prints the operations in flight (braid_comm_dump): at once when no other
   // thread drives, else the driver prints within one wake-up (<= 20 ms).
   void request_dump();
@@ -179,6 +196,12 @@ class Engine {
 
   const int rank_;
   const double spin_us_;
+  static constexpr unsigned kSpinsPerYield = 64;
+  unsigned spins_per_yield_ = kSpinsPerYield;  // failed checks between clock reads and yields
+  // A traced wait is recorded once it fails this many checks: spinning, 64
+  // take a few microseconds; yielding the core, a few checks do.
+  static constexpr uint32_t kLongWaitSpins = 64, kLongWaitYields = 4;
+  uint32_t long_wait_checks_ = kLongWaitSpins;
   std::atomic<double> timeout_s_;
   std::vector<Connection*> tcp_conns_;
   std::vector<Connection*> coll_conns_;
@@ -188,6 +211,7 @@ class Engine {
 
   std::mutex post_mu_;  // guards posted_ and error_
   std::vector<std::shared_ptr<Op>> posted_;
+  std::atomic<bool> have_posted_{false};  // posted_ is not empty: the driver's loop skips the lock otherwise
   Status error_;
   std::atomic<bool> broken_{false};
   std::atomic<bool> abort_requested_{false};

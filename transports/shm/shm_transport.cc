@@ -42,11 +42,16 @@ struct alignas(kCacheLine) FifoControl {
   std::atomic<uint64_t> consumed;  // messages the receiver released
 };
 
-struct alignas(kCacheLine) SlotHeader {
+// Each slot starts on a cache line and its payload follows the header at
+// once, so a message of up to 24 bytes travels in the header's line: one
+// miss for the receiver instead of two.
+struct SlotHeader {
   std::atomic<uint64_t> seq;  // message number + 1 once the payload is valid
   uint64_t bytes;
   CallTag tag;
 };
+static_assert(sizeof(SlotHeader) == 40 && sizeof(SlotHeader) % 8 == 0,
+              "payloads stay 8-byte aligned and share the header's line");
 
 size_t round_up(size_t x, size_t a) {
   return (x + a - 1) / a * a;
@@ -59,7 +64,7 @@ struct Layout {
   size_t total(size_t nfifos) const { return header_bytes + nfifos * fifo_bytes; }
   static Layout make(const Config& c) {
     Layout l;
-    l.slot_stride = sizeof(SlotHeader) + round_up(c.shm_slot_bytes, kCacheLine);
+    l.slot_stride = round_up(sizeof(SlotHeader) + c.shm_slot_bytes, kCacheLine);
     l.fifo_bytes = sizeof(FifoControl) + static_cast<size_t>(c.shm_slots) * l.slot_stride;
     l.header_bytes = round_up(sizeof(SegmentHeader), 4096);
     return l;
@@ -115,8 +120,12 @@ class ShmConnection : public Connection {
   }
 
   void* send_slot() override {
-    uint64_t consumed = control(send_)->consumed.load(std::memory_order_acquire);
-    if (sent_ - consumed >= slots_) return nullptr;
+    // The receiver's count lives on a line it writes at every release: read
+    // it only when the count seen last says the fifo is full, not per send.
+    if (sent_ - consumed_seen_ >= slots_) {
+      consumed_seen_ = control(send_)->consumed.load(std::memory_order_acquire);
+      if (sent_ - consumed_seen_ >= slots_) return nullptr;
+    }
     return payload(send_, sent_ % slots_);
   }
   void commit_send(size_t bytes, const CallTag& tag) override {
@@ -216,6 +225,7 @@ class ShmConnection : public Connection {
   char* recv_ = nullptr;
   char* send_ = nullptr;
   uint64_t sent_ = 0;
+  uint64_t consumed_seen_ = 0;  // the receiver's release count, as last read
   uint64_t received_ = 0;
   int peer_;
   int peer_pid_ = 0;
