@@ -209,14 +209,7 @@ constexpr TypeInfo kTypes[] = {
     {Type::kBFloat16, "bfloat16", nullptr, 2},
 };
 
-struct Options {
-  size_t min_bytes = 8;
-  size_t max_bytes = size_t{64} << 20;
-  size_t step_factor = 2;  // 0 when stepping by step_bytes
-  size_t step_bytes = 0;
-  long iters = 20;
-  long warmup = 5;
-  bool check = true;
+struct Options : braid_bench::Sweep {
   long threads = 2;
   std::vector<const TypeInfo*> types{&kTypes[0]};
 };
@@ -261,7 +254,6 @@ ParseResult parse_args(int argc, char** argv, Options* opt, std::string* error) 
     *error = flag + ": " + why;
     return ParseResult::kError;
   };
-  bool saw_factor = false, saw_bytes = false;
   opterr = 0;
   optind = 1;
   for (;;) {
@@ -279,38 +271,6 @@ ParseResult parse_args(int argc, char** argv, Options* opt, std::string* error) 
       case 't':
         if (!parse_long(arg, 1, 4096, &opt->threads)) return fail(flag, "threads must be an integer >= 1");
         break;
-      case 'b':
-        if (!parse_size(arg, &opt->min_bytes)) return fail(flag, "invalid size '" + std::string(arg) + "'");
-        break;
-      case 'e':
-        if (!parse_size(arg, &opt->max_bytes)) return fail(flag, "invalid size '" + std::string(arg) + "'");
-        break;
-      case 'f': {
-        long v = 0;
-        if (!parse_long(arg, 2, 1 << 20, &v)) return fail(flag, "the step factor must be an integer >= 2");
-        opt->step_factor = static_cast<size_t>(v);
-        saw_factor = true;
-        break;
-      }
-      case 'i':
-        if (!parse_size(arg, &opt->step_bytes) || opt->step_bytes == 0) {
-          return fail(flag, "invalid step size '" + std::string(arg) + "' (must be > 0)");
-        }
-        saw_bytes = true;
-        break;
-      case 'n':
-        if (!parse_long(arg, 1, 1L << 30, &opt->iters))
-          return fail(flag, "iterations must be an integer >= 1");
-        break;
-      case 'w':
-        if (!parse_long(arg, 0, 1L << 30, &opt->warmup)) return fail(flag, "warmup must be an integer >= 0");
-        break;
-      case 'c': {
-        long v = 0;
-        if (!parse_long(arg, 0, 1, &v)) return fail(flag, "expected 0 or 1");
-        opt->check = v == 1;
-        break;
-      }
       case 'd': {
         opt->types.clear();
         const bool all = std::strcmp(arg, "all") == 0;
@@ -328,14 +288,22 @@ ParseResult parse_args(int argc, char** argv, Options* opt, std::string* error) 
         return ParseResult::kHelp;
       case ':':
         return fail(flag, "missing value");
-      default:
-        return fail(flag, "unknown flag");
+      default: {
+        std::string why;
+        switch (braid_bench::take_sweep_flag(c, arg, opt, &why)) {
+          case braid_bench::SweepFlag::kTaken:
+            break;
+          case braid_bench::SweepFlag::kBad:
+            return fail(flag, why);
+          case braid_bench::SweepFlag::kNotMine:
+            return fail(flag, "unknown flag");
+        }
+        break;
+      }
     }
   }
   if (optind < argc) return fail(argv[optind], "unexpected argument");
-  if (saw_factor && saw_bytes) return fail("-i", "cannot be combined with -f");
-  if (saw_bytes) opt->step_factor = 0;
-  if (opt->min_bytes > opt->max_bytes) return fail("-b", "minbytes is larger than maxbytes (-e)");
+  if (std::string bad_flag, why; !braid_bench::finish_sweep(opt, &bad_flag, &why)) return fail(bad_flag, why);
   return ParseResult::kRun;
 }
 

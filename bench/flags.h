@@ -3,8 +3,30 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 namespace braid_bench {
+
+// The size sweep and timing flags every benchmark takes, spelt as in
+// nccl-tests (-b -e -f -i -n -w -c). A benchmark's options derive from it.
+struct Sweep {
+  size_t min_bytes = 8;
+  size_t max_bytes = size_t{64} << 20;
+  size_t step_factor = 2;  // 0 when stepping by step_bytes
+  size_t step_bytes = 0;
+  long iters = 20;
+  long warmup = 5;
+  bool check = true;
+  bool saw_factor = false, saw_bytes = false;  // -f, -i given (they exclude each other)
+};
+
+enum class SweepFlag { kNotMine, kTaken, kBad };
+// Applies getopt letter `c` with its argument when it is a sweep flag; on a
+// bad value returns kBad with *why saying what is wrong with it.
+SweepFlag take_sweep_flag(int c, const char* arg, Sweep* sweep, std::string* why);
+// The checks that need every flag (-f with -i, -b above -e): false with the
+// flag to blame in *flag and the reason in *why.
+bool finish_sweep(Sweep* sweep, std::string* flag, std::string* why);
 
 // "64", "8K", "32M", "1G" -> bytes; false on anything else or overflow.
 bool parse_size(const char* s, size_t* out);

@@ -359,14 +359,7 @@ namespace {
 // ---------------------------------------------------------------------------
 // Options
 
-struct Options {
-  size_t min_bytes = 8;
-  size_t max_bytes = size_t{64} << 20;
-  size_t step_factor = 2;  // 0 when stepping by step_bytes
-  size_t step_bytes = 0;
-  long iters = 20;
-  long warmup = 5;
-  bool check = true;
+struct Options : braid_bench::Sweep {
   std::vector<braid_dtype_t> dtypes{BRAID_FLOAT32};
   std::vector<braid_redop_t> ops{BRAID_SUM};
   long root = 0;             // -1: every root
@@ -420,7 +413,7 @@ ParseResult parse_args(int argc, char** argv, const CollDesc& desc, Options* opt
     *error = flag + ": " + why;
     return ParseResult::kError;
   };
-  bool saw_factor = false, saw_bytes = false, dtype_all = false, op_all = false;
+  bool dtype_all = false, op_all = false;
   opterr = 0;
   optind = 1;
   for (;;) {
@@ -435,38 +428,6 @@ ParseResult parse_args(int argc, char** argv, const CollDesc& desc, Options* opt
     }
     const char* arg = optarg;
     switch (c) {
-      case 'b':
-        if (!parse_size(arg, &opt->min_bytes)) return fail(flag, "invalid size '" + std::string(arg) + "'");
-        break;
-      case 'e':
-        if (!parse_size(arg, &opt->max_bytes)) return fail(flag, "invalid size '" + std::string(arg) + "'");
-        break;
-      case 'f': {
-        long v = 0;
-        if (!parse_long(arg, 2, 1 << 20, &v)) return fail(flag, "the step factor must be an integer >= 2");
-        opt->step_factor = static_cast<size_t>(v);
-        saw_factor = true;
-        break;
-      }
-      case 'i':
-        if (!parse_size(arg, &opt->step_bytes) || opt->step_bytes == 0) {
-          return fail(flag, "invalid step size '" + std::string(arg) + "' (must be > 0)");
-        }
-        saw_bytes = true;
-        break;
-      case 'n':
-        if (!parse_long(arg, 1, 1L << 30, &opt->iters))
-          return fail(flag, "iterations must be an integer >= 1");
-        break;
-      case 'w':
-        if (!parse_long(arg, 0, 1L << 30, &opt->warmup)) return fail(flag, "warmup must be an integer >= 0");
-        break;
-      case 'c': {
-        long v = 0;
-        if (!parse_long(arg, 0, 1, &v)) return fail(flag, "expected 0 or 1");
-        opt->check = v == 1;
-        break;
-      }
       case 'd': {
         opt->dtypes.clear();
         dtype_all = std::strcmp(arg, "all") == 0;
@@ -506,14 +467,22 @@ ParseResult parse_args(int argc, char** argv, const CollDesc& desc, Options* opt
         return ParseResult::kHelp;
       case ':':
         return fail(flag, "missing value");
-      default:
-        return fail(flag, "unknown flag");
+      default: {
+        std::string why;
+        switch (braid_bench::take_sweep_flag(c, arg, opt, &why)) {
+          case braid_bench::SweepFlag::kTaken:
+            break;
+          case braid_bench::SweepFlag::kBad:
+            return fail(flag, why);
+          case braid_bench::SweepFlag::kNotMine:
+            return fail(flag, "unknown flag");
+        }
+        break;
+      }
     }
   }
   if (optind < argc) return fail(argv[optind], "unexpected argument");
-  if (saw_factor && saw_bytes) return fail("-i", "cannot be combined with -f");
-  if (saw_bytes) opt->step_factor = 0;
-  if (opt->min_bytes > opt->max_bytes) return fail("-b", "minbytes is larger than maxbytes (-e)");
+  if (std::string bad_flag, why; !braid_bench::finish_sweep(opt, &bad_flag, &why)) return fail(bad_flag, why);
   if (desc.reduces && !dtype_all && !op_all && !op_defined(opt->ops[0], type_info(opt->dtypes[0]))) {
     return fail("-o", std::string(kOpNames[opt->ops[0]]) + " is not defined for " +
                           type_info(opt->dtypes[0]).name +

@@ -113,7 +113,7 @@ def worker(rank, world, port, args, out):
             res["c"] = [timed(lambda: c_all_reduce(lib, comm, buf), iters, gloo) for _ in range(args.rounds)]
         rows.append((name, size, {k: min(v) for k, v in res.items()}))
 
-    for size in SIZES:
+    for size in SIZES if not args.ddp_only else ():
         n = max(1, size // 4)
 
         def ar(g, n=n):
@@ -121,7 +121,7 @@ def worker(rank, world, port, args, out):
             return lambda: dist.all_reduce(t, group=g)
 
         both("all_reduce", size, ar, with_c=True)
-    for size in (64 << 10, 8 << 20):
+    for size in (64 << 10, 8 << 20) if not args.ddp_only else ():
         n = max(1, size // 4)
 
         def bc(g, n=n):
@@ -187,6 +187,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=3, help="alternating samples per backend (best kept)")
     parser.add_argument("--ddp-steps", type=int, default=10)
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--ddp-only", action="store_true", help="skip the collectives table, time the DDP step only")
     parser.add_argument("--separate-hosts", action="store_true",
                         help="give every rank its own BRAID_HOST_ID, so braid uses TCP between all ranks")
     args = parser.parse_args()

@@ -618,13 +618,13 @@ void Engine::block(int max_ms) {
 }
 
 template <class Pred>
-void Engine::drive(Pred stop) {
+void Engine::drive(Pred stop, double spin_us) {
   // The idle period starts at the first clock read after the last progress:
   // a call that completes while spinning (most small ones) reads no clock.
   Clock::time_point idle_since{}, last_thorough{};
   bool idle_known = false;
   const auto spin =
-      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::micro>(spin_us_));
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::micro>(spin_us));
   unsigned spins = 0;
   for (;;) {
     bool progressed = advance();
@@ -673,7 +673,7 @@ void Engine::drive(Pred stop) {
 Status Engine::wait(Op& op) {
   while (!is_done(op)) {
     if (driver_mu_.try_lock()) {
-      drive([&] { return is_done(op); });
+      drive([&] { return is_done(op); }, spin_us_);
       driver_mu_.unlock();
       // Hand the remaining async ops to the progress thread.
       if (active_.load() > 0) {
@@ -743,7 +743,7 @@ bool Engine::run_blocking(const std::shared_ptr<Op>& op, Status* result) {
     active_.fetch_add(1);
     lanes_[0].ops.push_back(op);
     if (!op->failure.is_ok()) fail_all(op->failure);
-    drive([&] { return is_done(*op); });
+    drive([&] { return is_done(*op); }, spin_us_);
   }
   driver_mu_.unlock();
   // Ops other threads posted meanwhile go to the progress thread.
@@ -768,7 +768,7 @@ void Engine::drain() {
   // idle() reads driver-owned state: evaluate it only while driving.
   for (;;) {
     if (driver_mu_.try_lock()) {
-      drive(idle);
+      drive(idle, spin_us_);
       driver_mu_.unlock();
       return;
     }
@@ -792,7 +792,10 @@ void Engine::progress_loop() {
     seen = now;
     if (active_.load() == 0) continue;
     std::unique_lock<std::mutex> lock(driver_mu_);
-    drive([&] { return active_.load() == 0 || stop_.load(); });
+    // The progress thread runs while the caller computes (the backward pass
+    // under DDP): spinning would take the core from that work, so it blocks
+    // as soon as nothing moves.
+    drive([&] { return active_.load() == 0 || stop_.load(); }, 0.0);
   }
 }
 

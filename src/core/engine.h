@@ -172,8 +172,10 @@ class Engine {
     std::deque<std::shared_ptr<Op>> ops;
   };
 
+  // Advances every lane until stop() holds; when idle, spins for `spin_us`
+  // (yielding between checks), then blocks.
   template <class Pred>
-  void drive(Pred stop);
+  void drive(Pred stop, double spin_us);
   bool advance();
   bool advance_lane(Lane& lane);
   // Writes what tcp connections hold; true once nothing is left to write.
