@@ -288,18 +288,9 @@ ParseResult parse_args(int argc, char** argv, Options* opt, std::string* error) 
         return ParseResult::kHelp;
       case ':':
         return fail(flag, "missing value");
-      default: {
-        std::string why;
-        switch (braid_bench::take_sweep_flag(c, arg, opt, &why)) {
-          case braid_bench::SweepFlag::kTaken:
-            break;
-          case braid_bench::SweepFlag::kBad:
-            return fail(flag, why);
-          case braid_bench::SweepFlag::kNotMine:
-            return fail(flag, "unknown flag");
-        }
+      default:
+        if (std::string why; !braid_bench::take_sweep_flag(c, arg, opt, &why)) return fail(flag, why);
         break;
-      }
     }
   }
   if (optind < argc) return fail(argv[optind], "unexpected argument");

@@ -47,44 +47,44 @@ bool parse_long(const char* s, long min, long max, long* out) {
   return true;
 }
 
-SweepFlag take_sweep_flag(int c, const char* arg, Sweep* s, std::string* why) {
+bool take_sweep_flag(int c, const char* arg, Sweep* s, std::string* why) {
   auto bad = [&](std::string text) {
     *why = std::move(text);
-    return SweepFlag::kBad;
+    return false;
   };
   switch (c) {
     case 'b':
       if (!parse_size(arg, &s->min_bytes)) return bad("invalid size '" + std::string(arg) + "'");
-      return SweepFlag::kTaken;
+      return true;
     case 'e':
       if (!parse_size(arg, &s->max_bytes)) return bad("invalid size '" + std::string(arg) + "'");
-      return SweepFlag::kTaken;
+      return true;
     case 'f': {
       long v = 0;
       if (!parse_long(arg, 2, 1 << 20, &v)) return bad("the step factor must be an integer >= 2");
       s->step_factor = static_cast<size_t>(v);
       s->saw_factor = true;
-      return SweepFlag::kTaken;
+      return true;
     }
     case 'i':
       if (!parse_size(arg, &s->step_bytes) || s->step_bytes == 0)
         return bad("invalid step size '" + std::string(arg) + "' (must be > 0)");
       s->saw_bytes = true;
-      return SweepFlag::kTaken;
+      return true;
     case 'n':
       if (!parse_long(arg, 1, 1L << 30, &s->iters)) return bad("iterations must be an integer >= 1");
-      return SweepFlag::kTaken;
+      return true;
     case 'w':
       if (!parse_long(arg, 0, 1L << 30, &s->warmup)) return bad("warmup must be an integer >= 0");
-      return SweepFlag::kTaken;
+      return true;
     case 'c': {
       long v = 0;
       if (!parse_long(arg, 0, 1, &v)) return bad("expected 0 or 1");
       s->check = v == 1;
-      return SweepFlag::kTaken;
+      return true;
     }
     default:
-      return SweepFlag::kNotMine;
+      return bad("unknown flag");
   }
 }
 

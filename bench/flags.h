@@ -20,10 +20,10 @@ struct Sweep {
   bool saw_factor = false, saw_bytes = false;  // -f, -i given (they exclude each other)
 };
 
-enum class SweepFlag { kNotMine, kTaken, kBad };
-// Applies getopt letter `c` with its argument when it is a sweep flag; on a
-// bad value returns kBad with *why saying what is wrong with it.
-SweepFlag take_sweep_flag(int c, const char* arg, Sweep* sweep, std::string* why);
+// Applies getopt letter `c` with its argument. False, with *why saying what
+// is wrong, for a bad value or a letter that is no sweep flag (the callers
+// handle their own flags first, so that one is unknown).
+bool take_sweep_flag(int c, const char* arg, Sweep* sweep, std::string* why);
 // The checks that need every flag (-f with -i, -b above -e): false with the
 // flag to blame in *flag and the reason in *why.
 bool finish_sweep(Sweep* sweep, std::string* flag, std::string* why);
