@@ -151,9 +151,12 @@ Task tree_reduce_piece(const Channel& ch, const BinaryTree& t, const CollArgs& a
 }
 
 // One piece of a tree broadcast: buf + off (valid at the root) down the tree.
-Task tree_broadcast_piece(const Channel& ch, const BinaryTree& t, char* piece, size_t len) {
+// The root sends from `src` (its input) and then copies it to `piece`: one
+// read of the buffer, while the piece is in cache. Elsewhere src is unused.
+Task tree_broadcast_piece(const Channel& ch, const BinaryTree& t, char* piece, const char* src, size_t len) {
   if (t.parent < 0) {
-    for (int k = 0; k < t.children; ++k) co_await send_piece(ch, t.child[k], piece, len);
+    for (int k = 0; k < t.children; ++k) co_await send_piece(ch, t.child[k], src, len);
+    copy_if_distinct(piece, src, len);
   } else if (t.children == 0) {
     co_await recv_piece(ch, t.parent, piece, len);
   } else {
@@ -174,10 +177,10 @@ Task tree_reduce_pieces(const Channel& ch, const CollArgs& a, int root, char* ou
     co_await tree_reduce_piece(ch, t, a, off, std::min(piece, bytes - off), out, scratch);
 }
 
-Task tree_broadcast_pieces(const Channel& ch, int root, char* buf, size_t bytes) {
+Task tree_broadcast_pieces(const Channel& ch, int root, char* buf, const char* src, size_t bytes) {
   const BinaryTree t(ch.rank, ch.nranks, root);
   for (size_t off = 0; off < bytes; off += ch.piece_bytes)
-    co_await tree_broadcast_piece(ch, t, buf + off, std::min(ch.piece_bytes, bytes - off));
+    co_await tree_broadcast_piece(ch, t, buf + off, src + off, std::min(ch.piece_bytes, bytes - off));
 }
 
 }  // namespace
@@ -187,7 +190,7 @@ Task tree_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
   const size_t bytes = a.count * braid_dtype_size(a.dtype);
   co_await tree_reduce_pieces(ch, a, 0, out, scratch);
   if (ch.rank == 0) finish_avg(a, out, a.count, ch.nranks);
-  co_await tree_broadcast_pieces(ch, 0, out, bytes);
+  co_await tree_broadcast_pieces(ch, 0, out, out, bytes);
 }
 
 // Two trees, each carrying half of the buffer: the heap tree over the
@@ -219,15 +222,22 @@ Task double_tree_all_reduce(const Channel& ch, const Channel& mirror, CollArgs a
   if (ta.parent < 0) finish_avg(a, out, first.count, ch.nranks);
   if (tb.parent < 0) finish_avg(a, b_out, second.count, ch.nranks);
   for (size_t off = 0; off < std::max(a_bytes, b_bytes); off += piece) {
-    if (off < a_bytes) co_await tree_broadcast_piece(ch, ta, out + off, std::min(piece, a_bytes - off));
-    if (off < b_bytes) co_await tree_broadcast_piece(mirror, tb, b_out + off, std::min(piece, b_bytes - off));
+    if (off < a_bytes)
+      co_await tree_broadcast_piece(ch, ta, out + off, out + off, std::min(piece, a_bytes - off));
+    if (off < b_bytes)
+      co_await tree_broadcast_piece(mirror, tb, b_out + off, b_out + off, std::min(piece, b_bytes - off));
   }
 }
 
 Task tree_broadcast(const Channel& ch, CollArgs a) {
   const size_t bytes = a.count * braid_dtype_size(a.dtype);
-  if (ch.rank == a.root) copy_if_distinct(a.recvbuf, a.sendbuf, bytes);
-  if (ch.nranks > 1) co_await tree_broadcast_pieces(ch, a.root, static_cast<char*>(a.recvbuf), bytes);
+  char* out = static_cast<char*>(a.recvbuf);
+  const char* in = static_cast<const char*>(a.sendbuf);
+  if (ch.nranks == 1) {
+    copy_if_distinct(out, in, bytes);
+    co_return;
+  }
+  co_await tree_broadcast_pieces(ch, a.root, out, ch.rank == a.root ? in : out, bytes);
 }
 
 Task tree_reduce(const Channel& ch, CollArgs a, char* scratch) {
@@ -603,14 +613,20 @@ Task chain_broadcast(const Channel& ch, CollArgs a) {
   const size_t bytes = a.count * braid_dtype_size(a.dtype);
   const int pos = mod(r - a.root, n);
   const int next = mod(r + 1, n), prev = mod(r - 1, n);
+  const char* in = static_cast<const char*>(a.sendbuf);
   char* out = static_cast<char*>(a.recvbuf);
-  if (r == a.root) copy_if_distinct(a.recvbuf, a.sendbuf, bytes);
-  if (n == 1) co_return;
+  if (n == 1) {
+    copy_if_distinct(out, in, bytes);
+    co_return;
+  }
   for (size_t off = 0; off < bytes; off += ch.piece_bytes) {
     size_t len = std::min(ch.piece_bytes, bytes - off);
-    if (pos == 0)
-      co_await send_piece(ch, next, out + off, len);
-    else if (pos == n - 1)
+    if (pos == 0) {
+      // The root sends from its input and copies each piece to its output
+      // while the piece is in cache: the buffer is read once, not twice.
+      co_await send_piece(ch, next, in + off, len);
+      copy_if_distinct(out + off, in + off, len);
+    } else if (pos == n - 1)
       co_await recv_piece(ch, prev, out + off, len);
     else
       co_await recv_copy_send(ch, prev, next, out + off, len);
