@@ -43,12 +43,29 @@ class Registry {
     uintptr_t id = next_;
     next_ += 16;
     objects_[id] = std::move(obj);
+    generation_.fetch_add(1, std::memory_order_release);
     return id;
   }
+  // Every call looks its handle up: each thread remembers its last answer,
+  // good while nothing was added or taken since (no lock, no hash). The memo
+  // holds a weak reference, so it never keeps a destroyed object alive.
   std::shared_ptr<T> get(uintptr_t id) {
+    struct Memo {
+      uint64_t generation = ~uint64_t{0};
+      uintptr_t id = 0;
+      std::weak_ptr<T> obj;
+    };
+    thread_local Memo memo;
+    if (memo.id == id && memo.generation == generation_.load(std::memory_order_acquire)) {
+      if (std::shared_ptr<T> obj = memo.obj.lock()) return obj;
+    }
     std::lock_guard<std::mutex> lock(mu_);
     auto it = objects_.find(id);
-    return it == objects_.end() ? nullptr : it->second;
+    if (it == objects_.end()) return nullptr;
+    memo.generation = generation_.load(std::memory_order_relaxed);
+    memo.id = id;
+    memo.obj = it->second;
+    return it->second;
   }
   std::shared_ptr<T> take(uintptr_t id) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -56,6 +73,7 @@ class Registry {
     if (it == objects_.end()) return nullptr;
     auto obj = std::move(it->second);
     objects_.erase(it);
+    generation_.fetch_add(1, std::memory_order_release);
     return obj;
   }
 
@@ -63,6 +81,7 @@ class Registry {
   std::mutex mu_;
   uintptr_t next_ = 0x10000;
   std::unordered_map<uintptr_t, std::shared_ptr<T>> objects_;
+  std::atomic<uint64_t> generation_{0};  // bumped by every add and take
 };
 
 Registry<Communicator>& comms() {
@@ -131,56 +150,79 @@ int raw_value(const E& e) {
   return v;
 }
 
-Status check_dtype(const braid_dtype_t& dtype) {
-  if (raw_value(dtype) < 0 || raw_value(dtype) >= BRAID_NUM_DTYPES)
-    return Status::invalid_argument("dtype=" + std::to_string(raw_value(dtype)) +
-                                    " is not a braid_dtype_t (valid: 0.." +
-                                    std::to_string(BRAID_NUM_DTYPES - 1) + ")");
+// Each check is small and inlined into every call; the texts of its errors
+// are built out of line (BRAID_COLD), off the path of a valid call.
+#define BRAID_CHECK inline __attribute__((always_inline))
+#define BRAID_COLD __attribute__((cold, noinline))
+
+BRAID_COLD Status bad_dtype(int v) {
+  return Status::invalid_argument("dtype=" + std::to_string(v) + " is not a braid_dtype_t (valid: 0.." +
+                                  std::to_string(BRAID_NUM_DTYPES - 1) + ")");
+}
+
+BRAID_CHECK Status check_dtype(const braid_dtype_t& dtype) {
+  if (raw_value(dtype) < 0 || raw_value(dtype) >= BRAID_NUM_DTYPES) return bad_dtype(raw_value(dtype));
   return Status::ok();
 }
 
-Status check_redop(const braid_redop_t& op, braid_dtype_t dtype) {
-  if (raw_value(op) < 0 || raw_value(op) >= BRAID_NUM_OPS)
-    return Status::invalid_argument("op=" + std::to_string(raw_value(op)) +
-                                    " is not a braid_redop_t (valid: 0.." +
+BRAID_COLD Status bad_redop(int v, braid_dtype_t dtype) {
+  if (v < 0 || v >= BRAID_NUM_OPS)
+    return Status::invalid_argument("op=" + std::to_string(v) + " is not a braid_redop_t (valid: 0.." +
                                     std::to_string(BRAID_NUM_OPS - 1) + ")");
-  if (!kernels::redop_supported(dtype, op))
-    return Status::invalid_argument(std::string("op=") + braid_redop_name(op) +
-                                    " is not defined for dtype=" + braid_dtype_name(dtype) +
-                                    " (avg needs a floating type, band/bor/bxor an integer type)");
+  return Status::invalid_argument(std::string("op=") + braid_redop_name(static_cast<braid_redop_t>(v)) +
+                                  " is not defined for dtype=" + braid_dtype_name(dtype) +
+                                  " (avg needs a floating type, band/bor/bxor an integer type)");
+}
+
+BRAID_CHECK Status check_redop(const braid_redop_t& op, braid_dtype_t dtype) {
+  if (raw_value(op) < 0 || raw_value(op) >= BRAID_NUM_OPS || !kernels::redop_supported(dtype, op))
+    return bad_redop(raw_value(op), dtype);
   return Status::ok();
 }
 
-Status check_count(size_t count, braid_dtype_t dtype, size_t multiplier, const char* name) {
+BRAID_COLD Status bad_count(size_t count, size_t multiplier, size_t esize, const char* name) {
+  return Status::invalid_argument(
+      std::string(name) + "=" + std::to_string(count) + " overflows: " + std::to_string(count) + " x " +
+      std::to_string(multiplier) + " x " + std::to_string(esize) + " bytes exceeds the address space");
+}
+
+BRAID_CHECK Status check_count(size_t count, braid_dtype_t dtype, size_t multiplier, const char* name) {
   const size_t esize = braid_dtype_size(dtype);
   size_t bytes = 0;  // multiplied, not divided: two divisions cost more than the rest of the check
   if (__builtin_mul_overflow(count, multiplier, &bytes) || __builtin_mul_overflow(bytes, esize, &bytes) ||
       bytes > static_cast<size_t>(std::numeric_limits<ptrdiff_t>::max()))
-    return Status::invalid_argument(
-        std::string(name) + "=" + std::to_string(count) + " overflows: " + std::to_string(count) + " x " +
-        std::to_string(multiplier) + " x " + std::to_string(esize) + " bytes exceeds the address space");
+    return bad_count(count, multiplier, esize, name);
   return Status::ok();
 }
 
-Status check_buffer(const void* buf, size_t count, const char* name, const char* count_name) {
-  if (buf == nullptr && count > 0)
-    return Status::invalid_argument(std::string(name) + " is NULL with " + count_name + "=" +
-                                    std::to_string(count));
+BRAID_COLD Status null_buffer(size_t count, const char* name, const char* count_name) {
+  return Status::invalid_argument(std::string(name) + " is NULL with " + count_name + "=" +
+                                  std::to_string(count));
+}
+
+BRAID_CHECK Status check_buffer(const void* buf, size_t count, const char* name, const char* count_name) {
+  if (buf == nullptr && count > 0) return null_buffer(count, name, count_name);
   return Status::ok();
 }
 
-Status check_rank(int r, int nranks, const char* name) {
-  if (r < 0 || r >= nranks)
-    return Status::invalid_argument(std::string(name) + "=" + std::to_string(r) +
-                                    " is out of range for a communicator of " + std::to_string(nranks) +
-                                    " ranks");
+BRAID_COLD Status bad_rank(int r, int nranks, const char* name) {
+  return Status::invalid_argument(std::string(name) + "=" + std::to_string(r) +
+                                  " is out of range for a communicator of " + std::to_string(nranks) +
+                                  " ranks");
+}
+
+BRAID_CHECK Status check_rank(int r, int nranks, const char* name) {
+  if (r < 0 || r >= nranks) return bad_rank(r, nranks, name);
   return Status::ok();
 }
 
-Status check_stream(braid_stream_t stream) {
-  if (stream != nullptr)
-    return Status::unsupported(
-        "stream is not NULL: stream-ordered operations on CUDA memory are not supported by this build yet");
+BRAID_COLD Status stream_given() {
+  return Status::unsupported(
+      "stream is not NULL: stream-ordered operations on CUDA memory are not supported by this build yet");
+}
+
+BRAID_CHECK Status check_stream(braid_stream_t stream) {
+  if (stream != nullptr) return stream_given();
   return Status::ok();
 }
 

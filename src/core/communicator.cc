@@ -421,7 +421,7 @@ void fill_call_tag(CallTag& t, OpKind kind, uint64_t seq, const CollArgs& a) {
 }  // namespace
 
 std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, bool async) {
-  auto op = std::make_shared<Op>();
+  auto op = new_op();
   op->name = op_kind_name(kind);
   op->async = async;
   CollArgs a = args;

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <mutex>
+#include <utility>
 
 #include "src/core/logging.h"
 
@@ -66,6 +67,52 @@ Status call_mismatch(int rank, const CallTag& mine, int peer, const CallTag& the
   return Status(BRAID_ERR_MISMATCH, "call mismatch: rank " + std::to_string(rank) + " called " +
                                         describe_call(mine) + ", rank " + std::to_string(peer) +
                                         " sent it a message of " + describe_call(theirs));
+}
+
+namespace {
+
+struct OpBlockCache {
+  void* block = nullptr;
+  size_t bytes = 0;
+  ~OpBlockCache() { ::operator delete(block); }
+};
+OpBlockCache& op_block_cache() {
+  thread_local OpBlockCache cache;
+  return cache;
+}
+
+// allocate_shared's allocator for ops: one cached block per thread.
+template <class T>
+struct OpAllocator {
+  using value_type = T;
+  OpAllocator() = default;
+  template <class U>
+  OpAllocator(const OpAllocator<U>&) {}
+  T* allocate(size_t n) {
+    OpBlockCache& c = op_block_cache();
+    if (c.block != nullptr && c.bytes == n * sizeof(T))
+      return static_cast<T*>(std::exchange(c.block, nullptr));
+    return static_cast<T*>(::operator new(n * sizeof(T)));
+  }
+  void deallocate(T* p, size_t n) {
+    OpBlockCache& c = op_block_cache();
+    if (c.block == nullptr) {
+      c.block = p;
+      c.bytes = n * sizeof(T);
+      return;
+    }
+    ::operator delete(p);
+  }
+  template <class U>
+  bool operator==(const OpAllocator<U>&) const {
+    return true;
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<Op> new_op() {
+  return std::allocate_shared<Op>(OpAllocator<Op>());
 }
 
 Op*& current_op() {

@@ -117,6 +117,11 @@ class Op {
   std::atomic<bool> has_callback_{false};
 };
 
+// A new op. Its memory (with the shared_ptr's count) is recycled through a
+// per-thread cache of one block: a call frees its op just before the next
+// call of the same thread makes one.
+std::shared_ptr<Op> new_op();
+
 class Engine {
  public:
   // `peers[r]` holds the connections to rank r (empty for this rank).
