@@ -104,6 +104,7 @@ int expected(braid_redop_t op) {
 // would cost more than the timing.
 struct Buffers {
   std::vector<char> a, b, dst, want;
+  std::string filled_for;  // the reduce case a and b hold inputs for ("" after memcpy used them)
 };
 Buffers& buffers_for(size_t bytes) {
   static std::map<size_t, Buffers> all;
@@ -125,10 +126,8 @@ void BM_reduce(benchmark::State& state, braid_dtype_t dtype, braid_redop_t op, s
   Buffers& buf = buffers_for(bytes);
   const size_t count = bytes / braid_dtype_size(dtype);
   // Filled and checked at the first call for this case only.
-  static std::string prepared;
-  const std::string key =
-      std::string(braid_dtype_name(dtype)) + "/" + braid_redop_name(op) + "/" + std::to_string(bytes);
-  if (prepared != key) {
+  const std::string key = std::string(braid_dtype_name(dtype)) + "/" + braid_redop_name(op);
+  if (buf.filled_for != key) {
     fill(dtype, buf.a, 6);
     fill(dtype, buf.b, 3);
     reduce(dtype, op, buf.dst.data(), buf.a.data(), buf.b.data(), count);
@@ -138,7 +137,7 @@ void BM_reduce(benchmark::State& state, braid_dtype_t dtype, braid_redop_t op, s
       state.SkipWithError("wrong result: the kernel's output differs from the expected value");
       return;
     }
-    prepared = key;
+    buf.filled_for = key;
   }
   for (auto _ : state) {
     reduce(dtype, op, buf.dst.data(), buf.a.data(), buf.b.data(), count);
@@ -150,6 +149,7 @@ void BM_reduce(benchmark::State& state, braid_dtype_t dtype, braid_redop_t op, s
 void BM_memcpy(benchmark::State& state, size_t bytes) {
   Buffers& buf = buffers_for(bytes);
   std::memset(buf.a.data(), 1, bytes);
+  buf.filled_for.clear();
   for (auto _ : state) {
     std::memcpy(buf.dst.data(), buf.a.data(), bytes);
     benchmark::ClobberMemory();
@@ -212,8 +212,11 @@ void print_table(const TableReporter& rep) {
           std::snprintf(cell, sizeof(cell), " %14s", "-");
         } else {
           any = true;
-          const double pct = base == rep.gbps.end() ? 0 : 100.0 * it->second / base->second;
-          std::snprintf(cell, sizeof(cell), " %6.1f (%4.0f%%)", it->second, pct);
+          if (base == rep.gbps.end())  // memcpy filtered out: no ratio to give
+            std::snprintf(cell, sizeof(cell), " %6.1f (    -)", it->second);
+          else
+            std::snprintf(cell, sizeof(cell), " %6.1f (%4.0f%%)", it->second,
+                          100.0 * it->second / base->second);
         }
         line += cell;
       }

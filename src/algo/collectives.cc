@@ -150,9 +150,10 @@ Task tree_reduce_piece(const Channel& ch, const BinaryTree& t, const CollArgs& a
   }
 }
 
-// One piece of a tree broadcast: buf + off (valid at the root) down the tree.
-// The root sends from `src` (its input) and then copies it to `piece`: one
-// read of the buffer, while the piece is in cache. Elsewhere src is unused.
+// One piece of a tree broadcast, from the root down into every rank's
+// `piece`. The root sends from `src` (its input) and then copies it to
+// `piece`: one read of the buffer, while the piece is in cache. Elsewhere
+// src is unused.
 Task tree_broadcast_piece(const Channel& ch, const BinaryTree& t, char* piece, const char* src, size_t len) {
   if (t.parent < 0) {
     for (int k = 0; k < t.children; ++k) co_await send_piece(ch, t.child[k], src, len);

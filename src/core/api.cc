@@ -343,10 +343,6 @@ braid_result_t submit(const Call& c) {
     Status result;
     if (comm->engine().run_blocking(op, &result)) return finish(result, comm.get());
   }
-  if (!async) {
-    Status result;
-    if (comm->engine().run_blocking(op, &result)) return finish(result, comm.get());
-  }
   comm->engine().post(op);
   if (async) return BRAID_SUCCESS;
   return finish(comm->engine().wait(*op), comm.get());

@@ -291,8 +291,7 @@ Engine::Engine(int rank, const Config& config, const std::vector<std::vector<Con
 
 Engine::~Engine() {
   stop_.store(true);
-  async_posted_.fetch_add(1);
-  futex_wake_all(&async_posted_, false);
+  wake_progress_thread();
   wake_driver();
   if (progress_thread_.joinable()) progress_thread_.join();
   if (event_fd_ >= 0) close(event_fd_);
@@ -303,9 +302,31 @@ Status Engine::error() const {
   return error_;
 }
 
+void Engine::admit(Op& op) {
+  op.deadline = Deadline::after_seconds(timeout_s_.load());
+  op.traced = trace_ != nullptr;
+}
+
+void Engine::start(Op& op) {
+  op.started = true;
+  op.leaf = op.task.handle();
+  op.task.handle().promise().top_level_op = &op;
+}
+
+void Engine::resume(Op& op) {
+  current_op() = &op;
+  op.wait = nullptr;
+  op.leaf.resume();
+  current_op() = nullptr;
+}
+
+void Engine::wake_progress_thread() {
+  async_posted_.fetch_add(1);
+  futex_wake_all(&async_posted_, false);
+}
+
 void Engine::post(const std::shared_ptr<Op>& op) {
-  op->deadline = Deadline::after_seconds(timeout_s_.load());
-  op->traced = trace_ != nullptr;
+  admit(*op);
   {
     std::lock_guard<std::mutex> lock(post_mu_);
     if (!error_.is_ok()) {
@@ -321,10 +342,7 @@ void Engine::post(const std::shared_ptr<Op>& op) {
     have_posted_.store(true, std::memory_order_release);
     active_.fetch_add(1);
   }
-  if (op->async) {
-    async_posted_.fetch_add(1);
-    futex_wake_all(&async_posted_, false);
-  }
+  if (op->async) wake_progress_thread();
   if (driver_sleeping_.load()) wake_driver();
 }
 
@@ -430,10 +448,8 @@ bool Engine::advance_lane(Lane& lane) {
         if (any != nullptr && !any->ops.empty() && any->ops.front()->recv_order < op->recv_order)
           return progressed;
       }
-      op->started = true;
+      start(*op);
       op->start_ticks = trace_ticks();
-      op->leaf = op->task.handle();
-      op->task.handle().promise().top_level_op = op.get();
       ready = true;
     } else {
       ready = op->wait == nullptr || op->wait->ready(op->wait->ctx);
@@ -449,10 +465,7 @@ bool Engine::advance_lane(Lane& lane) {
       }
     }
     if (!ready) return progressed;
-    current_op() = op.get();
-    op->wait = nullptr;
-    op->leaf.resume();
-    current_op() = nullptr;
+    resume(*op);
     progressed = true;
     if (!op->failure.is_ok()) {
       fail_all(op->failure);
@@ -723,10 +736,7 @@ Status Engine::wait(Op& op) {
       drive([&] { return is_done(op); }, spin_us_);
       driver_mu_.unlock();
       // Hand the remaining async ops to the progress thread.
-      if (active_.load() > 0) {
-        async_posted_.fetch_add(1);
-        futex_wake_all(&async_posted_, false);
-      }
+      if (active_.load() > 0) wake_progress_thread();
       break;
     }
     op.sleepers.fetch_add(1, std::memory_order_seq_cst);
@@ -747,23 +757,17 @@ bool Engine::run_blocking(const std::shared_ptr<Op>& op, Status* result) {
   }
   // Not counted in active_ while it runs here: no other thread can see it,
   // and the driver's lock keeps every other driver out.
-  op->deadline = Deadline::after_seconds(timeout_s_.load());
-  op->traced = trace_ != nullptr;
-  op->started = true;
+  admit(*op);
+  start(*op);
   // Untraced, the start time is only for dumps, which see the op only once
   // it waits in its lane: an op done here reads no clock.
   if (op->traced) op->start_ticks = trace_ticks();
-  op->leaf = op->task.handle();
-  op->task.handle().promise().top_level_op = op.get();
   // Spin checks before the op joins its lane: a small collective's peers
   // answer within a few hundred nanoseconds when they are running.
-  const unsigned inline_checks = spins_per_yield_ < 16 ? spins_per_yield_ : 16;
+  const unsigned inline_checks = std::min(spins_per_yield_, 16u);
   bool inline_done = false;
   for (;;) {
-    current_op() = op.get();
-    op->wait = nullptr;
-    op->leaf.resume();
-    current_op() = nullptr;
+    resume(*op);
     if (!op->failure.is_ok()) break;
     if (op->finished) {
       if (tcp_writes_flushed()) {
@@ -794,10 +798,7 @@ bool Engine::run_blocking(const std::shared_ptr<Op>& op, Status* result) {
   }
   driver_mu_.unlock();
   // Ops other threads posted meanwhile go to the progress thread.
-  if (active_.load() > 0) {
-    async_posted_.fetch_add(1);
-    futex_wake_all(&async_posted_, false);
-  }
+  if (active_.load() > 0) wake_progress_thread();
   *result = op->status;
   return true;
 }

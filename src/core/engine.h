@@ -181,6 +181,13 @@ class Engine {
   // (yielding between checks), then blocks.
   template <class Pred>
   void drive(Pred stop, double spin_us);
+  // What post() and run_blocking() share: the op's deadline and tracing.
+  void admit(Op& op);
+  // The op's coroutine becomes its leaf, reporting to it when it finishes.
+  void start(Op& op);
+  // One step of the op on this thread, until it waits, fails or finishes.
+  void resume(Op& op);
+  void wake_progress_thread();
   bool advance();
   bool advance_lane(Lane& lane);
   // Writes what tcp connections hold; true once nothing is left to write.

@@ -50,8 +50,7 @@ struct SlotHeader {
   uint64_t bytes;
   CallTag tag;
 };
-static_assert(sizeof(SlotHeader) == 40 && sizeof(SlotHeader) % 8 == 0,
-              "payloads stay 8-byte aligned and share the header's line");
+static_assert(sizeof(SlotHeader) == 40, "payloads stay 8-byte aligned and share the header's line");
 
 size_t round_up(size_t x, size_t a) {
   return (x + a - 1) / a * a;
