@@ -454,11 +454,13 @@ bool Engine::advance_lane(Lane& lane) {
     } else {
       ready = op->wait == nullptr || op->wait->ready(op->wait->ctx);
       // Only long waits are traced, and a wait proves long by failing many
-      // checks: the short ones (most, for small messages) read no clock.
-      // The recorded start is that of the long_wait_checks_-th failed check.
+      // checks, or by outlasting the spin (note_long_waits): the short ones
+      // (most, for small messages) read no clock. The recorded start is that
+      // of the long_wait_checks_-th failed check, or of the first block.
       if (op->traced && op->wait != nullptr) {
         if (!ready) {
-          if (++op->wait_checks == long_wait_checks_) op->wait_since_ticks = trace_ticks();
+          if (++op->wait_checks == long_wait_checks_ && op->wait_since_ticks == 0)
+            op->wait_since_ticks = trace_ticks();
         } else if (op->wait_since_ticks != 0) {
           trace_->wait(*op, op->wait_since_ticks, trace_ticks(), op->wait->peer, op->wait->what);
         }
@@ -475,6 +477,17 @@ bool Engine::advance_lane(Lane& lane) {
     // The top of the loop completes it (once its tcp bytes are written).
   }
   return progressed;
+}
+
+void Engine::note_long_waits() {
+  // A wait that outlasted the spin is long however few checks it failed:
+  // yielding the core between checks (oversubscribed), a few may take ms.
+  for (Lane& lane : lanes_) {
+    if (lane.ops.empty()) continue;
+    Op& op = *lane.ops.front();
+    if (op.traced && op.started && op.wait != nullptr && op.wait_since_ticks == 0)
+      op.wait_since_ticks = trace_ticks();
+  }
 }
 
 bool Engine::advance() {
@@ -714,6 +727,7 @@ void Engine::drive(Pred stop, double spin_us) {
       sched_yield();  // ranks often outnumber cores: let the peer we wait for run
       continue;
     }
+    if (trace_ != nullptr) note_long_waits();
     block(kBlockMs);
     // Take whatever arrived before asking whether peers are alive: a peer
     // that finished and left may have sent exactly what we wait for.

@@ -196,6 +196,8 @@ class Engine {
   bool bind_any_source();
   Lane* find_lane(LaneKind kind, int peer);
   void block(int max_ms);
+  // Traced ops about to wait in block(): their waits count as long from now.
+  void note_long_waits();
   void check_peers(bool thorough);
   Status watch_collective(const Op& op);
   // One line per operation in flight: its step and what it waits on (driver only).
