@@ -9,9 +9,13 @@
 // All calls are non-blocking; the engine decides when to wait and how.
 #pragma once
 
+#include <poll.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 #include "src/core/status.h"
 
@@ -52,6 +56,19 @@ class Connection {
   virtual const CallTag& recv_tag() const = 0;
   virtual void release_recv() = 0;
 
+  // Copying forms of the above, for a message that starts or ends in the
+  // caller's memory. A transport that can move bytes between its wire and
+  // that memory directly (tcp: the socket reads into and writes from it)
+  // skips the staging slot; neither keeps a reference to the memory after
+  // returning, so the caller may reuse it at once.
+  // send_from: false while no slot is free (nothing sent).
+  virtual bool send_from(const void* src, size_t bytes, const CallTag& tag);
+  // recv_into: kDone once the next message was `bytes` long, carried `tag`
+  // and is now in dst (released); kOther when the next message is something
+  // else (left unreleased, for recv_ready/recv_tag to describe).
+  enum class Received { kNotYet, kDone, kOther };
+  virtual Received recv_into(void* dst, size_t bytes, const CallTag& tag);
+
   // Moves bytes for transports that need the CPU to (tcp). An error means the
   // connection is dead; it names the peer and the cause.
   virtual Status progress() = 0;
@@ -62,8 +79,12 @@ class Connection {
   // sent its abort frame (tcp). Cheap; checked on every peer while blocked,
   // since a failed peer breaks every collective, whoever is waited on.
   virtual Status peer_failure() { return Status::ok(); }
-  // A file descriptor to poll for readiness, or -1 (shm wakes by doorbell).
-  virtual int poll_fd() const { return -1; }
+  // Whether readiness is told by file descriptors (tcp), to poll with
+  // poll_fds; otherwise (shm) by the doorbell.
+  virtual bool pollable() const { return false; }
+  // Appends the descriptors whose `events` (POLLIN, or POLLOUT for pending
+  // writes) would let this connection move.
+  virtual void poll_fds(short /*events*/, std::vector<pollfd>* /*out*/) const {}
   virtual bool wants_write() const { return false; }
   // Zero-copy path: copies `bytes` from the peer process's address `remote`
   // into `dst` without the peer's help (shm: cross-memory attach). Only valid
@@ -88,5 +109,23 @@ class Connection {
  private:
   std::atomic<uint64_t> moved_{0};
 };
+
+inline bool Connection::send_from(const void* src, size_t bytes, const CallTag& tag) {
+  void* slot = send_slot();
+  if (slot == nullptr) return false;
+  if (bytes) std::memcpy(slot, src, bytes);
+  commit_send(bytes, tag);
+  return true;
+}
+
+inline Connection::Received Connection::recv_into(void* dst, size_t bytes, const CallTag& tag) {
+  const void* data = nullptr;
+  size_t got = 0;
+  if (!recv_ready(&data, &got)) return Received::kNotYet;
+  if (got != bytes || !(recv_tag() == tag)) return Received::kOther;
+  if (bytes) std::memcpy(dst, data, bytes);
+  release_recv();
+  return Received::kDone;
+}
 
 }  // namespace braid

@@ -43,11 +43,32 @@ bool both_check(void* ctx) {
   return r && s;
 }
 
+// A receive into the caller's memory (recv_into); the check is idempotent
+// once the message is in.
+struct IntoWait {
+  Connection* conn;
+  void* dst;
+  size_t bytes;
+  const CallTag* tag;
+  Connection::Received got = Connection::Received::kNotYet;
+};
+bool into_check(void* ctx) {
+  auto* w = static_cast<IntoWait*>(ctx);
+  if (w->got == Connection::Received::kNotYet) w->got = w->conn->recv_into(w->dst, w->bytes, *w->tag);
+  return w->got != Connection::Received::kNotYet;
+}
+bool slot_free(void* ctx) {
+  return static_cast<Connection*>(ctx)->send_slot() != nullptr;
+}
+
 Until wait_recv(RecvWait* w, int from) {
   return Until{WaitPoint{recv_check, w, from, "for a message from", {w->conn, nullptr}, {POLLIN, 0}}};
 }
-Until wait_send(SendWait* w, int to) {
-  return Until{WaitPoint{send_check, w, to, "for a free slot toward", {w->conn, nullptr}, {POLLOUT, 0}}};
+Until wait_into(IntoWait* w, int from) {
+  return Until{WaitPoint{into_check, w, from, "for a message from", {w->conn, nullptr}, {POLLIN, 0}}};
+}
+Until wait_slot(Connection* c, int to) {
+  return Until{WaitPoint{slot_free, c, to, "for a free slot toward", {c, nullptr}, {POLLOUT, 0}}};
 }
 Until wait_both(BothWait* w, int from) {
   return Until{WaitPoint{
@@ -79,6 +100,14 @@ FailOp unusable(const Channel& ch, int from, const Connection* c, size_t got, si
                                      " were expected (do all ranks pass the same count and dtype?)")};
 }
 
+// The next message from `from` is not the one expected (kOther).
+FailOp unexpected(const Channel& ch, int from, Connection* c, size_t want) {
+  const void* data = nullptr;
+  size_t got = 0;
+  (void)c->recv_ready(&data, &got);
+  return unusable(ch, from, c, got, want);
+}
+
 }  // namespace
 
 Channel Channel::subset(const std::vector<int>& members) const {
@@ -103,21 +132,19 @@ void FailOp::await_suspend(std::coroutine_handle<> h) {
 }
 
 Task send_piece(const Channel& ch, int to, const void* src, size_t bytes) {
-  SendWait w{ch.to(to)};
-  if (!send_check(&w)) co_await wait_send(&w, ch.global(to));
-  if (bytes) std::memcpy(w.slot, src, bytes);
-  commit(w.conn, bytes);
+  Connection* c = ch.to(to);
+  const CallTag& tag = current_op()->tag;
+  while (!c->send_from(src, bytes, tag)) co_await wait_slot(c, ch.global(to));
+  c->count_moved(bytes);
 }
 
 Task recv_piece(const Channel& ch, int from, void* dst, size_t bytes) {
-  RecvWait w{ch.to(from)};
-  if (!recv_check(&w)) co_await wait_recv(&w, ch.global(from));
-  if (!usable(w.conn, w.bytes, bytes)) {
-    FailOp fail = unusable(ch, from, w.conn, w.bytes, bytes);  // named: see checked_call
+  IntoWait w{ch.to(from), dst, bytes, &current_op()->tag};
+  if (!into_check(&w)) co_await wait_into(&w, ch.global(from));
+  if (w.got == Connection::Received::kOther) {
+    FailOp fail = unexpected(ch, from, w.conn, bytes);  // named: see checked_call
     co_await fail;
   }
-  if (bytes) std::memcpy(dst, w.data, bytes);
-  w.conn->release_recv();
 }
 
 Task recv_reduce_copy(const Channel& ch, int from, void* dst, const void* local, size_t bytes,
@@ -147,31 +174,15 @@ Task recv_reduce_send(const Channel& ch, int from, int to, const void* local, si
 
 Task recv_reduce_copy_send(const Channel& ch, int from, int to, void* dst, const void* local, size_t bytes,
                            braid_dtype_t dtype, braid_redop_t op) {
-  BothWait w{{ch.to(from)}, {ch.to(to)}};
-  if (!both_check(&w)) co_await wait_both(&w, ch.global(from));
-  if (!usable(w.r.conn, w.r.bytes, bytes)) {
-    FailOp fail = unusable(ch, from, w.r.conn, w.r.bytes, bytes);  // named: see checked_call
-    co_await fail;
-  }
-  kernels::reduce(dtype, op, dst, w.r.data, local, bytes / braid_dtype_size(dtype));
-  if (bytes) std::memcpy(w.s.slot, dst, bytes);
-  commit(w.s.conn, bytes);
-  w.r.conn->release_recv();
+  co_await recv_reduce_copy(ch, from, dst, local, bytes, dtype, op);
+  // Sent from dst: a transport that writes from the caller's memory (tcp)
+  // then makes no staging copy.
+  co_await send_piece(ch, to, dst, bytes);
 }
 
 Task recv_copy_send(const Channel& ch, int from, int to, void* dst, size_t bytes) {
-  BothWait w{{ch.to(from)}, {ch.to(to)}};
-  if (!both_check(&w)) co_await wait_both(&w, ch.global(from));
-  if (!usable(w.r.conn, w.r.bytes, bytes)) {
-    FailOp fail = unusable(ch, from, w.r.conn, w.r.bytes, bytes);  // named: see checked_call
-    co_await fail;
-  }
-  if (bytes) {
-    std::memcpy(dst, w.r.data, bytes);
-    std::memcpy(w.s.slot, w.r.data, bytes);
-  }
-  commit(w.s.conn, bytes);
-  w.r.conn->release_recv();
+  co_await recv_piece(ch, from, dst, bytes);
+  co_await send_piece(ch, to, dst, bytes);
 }
 
 namespace {
@@ -214,46 +225,54 @@ Task exchange(const Channel& ch, int to, const void* src, size_t send_bytes, int
   char* d = static_cast<char*>(dst);
   const size_t piece = ch.piece_bytes;
   const size_t nsend = num_pieces(send_bytes, piece), nrecv = num_pieces(recv_bytes, piece);
+  const CallTag& tag = current_op()->tag;
+  Connection* out = ch.to(to);
   size_t sent = 0, received = 0;
-  BothWait w{{ch.to(from)}, {ch.to(to)}};
+  struct Both {
+    IntoWait r;
+    Connection* s;
+  } w{{ch.to(from), nullptr, 0, &tag}, out};
+  auto aim = [&] {  // the receive of piece `received`
+    size_t off = received * piece;
+    w.r.dst = d + off;
+    w.r.bytes = std::min(piece, recv_bytes - off);
+    w.r.got = Connection::Received::kNotYet;
+  };
+  if (nrecv > 0) aim();
   while (sent < nsend || received < nrecv) {
     bool moved = false;
-    if (received < nrecv && (w.r.data != nullptr || recv_check(&w.r))) {
-      size_t off = received * piece, want = std::min(piece, recv_bytes - off);
-      if (!usable(w.r.conn, w.r.bytes, want)) {
-        FailOp fail = unusable(ch, from, w.r.conn, w.r.bytes, want);  // named: see checked_call
+    if (received < nrecv && into_check(&w.r)) {
+      if (w.r.got == Connection::Received::kOther) {
+        FailOp fail = unexpected(ch, from, w.r.conn, w.r.bytes);  // named: see checked_call
         co_await fail;
       }
-      if (want) std::memcpy(d + off, w.r.data, want);
-      w.r.conn->release_recv();
-      w.r.data = nullptr;
-      ++received;
+      if (++received < nrecv) aim();
       moved = true;
     }
-    if (sent < nsend && (w.s.slot != nullptr || send_check(&w.s))) {
+    if (sent < nsend) {
       size_t off = sent * piece, len = std::min(piece, send_bytes - off);
-      if (len) std::memcpy(w.s.slot, s + off, len);
-      commit(w.s.conn, len);
-      w.s.slot = nullptr;
-      ++sent;
-      moved = true;
+      if (out->send_from(s + off, len, tag)) {
+        out->count_moved(len);
+        ++sent;
+        moved = true;
+      }
     }
     if (moved) continue;
     // Wake when either side can move: whichever is still owed.
     if (received < nrecv && sent < nsend) {
       co_await Until{WaitPoint{[](void* ctx) {
-                                 auto* b = static_cast<BothWait*>(ctx);
-                                 return recv_check(&b->r) || send_check(&b->s);
+                                 auto* b = static_cast<Both*>(ctx);
+                                 return into_check(&b->r) || slot_free(b->s);
                                },
                                &w,
                                ch.global(from),
                                "to exchange with",
-                               {w.r.conn, w.s.conn},
+                               {w.r.conn, out},
                                {POLLIN, POLLOUT}}};
     } else if (received < nrecv) {
-      co_await wait_recv(&w.r, ch.global(from));
+      co_await wait_into(&w.r, ch.global(from));
     } else {
-      co_await wait_send(&w.s, ch.global(to));
+      co_await wait_slot(out, ch.global(to));
     }
   }
 }

@@ -27,6 +27,7 @@ struct PeerInfo {
   uint64_t tcp_slot_bytes;
   int32_t shm_slots;
   int32_t tcp_slots;
+  int32_t tcp_sockets;
   int32_t cores;
   uint64_t machine;  // the real host (simulated hosts may share one)
   uint64_t algo;     // BRAID_ALGO, encoded
@@ -100,6 +101,7 @@ Status Communicator::setup_transports() {
   mine.tcp_slot_bytes = config_.tcp_slot_bytes;
   mine.shm_slots = config_.shm_slots;
   mine.tcp_slots = config_.tcp_slots;
+  mine.tcp_sockets = config_.tcp_sockets;
   mine.cores = static_cast<int32_t>(sysconf(_SC_NPROCESSORS_ONLN));
   mine.machine = topo::host_hash(default_host_id());
   mine.algo = config_.algo.encode();
@@ -116,6 +118,8 @@ Status Communicator::setup_transports() {
   BRAID_RETURN_IF_ERROR(
       check_same(infos, "BRAID_TCP_SLOT_BYTES", [](const PeerInfo& p) { return p.tcp_slot_bytes; }));
   BRAID_RETURN_IF_ERROR(check_same(infos, "BRAID_TCP_SLOTS", [](const PeerInfo& p) { return p.tcp_slots; }));
+  BRAID_RETURN_IF_ERROR(
+      check_same(infos, "BRAID_TCP_SOCKETS", [](const PeerInfo& p) { return p.tcp_sockets; }));
   // Every rank must pick the same algorithm for the same call.
   BRAID_RETURN_IF_ERROR(check_same(infos, "BRAID_ALGO", [](const PeerInfo& p) { return p.algo; }));
   BRAID_RETURN_IF_ERROR(

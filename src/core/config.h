@@ -23,6 +23,7 @@ struct Config {
   size_t peer_read_min_bytes = 256 * 1024;             // BRAID_PEER_READ_MIN_BYTES
   size_t tcp_slot_bytes = 512 * 1024;                  // BRAID_TCP_SLOT_BYTES
   int tcp_slots = 4;                                   // BRAID_TCP_SLOTS
+  int tcp_sockets = 1;                                 // BRAID_TCP_SOCKETS, per peer and channel
   double spin_us = 30.0;                               // BRAID_SPIN_US: spin this long before blocking
   AlgoChoice algo;                                     // BRAID_ALGO=ring or all_reduce:tree;...
   size_t direct_max_bytes = 16 * 1024;                 // BRAID_DIRECT_MAX_BYTES

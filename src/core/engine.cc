@@ -281,7 +281,7 @@ Engine::Engine(int rank, const Config& config, const std::vector<std::vector<Con
     : rank_(rank), spin_us_(config.spin_us), timeout_s_(config.timeout_s), bell_(bell) {
   for (auto& list : peers)
     for (Connection* c : list)
-      if (c->poll_fd() >= 0) tcp_conns_.push_back(c);
+      if (c->pollable()) tcp_conns_.push_back(c);
   event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   lanes_.push_back({LaneKind::kCollective, -1, {}});
   if (config.dump_on_signal) install_dump_signal(rank);
@@ -640,14 +640,14 @@ void Engine::block(int max_ms) {
   if (!tcp_conns_.empty()) {
     fds.push_back({event_fd_, POLLIN, 0});
     for (Connection* c : tcp_conns_)
-      if (c->wants_write()) fds.push_back({c->poll_fd(), POLLOUT, 0});
+      if (c->wants_write()) c->poll_fds(POLLOUT, &fds);
     for (auto& lane : lanes_) {
       if (lane.ops.empty()) continue;
       if (lane.kind == LaneKind::kRecv && lane.peer < 0) {
         for (Connection* c : lane.ops.front()->any_source_conns) {
           if (c == nullptr) continue;
-          if (c->poll_fd() >= 0)
-            fds.push_back({c->poll_fd(), POLLIN, 0});
+          if (c->pollable())
+            c->poll_fds(POLLIN, &fds);
           else
             waits_on_shm = true;
         }
@@ -657,13 +657,13 @@ void Engine::block(int max_ms) {
       if (w == nullptr) continue;
       for (int i = 0; i < 2; ++i) {
         if (w->conn[i] == nullptr) continue;
-        if (w->conn[i]->poll_fd() < 0) {
+        if (!w->conn[i]->pollable()) {
           waits_on_shm = true;
         } else if (w->events[i] != POLLOUT) {
           // A tcp send slot frees when its bytes are written: the POLLOUT
           // entries above cover that. An idle socket is always writable, so
           // polling it for POLLOUT here would spin.
-          fds.push_back({w->conn[i]->poll_fd(), w->events[i], 0});
+          w->conn[i]->poll_fds(w->events[i], &fds);
         }
       }
     }

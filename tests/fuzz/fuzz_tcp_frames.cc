@@ -39,7 +39,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   close(sv[1]);
   if (!braid::set_nonblocking(sv[0], true)) abort();
-  auto conn = braid::TcpTransport::adopt(sv[0], 1, "fuzz", config);
+  auto conn = braid::TcpTransport::adopt({sv[0]}, 1, "fuzz", config);
   uint64_t sum = 0;
   // Every round consumes what arrived; the input is finite, so a correct
   // connection reaches an error (EOF, a bad frame) or runs out of bytes.

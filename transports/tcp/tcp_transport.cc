@@ -1,9 +1,11 @@
 #include "transports/tcp/tcp_transport.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -23,25 +25,41 @@ struct FrameHeader {
   CallTag tag;  // the sending call (unused in abort frames)
 };
 
+// Messages ("frames") are numbered in the order they are committed; frame f
+// travels on stream f % K of the K sockets to the peer, so each socket
+// carries every K-th frame in order and the receiver knows, from the number
+// alone, where the next one arrives. Slots are indexed by frame number on
+// both sides.
 class TcpConnection : public Connection {
  public:
-  TcpConnection(int fd, int peer, const std::string& host, const Config& config)
-      : fd_(fd),
-        peer_("rank " + std::to_string(peer) + " (host " + host + ")"),
+  TcpConnection(const std::vector<int>& fds, int peer, const std::string& host, const Config& config)
+      : peer_("rank " + std::to_string(peer) + " (host " + host + ")"),
         slot_bytes_(config.tcp_slot_bytes),
         nslots_(static_cast<uint64_t>(config.tcp_slots)) {
+    for (size_t k = 0; k < fds.size(); ++k) {
+      streams_.emplace_back();
+      streams_.back().fd = fds[k];
+      streams_.back().next_write = streams_.back().next_read = k;
+    }
     send_buf_.resize(nslots_ * slot_bytes_);
     send_len_.resize(nslots_);
     send_tag_.resize(nslots_);
     recv_buf_.resize(nslots_ * slot_bytes_);
     recv_len_.resize(nslots_);
     recv_tag_.resize(nslots_);
+    recv_full_.resize(nslots_);
   }
-  ~TcpConnection() override { close_fd(&fd_); }
+  ~TcpConnection() override {
+    for (Stream& s : streams_) close_fd(&s.fd);
+  }
 
   const char* kind() const override { return "tcp"; }
   size_t slot_bytes() const override { return slot_bytes_; }
-  int poll_fd() const override { return fd_; }
+  bool pollable() const override { return true; }
+  void poll_fds(short events, std::vector<pollfd>* out) const override {
+    for (const Stream& s : streams_)
+      if (events == POLLIN ? !s.eof : s.next_write < committed_) out->push_back({s.fd, events, 0});
+  }
   bool wants_write() const override { return written_ < committed_; }
 
   void* send_slot() override {
@@ -49,7 +67,7 @@ class TcpConnection : public Connection {
       (void)progress();
       if (committed_ - written_ >= nslots_) return nullptr;
     }
-    return &send_buf_[(committed_ % nslots_) * slot_bytes_];
+    return send_at(committed_);
   }
   void commit_send(size_t bytes, const CallTag& tag) override {
     send_len_[committed_ % nslots_] = bytes;
@@ -57,119 +75,121 @@ class TcpConnection : public Connection {
     ++committed_;
     (void)progress();  // start writing now: latency matters more than batching here
   }
+
+  // A frame whose socket has nothing queued goes out straight from the
+  // caller's memory; only what the socket does not take is staged.
+  bool send_from(const void* src, size_t bytes, const CallTag& tag) override {
+    if (committed_ - written_ >= nslots_) {
+      (void)progress();
+      if (committed_ - written_ >= nslots_) return false;
+    }
+    const uint64_t f = committed_++;
+    send_len_[f % nslots_] = bytes;
+    send_tag_[f % nslots_] = tag;
+    Stream& s = stream(f);
+    size_t took = 0;  // bytes of header and payload the socket took
+    const bool direct = s.next_write == f && error_.is_ok();
+    if (direct) {
+      FrameHeader h{kFrameMagic, static_cast<uint32_t>(bytes), tag};
+      iovec iov[2] = {{&h, sizeof(h)}, {const_cast<void*>(src), bytes}};
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = 2;
+      ssize_t w = sendmsg(s.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) (void)fail("sending to", errno);
+      took = w > 0 ? static_cast<size_t>(w) : 0;
+      if (took == sizeof(h) + bytes) {
+        wrote(s);
+        return true;
+      }
+      s.write_off = took;
+    }
+    const size_t from = took > sizeof(FrameHeader) ? took - sizeof(FrameHeader) : 0;
+    if (bytes > from) std::memcpy(send_at(f) + from, static_cast<const char*>(src) + from, bytes - from);
+    if (!direct) (void)progress();
+    return true;
+  }
+
   bool recv_ready(const void** data, size_t* bytes) override {
     if (filled_ == released_) {
       (void)progress();
       if (filled_ == released_) return false;
     }
-    *data = &recv_buf_[(released_ % nslots_) * slot_bytes_];
+    *data = recv_at(released_);
     *bytes = recv_len_[released_ % nslots_];
     return true;
   }
   const CallTag& recv_tag() const override { return recv_tag_[released_ % nslots_]; }
   void release_recv() override {
+    recv_full_[released_ % nslots_] = 0;
     ++released_;
     (void)progress();
   }
 
-  Status progress() override {
-    if (!error_.is_ok()) return error_;
-    while (written_ < committed_) {
-      uint64_t i = written_ % nslots_;
-      FrameHeader h{kFrameMagic, static_cast<uint32_t>(send_len_[i]), send_tag_[i]};
-      size_t total = sizeof(h) + send_len_[i];
-      iovec iov[2];
-      int n = 0;
-      if (write_off_ < sizeof(h)) {
-        iov[n++] = {reinterpret_cast<char*>(&h) + write_off_, sizeof(h) - write_off_};
-        iov[n++] = {&send_buf_[i * slot_bytes_], send_len_[i]};
-      } else {
-        iov[n++] = {&send_buf_[i * slot_bytes_ + (write_off_ - sizeof(h))], total - write_off_};
-      }
-      msghdr msg{};
-      msg.msg_iov = iov;
-      msg.msg_iovlen = n;
-      ssize_t w = sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (w < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
-        return fail("sending to", errno);
-      }
-      write_off_ += static_cast<size_t>(w);
-      if (write_off_ == total) {
-        write_off_ = 0;
-        ++written_;
-      }
+  // A payload that has not started arriving is read straight into dst when
+  // its header matches; one that already went to a slot is copied from it.
+  Received recv_into(void* dst, size_t bytes, const CallTag& tag) override {
+    if (filled_ == released_) {
+      Direct d{static_cast<char*>(dst), bytes, &tag};
+      Stream& s = stream(released_);
+      if (s.direct == nullptr && s.header_got == sizeof(FrameHeader) && s.payload_got == 0) claim(s, &d);
+      (void)read_frames(&d);
+      if (d.done) return Received::kDone;
+      if (filled_ == released_) return Received::kNotYet;
     }
-    while (!eof_ && filled_ - released_ < nslots_) {
-      uint64_t i = filled_ % nslots_;
-      ssize_t r;
-      if (header_got_ < sizeof(FrameHeader)) {
-        r = recv(fd_, reinterpret_cast<char*>(&header_) + header_got_, sizeof(FrameHeader) - header_got_,
-                 MSG_DONTWAIT);
-        if (r > 0) {
-          header_got_ += static_cast<size_t>(r);
-          if (header_got_ == sizeof(FrameHeader)) {
-            if (header_.magic == kAbortMagic && header_.bytes >= 4 && header_.bytes <= kMaxAbortBytes) {
-              BRAID_RETURN_IF_ERROR(read_abort_frame());
-              break;
-            }
-            if (header_.magic != kFrameMagic || header_.bytes > slot_bytes_) {
-              error_ = Status::remote(peer_ + " sent a malformed frame header (bad magic or length " +
-                                      std::to_string(header_.bytes) + " > slot " +
-                                      std::to_string(slot_bytes_) + ")");
-              return error_;
-            }
-            payload_got_ = 0;
-            recv_tag_[i] = header_.tag;
-            if (header_.bytes == 0) {
-              recv_len_[i] = 0;
-              header_got_ = 0;
-              ++filled_;
-            }
-          }
-          continue;
-        }
-      } else {
-        r = recv(fd_, &recv_buf_[i * slot_bytes_ + payload_got_], header_.bytes - payload_got_, MSG_DONTWAIT);
-        if (r > 0) {
-          payload_got_ += static_cast<size_t>(r);
-          if (payload_got_ == header_.bytes) {
-            recv_len_[i] = header_.bytes;
-            header_got_ = 0;
-            ++filled_;
-          }
-          continue;
-        }
-      }
-      if (r == 0) {
-        // End of stream is an error only once the messages before it are
-        // consumed (check_peer): they may carry the cause the peer saw.
-        eof_ = true;
-        break;
-      }
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
-      return fail("receiving from", errno);
-    }
-    return Status::ok();
+    return Connection::recv_into(dst, bytes, tag);
   }
 
-  // The end of the stream (or the peer's abort frame) is an error only once
+  Status progress() override {
+    if (!error_.is_ok()) return error_;
+    for (Stream& s : streams_) {
+      while (s.next_write < committed_) {
+        const uint64_t f = s.next_write;
+        const size_t len = send_len_[f % nslots_];
+        FrameHeader h{kFrameMagic, static_cast<uint32_t>(len), send_tag_[f % nslots_]};
+        const size_t total = sizeof(h) + len;
+        iovec iov[2];
+        int n = 0;
+        if (s.write_off < sizeof(h)) {
+          iov[n++] = {reinterpret_cast<char*>(&h) + s.write_off, sizeof(h) - s.write_off};
+          iov[n++] = {send_at(f), len};
+        } else {
+          iov[n++] = {send_at(f) + (s.write_off - sizeof(h)), total - s.write_off};
+        }
+        msghdr msg{};
+        msg.msg_iov = iov;
+        msg.msg_iovlen = n;
+        ssize_t w = sendmsg(s.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0) {
+          if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
+          return fail("sending to", errno);
+        }
+        s.write_off += static_cast<size_t>(w);
+        if (s.write_off == total) wrote(s);
+      }
+    }
+    return read_frames(nullptr);
+  }
+
+  // The end of a stream (or the peer's abort frame) is an error only once
   // the messages before it are consumed: they may show the cause here too.
   Status check_peer(bool) override {
     BRAID_RETURN_IF_ERROR(progress());
     if (filled_ != released_) return Status::ok();
     if (!peer_failure_.is_ok()) return peer_failure_;
-    if (eof_) return Status::remote(peer_ + " closed its tcp connection (process exited or failed)");
+    if (stream(released_).eof)
+      return Status::remote(peer_ + " closed its tcp connection (process exited or failed)");
     return Status::ok();
   }
   Status peer_failure() override {
     (void)progress();
     return peer_failure_;
   }
-  // After what is queued, send an abort frame with the cause (best effort: a
-  // full socket skips it), then half-close so the peer reads both.
+  // After what is queued, send an abort frame with the cause on the socket
+  // the next frame would take (best effort: a full socket skips it), then
+  // half-close every socket so the peer reads both.
   void shutdown(const Status& why) override {
-    if (fd_ < 0 || shut_) return;
+    if (shut_) return;
     shut_ = true;
     (void)progress();
     if (written_ == committed_ && error_.is_ok() && !why.is_ok()) {
@@ -179,16 +199,152 @@ class TcpConnection : public Connection {
       std::string frame(reinterpret_cast<const char*>(&h), sizeof(h));
       frame.append(reinterpret_cast<const char*>(&code), 4);
       frame += text;
-      (void)send_all(fd_, frame.data(), frame.size(), Deadline::after_seconds(0.05));
+      (void)send_all(stream(committed_).fd, frame.data(), frame.size(), Deadline::after_seconds(0.05));
     }
-    ::shutdown(fd_, SHUT_WR);
+    for (Stream& s : streams_)
+      if (s.fd >= 0) ::shutdown(s.fd, SHUT_WR);
   }
 
  private:
+  struct Stream {
+    int fd = -1;
+    uint64_t next_write = 0, next_read = 0;  // frame numbers, this stream's residue mod K
+    size_t write_off = 0;                    // of frame next_write: header and payload bytes written
+    FrameHeader header{};                    // of frame next_read
+    size_t header_got = 0, payload_got = 0;
+    char* direct = nullptr;  // where frame next_read's payload goes, if not its slot
+    bool eof = false;
+  };
+  // A receiver's buffer that the next payload may be read into.
+  struct Direct {
+    char* dst;
+    size_t bytes;
+    const CallTag* tag;
+    bool done = false;
+  };
+
+  Stream& stream(uint64_t frame) { return streams_[frame % streams_.size()]; }
+  char* send_at(uint64_t frame) { return &send_buf_[(frame % nslots_) * slot_bytes_]; }
+  char* recv_at(uint64_t frame) { return &recv_buf_[(frame % nslots_) * slot_bytes_]; }
+
+  // Frame s.next_write is written: the contiguous count moves to the oldest
+  // frame some stream still owes.
+  void wrote(Stream& s) {
+    s.write_off = 0;
+    s.next_write += streams_.size();
+    uint64_t oldest = committed_;
+    for (const Stream& t : streams_) oldest = std::min(oldest, t.next_write);
+    written_ = oldest;
+  }
+
+  // Frame s.next_read is complete in its slot, or (direct) in the receiver's
+  // buffer, which consumes it at once.
+  void arrived(Stream& s, bool direct) {
+    const uint64_t f = s.next_read;
+    s.header_got = s.payload_got = 0;
+    s.direct = nullptr;
+    s.next_read += streams_.size();
+    if (direct) {
+      ++released_;
+      ++filled_;
+    } else {
+      recv_len_[f % nslots_] = s.header.bytes;
+      recv_full_[f % nslots_] = 1;
+    }
+    while (filled_ - released_ < nslots_ && recv_full_[filled_ % nslots_]) ++filled_;
+  }
+
+  // Points the payload of the header s just read at d's buffer when it is
+  // the message d waits for (the next to consume, not in a slot).
+  void claim(Stream& s, Direct* d) {
+    if (d != nullptr && s.next_read == released_ && filled_ == released_ && s.header.bytes > 0 &&
+        s.header.bytes == d->bytes && s.header.tag == *d->tag)
+      s.direct = d->dst;
+  }
+
+  // Reads frames into free slots, or into d's buffer (claim), from every
+  // socket until none has more. A payload being read into a receiver's
+  // buffer is continued only by that receiver: the buffer is the caller's,
+  // valid only during its recv_into.
+  Status read_frames(Direct* d) {
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (Stream& s : streams_) {
+        BRAID_RETURN_IF_ERROR(read_stream(s, d, &moved));
+        if (d != nullptr && d->done) return Status::ok();  // one message per receiver call
+      }
+    }
+    return Status::ok();
+  }
+
+  Status read_stream(Stream& s, Direct* d, bool* moved) {
+    while (!s.eof) {
+      ssize_t r;
+      if (s.direct != nullptr) {
+        if (d == nullptr || d->dst != s.direct) break;
+        r = recv(s.fd, s.direct + s.payload_got, s.header.bytes - s.payload_got, MSG_DONTWAIT);
+        if (r > 0) {
+          *moved = true;
+          s.payload_got += static_cast<size_t>(r);
+          if (s.payload_got == s.header.bytes) {
+            arrived(s, true);
+            d->done = true;
+            break;
+          }
+          continue;
+        }
+      } else if (s.next_read - released_ >= nslots_) {
+        break;  // its slot is still taken
+      } else if (s.header_got < sizeof(FrameHeader)) {
+        r = recv(s.fd, reinterpret_cast<char*>(&s.header) + s.header_got, sizeof(FrameHeader) - s.header_got,
+                 MSG_DONTWAIT);
+        if (r > 0) {
+          *moved = true;
+          s.header_got += static_cast<size_t>(r);
+          if (s.header_got == sizeof(FrameHeader)) {
+            if (s.header.magic == kAbortMagic && s.header.bytes >= 4 && s.header.bytes <= kMaxAbortBytes) {
+              BRAID_RETURN_IF_ERROR(read_abort_frame(s));
+              break;
+            }
+            if (s.header.magic != kFrameMagic || s.header.bytes > slot_bytes_) {
+              error_ = Status::remote(peer_ + " sent a malformed frame header (bad magic or length " +
+                                      std::to_string(s.header.bytes) + " > slot " +
+                                      std::to_string(slot_bytes_) + ")");
+              return error_;
+            }
+            recv_tag_[s.next_read % nslots_] = s.header.tag;
+            if (s.header.bytes == 0)
+              arrived(s, false);
+            else
+              claim(s, d);
+          }
+          continue;
+        }
+      } else {
+        r = recv(s.fd, recv_at(s.next_read) + s.payload_got, s.header.bytes - s.payload_got, MSG_DONTWAIT);
+        if (r > 0) {
+          *moved = true;
+          s.payload_got += static_cast<size_t>(r);
+          if (s.payload_got == s.header.bytes) arrived(s, false);
+          continue;
+        }
+      }
+      if (r == 0) {
+        // End of stream is an error only once the messages before it are
+        // consumed (check_peer): they may carry the cause the peer saw.
+        s.eof = true;
+        break;
+      }
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
+      return fail("receiving from", errno);
+    }
+    return Status::ok();
+  }
+
   // Reads the rest of an abort frame (small; waits briefly for it).
-  Status read_abort_frame() {
-    std::vector<char> body(header_.bytes);
-    Status st = recv_all(fd_, body.data(), body.size(), Deadline::after_seconds(1));
+  Status read_abort_frame(Stream& s) {
+    std::vector<char> body(s.header.bytes);
+    Status st = recv_all(s.fd, body.data(), body.size(), Deadline::after_seconds(1));
     if (!st) {
       error_ = st.with_context(peer_ + " sent a truncated abort frame");
       return error_;
@@ -198,8 +354,8 @@ class TcpConnection : public Connection {
     if (code == 0 || code > BRAID_ERR_IN_PROGRESS) code = BRAID_ERR_REMOTE;
     peer_failure_ = Status(static_cast<braid_result_t>(code),
                            peer_ + " failed: " + std::string(body.data() + 4, body.size() - 4));
-    eof_ = true;  // nothing valid follows an abort frame
-    header_got_ = 0;
+    s.eof = true;  // nothing valid follows an abort frame
+    s.header_got = 0;
     return Status::ok();
   }
 
@@ -209,25 +365,22 @@ class TcpConnection : public Connection {
     return error_;
   }
 
-  int fd_;
   std::string peer_;  // "rank 3 (host node7)", as errors name it
   size_t slot_bytes_;
   uint64_t nslots_;
+  std::vector<Stream> streams_;
   Status error_;
-  bool eof_ = false;
   bool shut_ = false;
   Status peer_failure_;  // from the peer's abort frame
   std::vector<char> send_buf_;
   std::vector<size_t> send_len_;
   std::vector<CallTag> send_tag_;
-  uint64_t committed_ = 0, written_ = 0;
-  size_t write_off_ = 0;
+  uint64_t committed_ = 0, written_ = 0;  // frames; written_: all before it are the kernel's
   std::vector<char> recv_buf_;
   std::vector<size_t> recv_len_;
   std::vector<CallTag> recv_tag_;
-  uint64_t filled_ = 0, released_ = 0;
-  FrameHeader header_{};
-  size_t header_got_ = 0, payload_got_ = 0;
+  std::vector<char> recv_full_;         // per slot: a complete frame waits in it
+  uint64_t filled_ = 0, released_ = 0;  // frames; filled_: all before it have arrived
 };
 
 }  // namespace
@@ -239,32 +392,38 @@ Status TcpTransport::setup(Bootstrap& bootstrap, const std::vector<int>& peers,
   const int me = bootstrap.rank();
   const Deadline deadline = Deadline::after_seconds(config.timeout_s);
   // Lower ranks accept, higher ranks connect; connects do not wait for the
-  // acceptor, so the order cannot deadlock.
-  for (int peer : peers) {
-    if (peer > me) continue;
-    for (int c = 0; c < nchannels; ++c) {
-      int fd = -1;
-      BRAID_RETURN_IF_ERROR(bootstrap.connect_to_peer(peer, kTagTcpTransport + c, deadline, &fd));
-      BRAID_RETURN_IF_ERROR(set_nonblocking(fd, true));
-      t->conns_.push_back({c, peer, adopt(fd, peer, hosts[peer], config)});
-    }
-  }
-  for (int peer : peers) {
-    if (peer < me) continue;
-    for (int c = 0; c < nchannels; ++c) {
-      int fd = -1;
-      BRAID_RETURN_IF_ERROR(bootstrap.accept_from_peer(peer, kTagTcpTransport + c, deadline, &fd));
-      BRAID_RETURN_IF_ERROR(set_nonblocking(fd, true));
-      t->conns_.push_back({c, peer, adopt(fd, peer, hosts[peer], config)});
+  // acceptor, so the order cannot deadlock. Each (channel, socket) pair has
+  // its own handshake tag.
+  const int nsockets = config.tcp_sockets;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int peer : peers) {
+      if (pass == 0 ? peer > me : peer < me) continue;
+      for (int c = 0; c < nchannels; ++c) {
+        std::vector<int> fds;
+        for (int k = 0; k < nsockets; ++k) {
+          int fd = -1;
+          const uint32_t tag = kTagTcpTransport + static_cast<uint32_t>(c * nsockets + k);
+          Status st = pass == 0 ? bootstrap.connect_to_peer(peer, tag, deadline, &fd)
+                                : bootstrap.accept_from_peer(peer, tag, deadline, &fd);
+          if (st) st = set_nonblocking(fd, true);
+          if (!st) {
+            for (int& open : fds) close_fd(&open);
+            close_fd(&fd);
+            return st;
+          }
+          fds.push_back(fd);
+        }
+        t->conns_.push_back({c, peer, adopt(fds, peer, hosts[peer], config)});
+      }
     }
   }
   *out = std::move(t);
   return Status::ok();
 }
 
-std::unique_ptr<Connection> TcpTransport::adopt(int fd, int peer, const std::string& host,
-                                                const Config& config) {
-  return std::make_unique<TcpConnection>(fd, peer, host, config);
+std::unique_ptr<Connection> TcpTransport::adopt(const std::vector<int>& fds, int peer,
+                                                const std::string& host, const Config& config) {
+  return std::make_unique<TcpConnection>(fds, peer, host, config);
 }
 
 TcpTransport::~TcpTransport() = default;

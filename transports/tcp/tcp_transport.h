@@ -1,6 +1,8 @@
-// TCP transport: one non-blocking socket per (peer, channel), messages framed
-// with a validated header, staged through a bounded ring of slots on each
-// side. Used between hosts, and on one host when BRAID_TRANSPORT=tcp.
+// TCP transport: BRAID_TCP_SOCKETS non-blocking sockets per (peer, channel),
+// messages framed with a validated header and dealt to the sockets in turn,
+// staged through a bounded ring of slots on each side (or moved straight
+// between the socket and the caller's memory where the caller allows). Used between hosts, and on one host
+// when BRAID_TRANSPORT=tcp.
 #pragma once
 
 #include <memory>
@@ -24,9 +26,11 @@ class TcpTransport {
   ~TcpTransport();
 
   Connection* connection(int channel, int peer);
-  // A connection over an already connected, non-blocking socket (which it
-  // then owns): what setup builds, and what the frame fuzzer reads through.
-  static std::unique_ptr<Connection> adopt(int fd, int peer, const std::string& host, const Config& config);
+  // A connection over already connected, non-blocking sockets (which it
+  // then owns; the peer must list its ends in the same order): what setup
+  // builds, and what the frame fuzzer reads through.
+  static std::unique_ptr<Connection> adopt(const std::vector<int>& fds, int peer, const std::string& host,
+                                           const Config& config);
 
  private:
   TcpTransport() = default;
