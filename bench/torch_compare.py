@@ -7,7 +7,9 @@ each measurement alternates between them, so both see the same machine
 state. For all_reduce it also times braid's C API directly on the same
 communicator (ctypes on the extension's exported braid_all_reduce): the
 "torch/C" column is what the binding adds. The last section times a DDP
-training step (about 10 M parameters) through each backend.
+training step (about 10 M parameters) through each backend, and through DDP
+with a communication hook that keeps every bucket local: DDP's own cost,
+the floor any backend can reach.
 
 Times are medians over iterations of the slowest rank; ratios are
 braid / gloo (below 1 means braid is faster).
@@ -146,10 +148,19 @@ def worker(rank, world, port, args, out):
     params = sum(p.numel() for p in base.parameters())
     x, y = torch.randn(args.batch, 1024), torch.randn(args.batch, 1024)
     models = {}
-    for label, g in (("gloo", gloo), ("braid", braid)):
+    for label, g in (("gloo", gloo), ("braid", braid), ("no comm", braid)):
         m = Mlp()
         m.load_state_dict(base.state_dict())
         ddp = nn.parallel.DistributedDataParallel(m, process_group=g)
+        if label == "no comm":
+            # DDP's own work (bucket copies, hooks, the averaging) without any
+            # communication: the floor any backend's step can reach.
+            def keep_local(state, bucket):
+                fut = torch.futures.Future()
+                fut.set_result(bucket.buffer())
+                return fut
+
+            ddp.register_comm_hook(None, keep_local)
         models[label] = (ddp, torch.optim.SGD(ddp.parameters(), lr=1e-4))
 
     def step(label):
@@ -158,7 +169,7 @@ def worker(rank, world, port, args, out):
         nn.functional.mse_loss(ddp(x), y).backward()
         opt.step()
 
-    step_times = {"gloo": [], "braid": []}
+    step_times = {"gloo": [], "braid": [], "no comm": []}
     for label in step_times:
         step(label)
     for _ in range(args.ddp_steps):
@@ -217,8 +228,12 @@ def main():
               f"{t['braid'] / t['gloo']:>12.2f}{c}")
     print(f"\nDDP step, MLP with {params / 1e6:.1f} M parameters, batch {args.batch} per rank:")
     print(f"  gloo {ddp['gloo'] * 1e3:.1f} ms, braid {ddp['braid'] * 1e3:.1f} ms, "
-          f"compute alone {compute * 1e3:.1f} ms")
+          f"DDP without communication {ddp['no comm'] * 1e3:.1f} ms, compute alone {compute * 1e3:.1f} ms")
     print(f"ddp braid/gloo = {ddp['braid'] / ddp['gloo']:.2f}")
+    over_gloo, over_braid = ddp["gloo"] - ddp["no comm"], ddp["braid"] - ddp["no comm"]
+    if over_gloo > 0:
+        print(f"what communication adds to the step, braid/gloo = {over_braid / over_gloo:.2f} "
+              f"({over_braid * 1e3:.1f} ms against {over_gloo * 1e3:.1f} ms)")
 
 
 if __name__ == "__main__":
