@@ -4,13 +4,17 @@
 // whatever the socket took, a message that is not the expected one is left
 // for the caller to describe, and a peer's abort or exit is reported.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "src/core/config.h"
@@ -31,9 +35,11 @@ Pair connect_pair(int nsockets, size_t slot_bytes, int slots) {
   std::vector<int> left, right;
   for (int k = 0; k < nsockets; ++k) {
     int sv[2];
-    EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-    EXPECT_TRUE(set_nonblocking(sv[0], true).is_ok());
-    EXPECT_TRUE(set_nonblocking(sv[1], true).is_ok());
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0 || !set_nonblocking(sv[0], true) ||
+        !set_nonblocking(sv[1], true)) {
+      ADD_FAILURE() << "socketpair: " << std::strerror(errno);
+      std::abort();
+    }
     left.push_back(sv[0]);
     right.push_back(sv[1]);
   }
@@ -54,9 +60,9 @@ uint8_t byte_of(size_t message, size_t i) {
 // Many messages of random sizes (zero, tiny, a full slot), sent and received
 // in every combination of the slot and copying paths, with the reader lagging
 // so that sockets fill, writes split and payloads arrive in parts.
-void stream_messages(int nsockets) {
+void stream_messages(int nsockets, int slots) {
   const size_t slot = 64 * 1024;
-  Pair p = connect_pair(nsockets, slot, 3);
+  Pair p = connect_pair(nsockets, slot, slots);
   std::mt19937 rng(1234 + nsockets);
   const size_t kMessages = 400;
   std::vector<size_t> size(kMessages);
@@ -66,6 +72,7 @@ void stream_messages(int nsockets) {
   }
   std::vector<uint8_t> src(slot), dst(slot);
   size_t sent = 0, received = 0;
+  bool started = false;  // the receive of message `received` began
   while (received < kMessages) {
     // Send while slots are free, half of them through send_from.
     for (int burst = 0; burst < 4 && sent < kMessages; ++burst) {
@@ -86,7 +93,9 @@ void stream_messages(int nsockets) {
     for (int burst = 0; burst < 2 && received < kMessages; ++burst) {
       const size_t want = size[received];
       const CallTag t = tag_of(static_cast<uint32_t>(received), want);
-      std::fill(dst.begin(), dst.end(), 0xee);
+      // Filled once per message: after kNotYet part of it may be in dst.
+      if (!started) std::fill(dst.begin(), dst.end(), 0xee);
+      started = true;
       if (received % 3 != 0) {
         Connection::Received r = p.b->recv_into(dst.data(), want, t);
         ASSERT_NE(r, Connection::Received::kOther) << "message " << received;
@@ -106,6 +115,7 @@ void stream_messages(int nsockets) {
         ASSERT_EQ(dst[want], 0xee) << "message " << received << " wrote past its end";
       }
       ++received;
+      started = false;
     }
     ASSERT_TRUE(p.b->progress().is_ok());
   }
@@ -113,11 +123,52 @@ void stream_messages(int nsockets) {
 }
 
 TEST(TcpConnection, OneSocketKeepsEveryMessageIntact) {
-  stream_messages(1);
+  stream_messages(1, 3);
 }
 
 TEST(TcpConnection, SeveralSocketsKeepTheOrder) {
-  stream_messages(3);
+  stream_messages(3, 3);
+}
+
+TEST(TcpConnection, MoreSocketsThanSlotsKeepTheOrder) {
+  stream_messages(4, 2);
+}
+
+// The peer's half of a frame, written raw: the wire format is the header
+// (magic "BBDF", payload bytes, the 24-byte call tag) and the payload.
+void write_raw(int fd, const void* data, size_t bytes) {
+  ASSERT_EQ(write(fd, data, bytes), static_cast<ssize_t>(bytes)) << std::strerror(errno);
+}
+
+// A payload whose header arrived before the receive began is read straight
+// into the receiver's buffer: half of it shows there before the rest is sent.
+TEST(TcpConnection, PayloadIsReadStraightIntoTheReceiversBuffer) {
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  ASSERT_TRUE(set_nonblocking(sv[1], true).is_ok());
+  Config config;
+  config.tcp_slot_bytes = 8192;
+  config.tcp_slots = 2;
+  auto conn = TcpTransport::adopt({sv[1]}, 0, "raw", config);
+  const CallTag tag = tag_of(3, 4096);
+  std::vector<uint8_t> payload(4096);
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = byte_of(3, i);
+  const uint32_t header[2] = {0x46444242u, static_cast<uint32_t>(payload.size())};
+  write_raw(sv[0], header, sizeof(header));
+  write_raw(sv[0], &tag, sizeof(tag));
+  write_raw(sv[0], payload.data(), payload.size() / 2);
+  std::vector<uint8_t> dst(payload.size(), 0);
+  EXPECT_EQ(conn->recv_into(dst.data(), dst.size(), tag), Connection::Received::kNotYet);
+  for (size_t i = 0; i < payload.size() / 2; ++i)
+    ASSERT_EQ(dst[i], payload[i]) << "the first half was not read into the receiver's buffer, byte " << i;
+  EXPECT_EQ(dst[payload.size() / 2], 0);
+  // Only this receiver continues the payload: progress() leaves it alone.
+  write_raw(sv[0], payload.data() + payload.size() / 2, payload.size() / 2);
+  ASSERT_TRUE(conn->progress().is_ok());
+  EXPECT_EQ(dst[payload.size() / 2], 0);
+  EXPECT_EQ(conn->recv_into(dst.data(), dst.size(), tag), Connection::Received::kDone);
+  EXPECT_EQ(dst, payload);
+  close(sv[0]);
 }
 
 // A receive into the caller's memory that starts before the message does.
@@ -174,6 +225,76 @@ TEST(TcpConnection, AbortFrameReachesThePeerOnAnySocket) {
     EXPECT_EQ(st.code(), BRAID_ERR_TIMEOUT) << st.message();
     EXPECT_NE(st.message().find("rank 1 waited too long"), std::string::npos) << st.message();
   }
+}
+
+// With several sockets an abort can overtake earlier messages still on
+// their way on other sockets: it is reported only once they are consumed.
+TEST(TcpConnection, AbortWaitsForTheMessagesSentBeforeIt) {
+  int a[2], b[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, a), 0);
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, b), 0);
+  ASSERT_TRUE(set_nonblocking(a[1], true).is_ok());
+  ASSERT_TRUE(set_nonblocking(b[1], true).is_ok());
+  Config config;
+  config.tcp_slot_bytes = 8192;
+  config.tcp_slots = 2;
+  auto conn = TcpTransport::adopt({a[1], b[1]}, 0, "raw", config);
+  // Frame 0 on socket 0, half of it; the abort (frame 1's place) on socket 1.
+  const CallTag tag = tag_of(1, 100);
+  std::vector<uint8_t> payload(100, 7);
+  const uint32_t header[2] = {0x46444242u, 100};
+  write_raw(a[0], header, sizeof(header));
+  write_raw(a[0], &tag, sizeof(tag));
+  write_raw(a[0], payload.data(), 50);
+  const std::string why = "rank 1 ran out of memory";
+  const uint32_t abort_header[2] = {0x41444242u, static_cast<uint32_t>(4 + why.size())};
+  const CallTag none;
+  const uint32_t code = BRAID_ERR_SYSTEM;
+  write_raw(b[0], abort_header, sizeof(abort_header));
+  write_raw(b[0], &none, sizeof(none));
+  write_raw(b[0], &code, sizeof(code));
+  write_raw(b[0], why.data(), why.size());
+  std::vector<uint8_t> dst(100, 0);
+  EXPECT_EQ(conn->recv_into(dst.data(), dst.size(), tag), Connection::Received::kNotYet);
+  EXPECT_TRUE(conn->check_peer(true).is_ok()) << "the abort came before frame 0 was consumed";
+  EXPECT_TRUE(conn->peer_failure().is_ok());
+  write_raw(a[0], payload.data() + 50, 50);
+  EXPECT_EQ(conn->recv_into(dst.data(), dst.size(), tag), Connection::Received::kDone);
+  EXPECT_EQ(dst, payload);
+  Status st = conn->check_peer(true);
+  EXPECT_EQ(st.code(), BRAID_ERR_SYSTEM) << st.message();
+  EXPECT_NE(st.message().find(why), std::string::npos) << st.message();
+  EXPECT_EQ(conn->peer_failure().code(), BRAID_ERR_SYSTEM);
+  close(a[0]);
+  close(b[0]);
+}
+
+// A socket whose next message has no free slot is not polled for reading:
+// it stays readable, so poll would return at once and the driver would spin.
+TEST(TcpConnection, SocketsWaitingForASlotAreNotPolled) {
+  Pair p = connect_pair(2, 4096, 2);
+  for (uint32_t m = 0; m < 4; ++m) ASSERT_TRUE(p.a->send_from("abcd", 4, tag_of(m, 4)) || m >= 2);
+  // Two slots: messages 0 and 1 fill them; 2 and 3 wait on their sockets.
+  for (int i = 0; i < 4 && p.a->wants_write(); ++i) ASSERT_TRUE(p.a->progress().is_ok());
+  ASSERT_TRUE(p.b->progress().is_ok());
+  std::vector<pollfd> fds;
+  p.b->poll_fds(POLLIN, &fds);
+  EXPECT_TRUE(fds.empty()) << fds.size() << " sockets polled with both slots taken";
+  const void* data = nullptr;
+  size_t bytes = 0;
+  ASSERT_TRUE(p.b->recv_ready(&data, &bytes));
+  p.b->release_recv();  // reads message 2 into the freed slot
+  fds.clear();
+  p.b->poll_fds(POLLIN, &fds);
+  EXPECT_EQ(fds.size(), 0u) << "message 2 arrived; message 3 still has no slot";
+  for (int m = 1; m < 4; ++m) {
+    ASSERT_TRUE(p.b->recv_ready(&data, &bytes)) << "message " << m;
+    EXPECT_EQ(p.b->recv_tag().seq, static_cast<uint32_t>(m));
+    p.b->release_recv();
+  }
+  fds.clear();
+  p.b->poll_fds(POLLIN, &fds);
+  EXPECT_EQ(fds.size(), 2u) << "with a slot free for each socket's next message, both are polled";
 }
 
 TEST(TcpConnection, PeerThatClosesIsReported) {

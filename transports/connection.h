@@ -59,13 +59,15 @@ class Connection {
   // Copying forms of the above, for a message that starts or ends in the
   // caller's memory. A transport that can move bytes between its wire and
   // that memory directly (tcp: the socket reads into and writes from it)
-  // skips the staging slot; neither keeps a reference to the memory after
-  // returning, so the caller may reuse it at once.
-  // send_from: false while no slot is free (nothing sent).
+  // skips the staging slot.
+  // send_from: false while no slot is free (nothing sent). It keeps no
+  // reference to src: the caller may change it at once.
   virtual bool send_from(const void* src, size_t bytes, const CallTag& tag);
   // recv_into: kDone once the next message was `bytes` long, carried `tag`
   // and is now in dst (released); kOther when the next message is something
-  // else (left unreleased, for recv_ready/recv_tag to describe).
+  // else (left unreleased, for recv_ready/recv_tag to describe). After
+  // kNotYet, part of the message may already be in dst: call again with the
+  // same dst, and leave it alone, until kDone or kOther.
   enum class Received { kNotYet, kDone, kOther };
   virtual Received recv_into(void* dst, size_t bytes, const CallTag& tag);
 

@@ -56,9 +56,15 @@ class TcpConnection : public Connection {
   const char* kind() const override { return "tcp"; }
   size_t slot_bytes() const override { return slot_bytes_; }
   bool pollable() const override { return true; }
+  // For reading, only the sockets read_stream would read: one whose next
+  // frame has no free slot yet stays readable, and would wake poll at once.
   void poll_fds(short events, std::vector<pollfd>* out) const override {
-    for (const Stream& s : streams_)
-      if (events == POLLIN ? !s.eof : s.next_write < committed_) out->push_back({s.fd, events, 0});
+    for (const Stream& s : streams_) {
+      const bool wanted = events == POLLIN
+                              ? !s.eof && (s.direct != nullptr || s.next_read - released_ < nslots_)
+                              : s.next_write < committed_;
+      if (wanted) out->push_back({s.fd, events, 0});
+    }
   }
   bool wants_write() const override { return written_ < committed_; }
 
@@ -173,17 +179,21 @@ class TcpConnection : public Connection {
 
   // The end of a stream (or the peer's abort frame) is an error only once
   // the messages before it are consumed: they may show the cause here too.
+  // With several sockets the abort may arrive before earlier messages on
+  // other sockets: it counts from its own place in the order.
   Status check_peer(bool) override {
-    BRAID_RETURN_IF_ERROR(progress());
+    Status st = progress();
+    // The cause the peer gave comes before what its exit did to the sockets.
+    if (!peer_failure_.is_ok() && released_ >= abort_at_) return peer_failure_;
+    BRAID_RETURN_IF_ERROR(st);
     if (filled_ != released_) return Status::ok();
-    if (!peer_failure_.is_ok()) return peer_failure_;
     if (stream(released_).eof)
       return Status::remote(peer_ + " closed its tcp connection (process exited or failed)");
     return Status::ok();
   }
   Status peer_failure() override {
     (void)progress();
-    return peer_failure_;
+    return filled_ >= abort_at_ ? peer_failure_ : Status::ok();
   }
   // After what is queued, send an abort frame with the cause on the socket
   // the next frame would take (best effort: a full socket skips it), then
@@ -263,28 +273,30 @@ class TcpConnection : public Connection {
   }
 
   // Reads frames into free slots, or into d's buffer (claim), from every
-  // socket until none has more. A payload being read into a receiver's
+  // socket until each has no more (or no free slot). A payload being read into a receiver's
   // buffer is continued only by that receiver: the buffer is the caller's,
   // valid only during its recv_into.
   Status read_frames(Direct* d) {
-    for (bool moved = true; moved;) {
-      moved = false;
-      for (Stream& s : streams_) {
-        BRAID_RETURN_IF_ERROR(read_stream(s, d, &moved));
-        if (d != nullptr && d->done) return Status::ok();  // one message per receiver call
-      }
+    for (Stream& s : streams_) {
+      BRAID_RETURN_IF_ERROR(read_stream(s, d));
+      if (d != nullptr && d->done) break;  // one message per receiver call
     }
     return Status::ok();
   }
 
-  Status read_stream(Stream& s, Direct* d, bool* moved) {
+  Status read_stream(Stream& s, Direct* d) {
     while (!s.eof) {
       ssize_t r;
       if (s.direct != nullptr) {
-        if (d == nullptr || d->dst != s.direct) break;
+        if (d == nullptr) break;
+        if (d->dst != s.direct) {
+          error_ =
+              Status::internal("tcp connection with " + peer_ +
+                               ": a receive into a new buffer while a payload was half read into another");
+          return error_;
+        }
         r = recv(s.fd, s.direct + s.payload_got, s.header.bytes - s.payload_got, MSG_DONTWAIT);
         if (r > 0) {
-          *moved = true;
           s.payload_got += static_cast<size_t>(r);
           if (s.payload_got == s.header.bytes) {
             arrived(s, true);
@@ -299,7 +311,6 @@ class TcpConnection : public Connection {
         r = recv(s.fd, reinterpret_cast<char*>(&s.header) + s.header_got, sizeof(FrameHeader) - s.header_got,
                  MSG_DONTWAIT);
         if (r > 0) {
-          *moved = true;
           s.header_got += static_cast<size_t>(r);
           if (s.header_got == sizeof(FrameHeader)) {
             if (s.header.magic == kAbortMagic && s.header.bytes >= 4 && s.header.bytes <= kMaxAbortBytes) {
@@ -323,7 +334,6 @@ class TcpConnection : public Connection {
       } else {
         r = recv(s.fd, recv_at(s.next_read) + s.payload_got, s.header.bytes - s.payload_got, MSG_DONTWAIT);
         if (r > 0) {
-          *moved = true;
           s.payload_got += static_cast<size_t>(r);
           if (s.payload_got == s.header.bytes) arrived(s, false);
           continue;
@@ -336,6 +346,10 @@ class TcpConnection : public Connection {
         break;
       }
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
+      if (!peer_failure_.is_ok()) {  // the peer said why; its exit resets sockets
+        s.eof = true;
+        break;
+      }
       return fail("receiving from", errno);
     }
     return Status::ok();
@@ -354,6 +368,7 @@ class TcpConnection : public Connection {
     if (code == 0 || code > BRAID_ERR_IN_PROGRESS) code = BRAID_ERR_REMOTE;
     peer_failure_ = Status(static_cast<braid_result_t>(code),
                            peer_ + " failed: " + std::string(body.data() + 4, body.size() - 4));
+    abort_at_ = s.next_read;
     s.eof = true;  // nothing valid follows an abort frame
     s.header_got = 0;
     return Status::ok();
@@ -371,7 +386,8 @@ class TcpConnection : public Connection {
   std::vector<Stream> streams_;
   Status error_;
   bool shut_ = false;
-  Status peer_failure_;  // from the peer's abort frame
+  Status peer_failure_;             // from the peer's abort frame
+  uint64_t abort_at_ = UINT64_MAX;  // the frame number the abort took (all before it were sent)
   std::vector<char> send_buf_;
   std::vector<size_t> send_len_;
   std::vector<CallTag> send_tag_;
