@@ -99,10 +99,33 @@ def worker(rank, world, port, args, out):
     lib.braid_get_last_error.restype = ctypes.c_char_p
     comm = braid._get_backend(torch.device("cpu")).comm_handle
     rows = []
+    # torch.distributed's own cost per call: a group of one rank, where the
+    # collective itself does nothing, through torch and through the C API.
+    solo = dist.new_group(ranks=[0], backend="braid")
+    solo_cost = None
+    if rank == 0:
+        solo_comm = solo._get_backend(torch.device("cpu")).comm_handle
+        t2 = torch.ones(2)
+        costs = {"torch": [], "c": []}
+        for _ in range(3):
+            for label, fn in (("torch", lambda: dist.all_reduce(t2, group=solo)),
+                              ("c", lambda: c_all_reduce(lib, solo_comm, t2))):
+                for _ in range(100):
+                    fn()
+                t0 = time.perf_counter()
+                for _ in range(20000):
+                    fn()
+                costs[label].append((time.perf_counter() - t0) / 20000)
+        solo_cost = {k: min(v) for k, v in costs.items()}
 
     def both(name, size, make_fn, with_c=False):
         iters = iters_for(size, args.iters)
         fns = {"gloo": make_fn(gloo), "braid": make_fn(braid)}
+        if with_c:
+            # Right after the torch call in every round, so both find the
+            # caches in the state gloo's turn left them.
+            buf = torch.ones(max(1, size // 4))
+            fns["c"] = lambda: c_all_reduce(lib, comm, buf)
         for fn in fns.values():  # warm up
             fn()
             fn()
@@ -110,9 +133,6 @@ def worker(rank, world, port, args, out):
         for _ in range(args.rounds):  # alternate to share the machine's moods
             for label, fn in fns.items():
                 res.setdefault(label, []).append(timed(fn, iters, gloo))
-        if with_c:
-            buf = torch.ones(max(1, size // 4))
-            res["c"] = [timed(lambda: c_all_reduce(lib, comm, buf), iters, gloo) for _ in range(args.rounds)]
         rows.append((name, size, {k: min(v) for k, v in res.items()}))
 
     for size in SIZES if not args.ddp_only else ():
@@ -187,7 +207,8 @@ def worker(rank, world, port, args, out):
 
     compute = [timed(local_step, 1, gloo) for _ in range(args.ddp_steps)]
     if rank == 0:
-        out.put((rows, params, {k: statistics.median(v) for k, v in step_times.items()}, statistics.median(compute)))
+        out.put((rows, params, {k: statistics.median(v) for k, v in step_times.items()}, statistics.median(compute),
+                 solo_cost))
     dist.destroy_process_group()
 
 
@@ -212,7 +233,7 @@ def main():
     procs = [ctx.Process(target=worker, args=(r, args.nprocs, port, args, out)) for r in range(args.nprocs)]
     for p in procs:
         p.start()
-    rows, params, ddp, compute = out.get(timeout=1800)
+    rows, params, ddp, compute, solo_cost = out.get(timeout=1800)
     for p in procs:
         p.join()
     if any(p.exitcode != 0 for p in procs):
@@ -226,6 +247,9 @@ def main():
         c = f"{t['c'] * 1e6:>10.1f}{t['braid'] / t['c']:>9.2f}" if "c" in t else ""
         print(f"{name:<15}{fmt_size(size):>9}{t['gloo'] * 1e6:>12.1f}{t['braid'] * 1e6:>12.1f}"
               f"{t['braid'] / t['gloo']:>12.2f}{c}")
+    print(f"\ntorch's own cost per call (all_reduce of 8 B in a group of one rank): "
+          f"{solo_cost['torch'] * 1e6:.1f} us through torch.distributed, {solo_cost['c'] * 1e6:.1f} us "
+          f"through braid's C API (ctypes); the difference is in every torch row above")
     print(f"\nDDP step, MLP with {params / 1e6:.1f} M parameters, batch {args.batch} per rank:")
     print(f"  gloo {ddp['gloo'] * 1e3:.1f} ms, braid {ddp['braid'] * 1e3:.1f} ms, "
           f"DDP without communication {ddp['no comm'] * 1e3:.1f} ms, compute alone {compute * 1e3:.1f} ms")
