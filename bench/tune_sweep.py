@@ -3,8 +3,10 @@
 
 For each job shape (ranks x simulated hosts) it runs a *_perf binary once per
 algorithm with BRAID_ALGO forcing it, then once with the tuner choosing, and
-prints per size each algorithm's time, the best one, and tuner/best (1.00 is
-a perfect pick; the issue's bar is 1.10).
+prints per size each algorithm's time, the best one, the tuner's pick, and
+pick/best: the picked algorithm's forced time against the best forced time
+(1.00 is a perfect pick; the issue's bar is 1.10). The tuner's own run is
+shown too, but its time carries that run's noise on top of the pick's.
 
   bench/tune_sweep.py --build build --shapes 4x1,8x1,4x2,8x2 -b 8 -e 16M
 
@@ -82,6 +84,29 @@ def run_perf(args, coll, nranks, hosts, algo, tune_line=False):
     return times
 
 
+def parse_picks(line, coll):
+    """The tuner's INFO line ("all_reduce: rd < 32 KiB <= hier") as a list of
+    (algorithm, first size it is not picked at, or None for the last)."""
+    text = line.split(":", 1)[1] if line.startswith(coll + ":") else ""
+    picks = []
+    for part in text.split("<="):
+        m = re.fullmatch(r"\s*(\w+)(?:\s*<\s*(\d+)\s*(B|KiB|MiB|GiB))?\s*", part)
+        if not m:
+            return []
+        limit = None
+        if m.group(2):
+            limit = int(m.group(2)) * {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}[m.group(3)]
+        picks.append((m.group(1), limit))
+    return picks
+
+
+def pick_at(picks, size):
+    for algo, limit in picks:
+        if limit is None or size < limit:
+            return algo
+    return None
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--build", default="build")
@@ -109,8 +134,13 @@ def main():
                     results[a][size] = min(t, results[a].get(size, float("inf")))
         print(f"\n{coll}, {nranks} ranks on {hosts} simulated host(s): time in us (forced algorithm), "
               f"tuner/best")
-        print(f"tuner: {run_perf(args, coll, nranks, hosts, 'auto', tune_line=True)}")
-        print(f"{'size':>10} " + " ".join(f"{a:>10}" for a in algos) + f" {'tuner':>10} {'best':>10} {'ratio':>6}")
+        tune = run_perf(args, coll, nranks, hosts, "auto", tune_line=True)
+        picks = parse_picks(tune, coll)
+        print(f"tuner: {tune}")
+        print("ratio: the picked algorithm's own column against the best column (the pick runs the same")
+        print("code forced or chosen); 'tuner' is the tuner's own run, which adds that run's noise")
+        print(f"{'size':>10} " + " ".join(f"{a:>10}" for a in algos) +
+              f" {'tuner':>10} {'pick':>10} {'best':>10} {'ratio':>6}")
         for size in sorted(results["auto"]):
             row, best, best_t = [], None, float("inf")
             for a in algos:
@@ -122,9 +152,12 @@ def main():
                 if t < best_t:
                     best, best_t = a, t
             auto_t = results["auto"][size]
-            ratio = auto_t / best_t
+            pick = pick_at(picks, size)
+            pick_t = results.get(pick, {}).get(size) if pick in algos and runs(pick, hosts, size, coll) else None
+            ratio = (pick_t if pick_t is not None else auto_t) / best_t
             worst = max(worst, ratio)
-            print(f"{size:>10} " + " ".join(row) + f" {auto_t:>10.1f} {best:>10} {ratio:>6.2f}")
+            print(f"{size:>10} " + " ".join(row) +
+                  f" {auto_t:>10.1f} {pick or '?':>10} {best:>10} {ratio:>6.2f}")
     print(f"\nworst tuner/best: {worst:.2f}")
 
 

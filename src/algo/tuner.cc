@@ -221,6 +221,14 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
                      : (multi ? 1 : p2);
   // An exchange needs both partners running at once.
   const double pair_alpha = 2 * in.alpha_us;
+  // A pipelined binary tree all_reduce: inner nodes take two children's
+  // pieces and pass on one, and back. The pipeline fills over depth - 1
+  // pieces each way, so a buffer of one piece crosses every level whole
+  // (8 ranks, 256 KiB: 2.3x the ring's time on the VM, where the model
+  // without the fill chose the tree).
+  const double tree_us =
+      2 * depth * l.alpha_us +
+      2 * (S + (depth - 1) * std::min(S, static_cast<double>(sh.piece_bytes))) * l.beta_us_per_byte;
   switch (c) {
     case Coll::kAllReduce:
       switch (a) {
@@ -256,10 +264,9 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
           // slower than the tree at every size, so the model gives it the
           // tree's bytes and one more step: forced only (BRAID_ALGO=dbtree)
           // until a machine's sweep shows it ahead.
-          return 2 * (depth + 1) * l.alpha_us + 2 * S * l.beta_us_per_byte;
+          return tree_us + 2 * l.alpha_us;
         case Algo::kTree:
-          // Inner nodes take two children's pieces and pass on one, and back.
-          return 2 * depth * l.alpha_us + 2 * S * l.beta_us_per_byte;
+          return tree_us;
         case Algo::kPeerRead:
           return 10 * (n - 1) * in.alpha_us + 2 * (n - 1) / n * S * pr_beta;
         case Algo::kHierarchical: {
