@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <limits>
 #include <string>
 #include <type_traits>
 
@@ -364,7 +365,18 @@ struct Options : braid_bench::Sweep {
   std::vector<braid_redop_t> ops{BRAID_SUM};
   long root = 0;             // -1: every root
   bool compare_mpi = false;  // --compare mpi
+  // --algos: one communicator per entry (BRAID_ALGO=<collective>:<entry>;
+  // "auto" leaves the choice to the tuner), timed in turn at every size.
+  std::vector<std::string> algos;
+  long algo_rounds = 3;  // --algo-rounds: interleaved rounds, best kept
 };
+
+// The collectives whose algorithm BRAID_ALGO chooses.
+bool has_algorithms(const char* name) {
+  for (const char* c : {"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter"})
+    if (std::strcmp(name, c) == 0) return true;
+  return false;
+}
 
 void print_usage(FILE* out, const char* prog, const CollDesc& desc) {
   std::fprintf(out,
@@ -384,6 +396,10 @@ void print_usage(FILE* out, const char* prog, const CollDesc& desc) {
                "      --compare mpi          also run each size through MPI's own collective (out of\n"
                "                             place, same buffers and iterations) and print its time,\n"
                "                             busbw and braid's busbw / MPI's\n"
+               "      --algos a,b,...        time each algorithm (BRAID_ALGO=<collective>:a; auto: the\n"
+               "                             tuner's choice) side by side, out of place: one\n"
+               "                             communicator each, taking turns at every size\n"
+               "      --algo-rounds <n>      turns per algorithm and size, best kept (default 3)\n"
                "  -h, --help                 this text\n",
                prog, desc.reduces ? "" : "; ignored here", desc.rooted ? "" : "; ignored here");
 }
@@ -394,6 +410,7 @@ using braid_bench::parse_size;
 enum class ParseResult { kRun, kHelp, kError };
 
 constexpr int kCompareFlag = 0x100;  // --compare: long form only
+constexpr int kAlgosFlag = 0x101, kAlgoRoundsFlag = 0x102;
 
 ParseResult parse_args(int argc, char** argv, const CollDesc& desc, Options* opt, std::string* error) {
   static const option kLongOptions[] = {{"minbytes", required_argument, nullptr, 'b'},
@@ -407,6 +424,8 @@ ParseResult parse_args(int argc, char** argv, const CollDesc& desc, Options* opt
                                         {"op", required_argument, nullptr, 'o'},
                                         {"root", required_argument, nullptr, 'r'},
                                         {"compare", required_argument, nullptr, kCompareFlag},
+                                        {"algos", required_argument, nullptr, kAlgosFlag},
+                                        {"algo-rounds", required_argument, nullptr, kAlgoRoundsFlag},
                                         {"help", no_argument, nullptr, 'h'},
                                         {nullptr, 0, nullptr, 0}};
   auto fail = [&](const std::string& flag, const std::string& why) {
@@ -420,9 +439,15 @@ ParseResult parse_args(int argc, char** argv, const CollDesc& desc, Options* opt
     const int c = getopt_long(argc, argv, ":b:e:f:i:n:w:c:d:o:r:h", kLongOptions, nullptr);
     if (c == -1) break;
     // The flag as the user wrote it when getopt rejected it, else its short form.
-    std::string flag = c == kCompareFlag ? "--compare" : "-" + std::string(1, static_cast<char>(c));
+    auto long_name = [](int f) -> const char* {
+      return f == kCompareFlag      ? "--compare"
+             : f == kAlgosFlag      ? "--algos"
+             : f == kAlgoRoundsFlag ? "--algo-rounds"
+                                    : nullptr;
+    };
+    std::string flag = long_name(c) ? long_name(c) : "-" + std::string(1, static_cast<char>(c));
     if (c == '?' || c == ':') {
-      flag = optopt == kCompareFlag                       ? "--compare"
+      flag = long_name(optopt)                            ? long_name(optopt)
              : optopt != 0 && (c == '?' || optind > argc) ? "-" + std::string(1, static_cast<char>(optopt))
                                                           : std::string(argv[optind - 1]);
     }
@@ -463,6 +488,23 @@ ParseResult parse_args(int argc, char** argv, const CollDesc& desc, Options* opt
         }
         opt->compare_mpi = true;
         break;
+      case kAlgosFlag: {
+        if (!has_algorithms(desc.name))
+          return fail(flag, std::string(desc.name) + " has no algorithms to choose");
+        opt->algos.clear();
+        std::string list = arg;
+        for (size_t pos = 0; pos <= list.size();) {
+          size_t end = list.find(',', pos);
+          if (end == std::string::npos) end = list.size();
+          if (end > pos) opt->algos.push_back(list.substr(pos, end - pos));
+          pos = end + 1;
+        }
+        if (opt->algos.empty()) return fail(flag, "no algorithm named");
+        break;
+      }
+      case kAlgoRoundsFlag:
+        if (!parse_long(arg, 1, 1000, &opt->algo_rounds)) return fail(flag, "expected 1 to 1000 rounds");
+        break;
       case 'h':
         return ParseResult::kHelp;
       case ':':
@@ -474,6 +516,7 @@ ParseResult parse_args(int argc, char** argv, const CollDesc& desc, Options* opt
   }
   if (optind < argc) return fail(argv[optind], "unexpected argument");
   if (std::string bad_flag, why; !braid_bench::finish_sweep(opt, &bad_flag, &why)) return fail(bad_flag, why);
+  if (!opt->algos.empty() && opt->compare_mpi) return fail("--algos", "cannot be combined with --compare");
   if (desc.reduces && !dtype_all && !op_all && !op_defined(opt->ops[0], type_info(opt->dtypes[0]))) {
     return fail("-o", std::string(kOpNames[opt->ops[0]]) + " is not defined for " +
                           type_info(opt->dtypes[0]).name +
@@ -815,6 +858,28 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
   }
   ctx.comm = comm;
 
+  // --algos: one communicator per algorithm, each made while BRAID_ALGO
+  // forces it (every rank sets the same), so all are timed in one process.
+  std::vector<braid_comm_t> algo_comms;
+  if (!opt.algos.empty()) {
+    const char* env = std::getenv("BRAID_ALGO");
+    const std::string saved = env != nullptr ? env : "";
+    for (const std::string& a : opt.algos) {
+      if (a == "auto")
+        unsetenv("BRAID_ALGO");
+      else
+        setenv("BRAID_ALGO", (std::string(desc.name) + ":" + a).c_str(), 1);
+      braid_comm_t c = nullptr;
+      if (braid_result_t r = braid_bench::braid_comm_from_mpi(MPI_COMM_WORLD, &c); r != BRAID_SUCCESS)
+        die(ctx, ("making the communicator for --algos " + a).c_str(), r);
+      algo_comms.push_back(c);
+    }
+    if (env != nullptr)
+      setenv("BRAID_ALGO", saved.c_str(), 1);
+    else
+      unsetenv("BRAID_ALGO");
+  }
+
   if (rank == 0) {
     int version = 0;
     braid_get_version(&version);
@@ -852,7 +917,15 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
                   all[static_cast<size_t>(r)].host);
     }
     std::printf("#\n");
-    print_table_header(opt.compare_mpi);
+    if (opt.algos.empty()) {
+      print_table_header(opt.compare_mpi);
+    } else {
+      std::printf("# --algos: out-of-place time (us) of each algorithm, best of %ld rounds taking turns\n",
+                  opt.algo_rounds);
+      std::printf("#%11s  %12s  %8s  %6s  %6s", "size", "count", "type", "redop", "root");
+      for (const std::string& a : opt.algos) std::printf("  %12s", a.c_str());
+      std::printf("\n");
+    }
     std::fflush(stdout);
   }
 
@@ -878,7 +951,28 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
           int len = std::snprintf(line, sizeof line, "%12zu  %12zu  %8s  %6s  %6d", size, count, ti.name,
                                   desc.reduces ? kOpNames[op] : "none", root);
           long long row_oob = 0;
+          if (!algo_comms.empty()) {
+            // Each round starts with a different algorithm, so none always
+            // runs first after the size changes.
+            const size_t n = algo_comms.size();
+            std::vector<double> best(n, std::numeric_limits<double>::infinity());
+            for (long round = 0; round < opt.algo_rounds; ++round) {
+              for (size_t k = 0; k < n; ++k) {
+                const size_t i = (k + static_cast<size_t>(round)) % n;
+                Context turn = ctx;
+                turn.comm = algo_comms[i];
+                const Measurement m = measure(turn, dtype, op, root, count, false);
+                best[i] = std::min(best[i], m.time_us);
+                if (m.wrong > 0) totals.wrong += m.wrong;
+                totals.out_of_bounds += m.out_of_bounds;
+                row_oob += m.out_of_bounds;
+              }
+            }
+            for (double t : best)
+              len += std::snprintf(line + len, sizeof line - len, "  %12s", format_time(t).c_str());
+          }
           for (bool in_place : {false, true}) {
+            if (!algo_comms.empty()) break;
             if (in_place && !desc.in_place) {
               len += std::snprintf(line + len, sizeof line - len, "  %7s  %6s  %6s %6s", "N/A", "N/A", "N/A",
                                    "N/A");
@@ -949,6 +1043,10 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
     std::fflush(stdout);
   }
 
+  for (braid_comm_t c : algo_comms) {
+    if (braid_result_t r = braid_comm_destroy(c); r != BRAID_SUCCESS)
+      die(ctx, "braid_comm_destroy (--algos)", r);
+  }
   if (braid_result_t r = braid_comm_destroy(comm); r != BRAID_SUCCESS) {
     ctx.comm = nullptr;  // gone: only the thread's last error remains
     die(ctx, "braid_comm_destroy", r);

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Checks the tuner against every forced algorithm, side by side in one run.
 
-For each job shape (ranks x simulated hosts) it runs a *_perf binary once per
-algorithm with BRAID_ALGO forcing it, then once with the tuner choosing, and
+For each job shape (ranks x simulated hosts) it runs a *_perf binary once,
+with one communicator per algorithm (BRAID_ALGO forcing it) and one with the
+tuner choosing, taking turns at every size (perf --algos), and
 prints per size each algorithm's time, the best one, the tuner's pick, and
 pick/best: the picked algorithm's forced time against the best forced time
 (1.00 is a perfect pick; the issue's bar is 1.10). The tuner's own run is
@@ -47,7 +48,9 @@ def parse_size(text):
     return int(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2)]
 
 
-def run_perf(args, coll, nranks, hosts, algo, tune_line=False):
+def run_perf(args, coll, nranks, hosts, algos=None):
+    """With `algos`: every algorithm's time per size, from one run in which
+    they take turns (perf --algos). Without: the tuner's INFO line."""
     wrapper = (
         'H={h}; export BRAID_HOST_ID=sim-host-$(( OMPI_COMM_WORLD_RANK * H / OMPI_COMM_WORLD_SIZE )); exec "$@"'
     ).format(h=hosts)
@@ -55,33 +58,32 @@ def run_perf(args, coll, nranks, hosts, algo, tune_line=False):
     env.pop("BRAID_ALGO", None)
     cmd = [args.mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(nranks),
            "-x", "BRAID_SOCKET_IFNAME"]
-    if algo != "auto":
-        env["BRAID_ALGO"] = f"{coll}:{algo}"
-        cmd += ["-x", "BRAID_ALGO"]
-    elif tune_line:
+    if algos is None:
         # The tuner's own account of its choice, from rank 0's INFO log, in a
-        # separate short run (logging stays out of the timed ones).
+        # separate short run (logging stays out of the timed one).
         env.update(BRAID_DEBUG="INFO", BRAID_DEBUG_SUBSYS="TUNE")
         cmd += ["-x", "BRAID_DEBUG", "-x", "BRAID_DEBUG_SUBSYS"]
-    sizes = ["-b", "8", "-e", "8", "-n", "1", "-w", "0"] if tune_line else [
-        "-b", str(args.b), "-e", str(args.e), "-f", str(args.f), "-n", str(args.n), "-w", str(args.w)]
+        sizes = ["-b", "8", "-e", "8", "-n", "1", "-w", "0"]
+    else:
+        sizes = ["-b", str(args.b), "-e", str(args.e), "-f", str(args.f), "-n", str(args.n), "-w", str(args.w),
+                 "--algos", ",".join(algos), "--algo-rounds", str(args.repeat)]
     cmd += ["bash", "-c", wrapper, "wrap", os.path.join(args.build, "bench", f"{coll}_perf")] + sizes + ["-c", "0"]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     if out.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{out.stdout}\n{out.stderr}")
-    if tune_line:
+    if algos is None:
         for line in out.stderr.splitlines():
             m = re.search(r"\[0\] INFO TUNE (" + coll + r": .*)", line)
             if m:
                 return m.group(1)
         return "?"
-    times = {}
+    results = {a: {} for a in algos}
     for line in out.stdout.splitlines():
         f = line.split()
-        if len(f) >= 10 and f[0].isdigit():
-            # Out-of-place and in-place times: the smaller is the less disturbed.
-            times[int(f[0])] = min(float(f[5]), float(f[9]))
-    return times
+        if len(f) >= 5 + len(algos) and f[0].isdigit():
+            for a, t in zip(algos, f[5:5 + len(algos)]):
+                results[a][int(f[0])] = float(t)
+    return results
 
 
 def parse_picks(line, coll):
@@ -119,7 +121,7 @@ def main():
     p.add_argument("-n", type=int, default=20)
     p.add_argument("-w", type=int, default=5)
     p.add_argument("--timeout", type=float, default=900)
-    p.add_argument("--repeat", type=int, default=2,
+    p.add_argument("--repeat", type=int, default=3,
                    help="runs per algorithm, interleaved; each size keeps its best (least disturbed) time")
     args = p.parse_args()
     coll = args.collective
@@ -127,14 +129,10 @@ def main():
     for shape in args.shapes.split(","):
         nranks, hosts = (int(x) for x in shape.split("x"))
         algos = [a for a in ALGOS[coll] if any(runs(a, hosts, s, coll) for s in (args.b, args.e))]
-        results = {a: {} for a in algos + ["auto"]}
-        for _ in range(args.repeat):
-            for a in results:
-                for size, t in run_perf(args, coll, nranks, hosts, a).items():
-                    results[a][size] = min(t, results[a].get(size, float("inf")))
+        results = run_perf(args, coll, nranks, hosts, algos + ["auto"])
         print(f"\n{coll}, {nranks} ranks on {hosts} simulated host(s): time in us (forced algorithm), "
               f"tuner/best")
-        tune = run_perf(args, coll, nranks, hosts, "auto", tune_line=True)
+        tune = run_perf(args, coll, nranks, hosts)
         picks = parse_picks(tune, coll)
         print(f"tuner: {tune}")
         print("ratio: the picked algorithm's own column against the best column (the pick runs the same")
