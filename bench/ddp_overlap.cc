@@ -64,14 +64,10 @@ struct Config {
 
 bool parse_bucket_list(const char* s, std::vector<size_t>* out) {
   out->clear();
-  std::string list = s;
-  size_t start = 0;
-  while (start <= list.size()) {
-    const size_t end = std::min(list.find(',', start), list.size());
+  for (const std::string& entry : braid_bench::split_list(s)) {
     size_t v = 0;
-    if (!braid_bench::parse_size(list.substr(start, end - start).c_str(), &v) || v == 0) return false;
+    if (!braid_bench::parse_size(entry.c_str(), &v) || v == 0) return false;
     out->push_back(v);
-    start = end + 1;
   }
   return !out->empty();
 }

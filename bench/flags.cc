@@ -1,5 +1,6 @@
 #include "flags.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdint>
@@ -101,6 +102,17 @@ bool finish_sweep(Sweep* s, std::string* flag, std::string* why) {
     return false;
   }
   return true;
+}
+
+std::vector<std::string> split_list(const char* s) {
+  const std::string list = s;
+  std::vector<std::string> out;
+  for (size_t start = 0; start <= list.size();) {
+    const size_t end = std::min(list.find(',', start), list.size());
+    out.push_back(list.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
 }
 
 }  // namespace braid_bench

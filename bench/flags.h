@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 namespace braid_bench {
 
@@ -32,5 +33,7 @@ bool finish_sweep(Sweep* sweep, std::string* flag, std::string* why);
 bool parse_size(const char* s, size_t* out);
 // A base-10 integer within [min, max]; false otherwise.
 bool parse_long(const char* s, long min, long max, long* out);
+// "a,b,,c" -> {"a", "b", "", "c"}: every comma-separated entry, empty ones too.
+std::vector<std::string> split_list(const char* s);
 
 }  // namespace braid_bench

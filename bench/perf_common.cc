@@ -18,6 +18,7 @@
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 namespace braid_perf {
 namespace {
@@ -492,13 +493,8 @@ ParseResult parse_args(int argc, char** argv, const CollDesc& desc, Options* opt
         if (!has_algorithms(desc.name))
           return fail(flag, std::string(desc.name) + " has no algorithms to choose");
         opt->algos.clear();
-        std::string list = arg;
-        for (size_t pos = 0; pos <= list.size();) {
-          size_t end = list.find(',', pos);
-          if (end == std::string::npos) end = list.size();
-          if (end > pos) opt->algos.push_back(list.substr(pos, end - pos));
-          pos = end + 1;
-        }
+        for (std::string& a : braid_bench::split_list(arg))
+          if (!a.empty()) opt->algos.push_back(std::move(a));
         if (opt->algos.empty()) return fail(flag, "no algorithm named");
         break;
       }

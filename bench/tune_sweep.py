@@ -6,8 +6,8 @@ with one communicator per algorithm (BRAID_ALGO forcing it) and one with the
 tuner choosing, taking turns at every size (perf --algos), and
 prints per size each algorithm's time, the best one, the tuner's pick, and
 pick/best: the picked algorithm's forced time against the best forced time
-(1.00 is a perfect pick; the issue's bar is 1.10). The tuner's own run is
-shown too, but its time carries that run's noise on top of the pick's.
+(1.00 is a perfect pick; the issue's bar is 1.10). The tuner's communicator
+is timed too ('tuner'): the same algorithm as the pick, measured once more.
 
   bench/tune_sweep.py --build build --shapes 4x1,8x1,4x2,8x2 -b 8 -e 16M
 
@@ -122,7 +122,7 @@ def main():
     p.add_argument("-w", type=int, default=5)
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--repeat", type=int, default=3,
-                   help="runs per algorithm, interleaved; each size keeps its best (least disturbed) time")
+                   help="turns per algorithm and size, interleaved (perf --algo-rounds); each keeps its best time")
     args = p.parse_args()
     coll = args.collective
     worst = 0.0
@@ -135,8 +135,8 @@ def main():
         tune = run_perf(args, coll, nranks, hosts)
         picks = parse_picks(tune, coll)
         print(f"tuner: {tune}")
-        print("ratio: the picked algorithm's own column against the best column (the pick runs the same")
-        print("code forced or chosen); 'tuner' is the tuner's own run, which adds that run's noise")
+        print("ratio: the picked algorithm's own column against the best column; 'tuner' times the")
+        print("tuner's communicator, which runs the same code as the pick's")
         print(f"{'size':>10} " + " ".join(f"{a:>10}" for a in algos) +
               f" {'tuner':>10} {'pick':>10} {'best':>10} {'ratio':>6}")
         for size in sorted(results["auto"]):

@@ -80,6 +80,13 @@ void commit(Connection* c, size_t bytes) {
   c->commit_send(bytes, current_op()->tag);
 }
 
+// send_from, counting what it sent.
+bool send_counted(Connection* c, const void* src, size_t bytes, const CallTag& tag) {
+  if (!c->send_from(src, bytes, tag)) return false;
+  c->count_moved(bytes);
+  return true;
+}
+
 // The message that arrived from a peer was sent by the same call as this
 // op's, and is the piece this op expects next.
 bool usable(const Connection* c, size_t got, size_t want) {
@@ -134,8 +141,7 @@ void FailOp::await_suspend(std::coroutine_handle<> h) {
 Task send_piece(const Channel& ch, int to, const void* src, size_t bytes) {
   Connection* c = ch.to(to);
   const CallTag& tag = current_op()->tag;
-  while (!c->send_from(src, bytes, tag)) co_await wait_slot(c, ch.global(to));
-  c->count_moved(bytes);
+  while (!send_counted(c, src, bytes, tag)) co_await wait_slot(c, ch.global(to));
 }
 
 Task recv_piece(const Channel& ch, int from, void* dst, size_t bytes) {
@@ -251,8 +257,7 @@ Task exchange(const Channel& ch, int to, const void* src, size_t send_bytes, int
     }
     if (sent < nsend) {
       size_t off = sent * piece, len = std::min(piece, send_bytes - off);
-      if (out->send_from(s + off, len, tag)) {
-        out->count_moved(len);
+      if (send_counted(out, s + off, len, tag)) {
         ++sent;
         moved = true;
       }

@@ -68,51 +68,28 @@ class TcpConnection : public Connection {
   }
   bool wants_write() const override { return written_ < committed_; }
 
-  void* send_slot() override {
-    if (committed_ - written_ >= nslots_) {
-      (void)progress();
-      if (committed_ - written_ >= nslots_) return nullptr;
-    }
-    return send_at(committed_);
-  }
+  void* send_slot() override { return slot_free() ? send_at(committed_) : nullptr; }
   void commit_send(size_t bytes, const CallTag& tag) override {
-    send_len_[committed_ % nslots_] = bytes;
-    send_tag_[committed_ % nslots_] = tag;
-    ++committed_;
+    queue(bytes, tag);
     (void)progress();  // start writing now: latency matters more than batching here
   }
 
   // A frame whose socket has nothing queued goes out straight from the
   // caller's memory; only what the socket does not take is staged.
   bool send_from(const void* src, size_t bytes, const CallTag& tag) override {
-    if (committed_ - written_ >= nslots_) {
-      (void)progress();
-      if (committed_ - written_ >= nslots_) return false;
-    }
-    const uint64_t f = committed_++;
-    send_len_[f % nslots_] = bytes;
-    send_tag_[f % nslots_] = tag;
+    if (!slot_free()) return false;
+    const uint64_t f = queue(bytes, tag);
+    const char* p = static_cast<const char*>(src);
     Stream& s = stream(f);
-    size_t took = 0;  // bytes of header and payload the socket took
-    const bool direct = s.next_write == f && error_.is_ok();
-    if (direct) {
-      FrameHeader h{kFrameMagic, static_cast<uint32_t>(bytes), tag};
-      iovec iov[2] = {{&h, sizeof(h)}, {const_cast<void*>(src), bytes}};
-      msghdr msg{};
-      msg.msg_iov = iov;
-      msg.msg_iovlen = 2;
-      ssize_t w = sendmsg(s.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) (void)fail("sending to", errno);
-      took = w > 0 ? static_cast<size_t>(w) : 0;
-      if (took == sizeof(h) + bytes) {
-        wrote(s);
-        return true;
-      }
-      s.write_off = took;
+    if (s.next_write != f || !error_.is_ok()) {
+      if (bytes) std::memcpy(send_at(f), p, bytes);
+      (void)progress();
+      return true;
     }
-    const size_t from = took > sizeof(FrameHeader) ? took - sizeof(FrameHeader) : 0;
-    if (bytes > from) std::memcpy(send_at(f) + from, static_cast<const char*>(src) + from, bytes - from);
-    if (!direct) (void)progress();
+    if (write_frame(s, p)) return true;
+    // Stage the payload bytes the socket did not take.
+    const size_t sent = s.write_off > sizeof(FrameHeader) ? s.write_off - sizeof(FrameHeader) : 0;
+    if (bytes > sent) std::memcpy(send_at(f) + sent, p + sent, bytes - sent);
     return true;
   }
 
@@ -149,30 +126,9 @@ class TcpConnection : public Connection {
   Status progress() override {
     if (!error_.is_ok()) return error_;
     for (Stream& s : streams_) {
-      while (s.next_write < committed_) {
-        const uint64_t f = s.next_write;
-        const size_t len = send_len_[f % nslots_];
-        FrameHeader h{kFrameMagic, static_cast<uint32_t>(len), send_tag_[f % nslots_]};
-        const size_t total = sizeof(h) + len;
-        iovec iov[2];
-        int n = 0;
-        if (s.write_off < sizeof(h)) {
-          iov[n++] = {reinterpret_cast<char*>(&h) + s.write_off, sizeof(h) - s.write_off};
-          iov[n++] = {send_at(f), len};
-        } else {
-          iov[n++] = {send_at(f) + (s.write_off - sizeof(h)), total - s.write_off};
-        }
-        msghdr msg{};
-        msg.msg_iov = iov;
-        msg.msg_iovlen = n;
-        ssize_t w = sendmsg(s.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (w < 0) {
-          if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
-          return fail("sending to", errno);
-        }
-        s.write_off += static_cast<size_t>(w);
-        if (s.write_off == total) wrote(s);
+      while (s.next_write < committed_ && write_frame(s, send_at(s.next_write))) {
       }
+      if (!error_.is_ok()) return error_;
     }
     return read_frames(nullptr);
   }
@@ -236,6 +192,50 @@ class TcpConnection : public Connection {
   Stream& stream(uint64_t frame) { return streams_[frame % streams_.size()]; }
   char* send_at(uint64_t frame) { return &send_buf_[(frame % nslots_) * slot_bytes_]; }
   char* recv_at(uint64_t frame) { return &recv_buf_[(frame % nslots_) * slot_bytes_]; }
+
+  // Whether frame committed_ has a free slot (after writing what can be).
+  bool slot_free() {
+    if (committed_ - written_ < nslots_) return true;
+    (void)progress();
+    return committed_ - written_ < nslots_;
+  }
+  // Commits the next frame's length and call; returns its number.
+  uint64_t queue(size_t bytes, const CallTag& tag) {
+    send_len_[committed_ % nslots_] = bytes;
+    send_tag_[committed_ % nslots_] = tag;
+    return committed_++;
+  }
+
+  // Writes what is left of frame s.next_write (from s.write_off on), its
+  // payload at `payload`: the slot, or the caller's memory. True once the
+  // frame is written; false when the socket takes no more or failed (error_).
+  bool write_frame(Stream& s, const char* payload) {
+    const uint64_t f = s.next_write;
+    const size_t len = send_len_[f % nslots_];
+    FrameHeader h{kFrameMagic, static_cast<uint32_t>(len), send_tag_[f % nslots_]};
+    const size_t total = sizeof(h) + len;
+    while (s.write_off < total) {
+      iovec iov[2];
+      int n = 0;
+      if (s.write_off < sizeof(h)) {
+        iov[n++] = {reinterpret_cast<char*>(&h) + s.write_off, sizeof(h) - s.write_off};
+        iov[n++] = {const_cast<char*>(payload), len};
+      } else {
+        iov[n++] = {const_cast<char*>(payload) + (s.write_off - sizeof(h)), total - s.write_off};
+      }
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = n;
+      ssize_t w = sendmsg(s.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (w < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) (void)fail("sending to", errno);
+        return false;
+      }
+      s.write_off += static_cast<size_t>(w);
+    }
+    wrote(s);
+    return true;
+  }
 
   // Frame s.next_write is written: the contiguous count moves to the oldest
   // frame some stream still owes.
