@@ -369,8 +369,31 @@ struct Options : braid_bench::Sweep {
   // --algos: one communicator per entry (BRAID_ALGO=<collective>:<entry>;
   // "auto" leaves the choice to the tuner), timed in turn at every size.
   std::vector<std::string> algos;
-  long algo_rounds = 3;  // --algo-rounds: interleaved rounds, best kept
+  // --trace-compare: an untraced and a traced communicator (BRAID_TRACE_FILE
+  // set to this pattern), timed in turn at every size.
+  std::string trace_pattern;
+  long rounds = 3;  // --rounds: interleaved turns of --algos / --trace-compare, best kept
 };
+
+// One communicator of a side-by-side run (--algos, --trace-compare): made
+// while one environment variable holds `value` (or is unset).
+struct Variant {
+  std::string label;
+  const char* variable;
+  bool set;
+  std::string value;
+};
+
+std::vector<Variant> variants_of(const Options& opt, const char* collective) {
+  std::vector<Variant> out;
+  for (const std::string& a : opt.algos)
+    out.push_back({a, "BRAID_ALGO", a != "auto", std::string(collective) + ":" + a});
+  if (!opt.trace_pattern.empty()) {
+    out.push_back({"untraced", "BRAID_TRACE_FILE", false, ""});
+    out.push_back({"traced", "BRAID_TRACE_FILE", true, opt.trace_pattern});
+  }
+  return out;
+}
 
 // The collectives whose algorithm BRAID_ALGO chooses.
 bool has_algorithms(const char* name) {
@@ -400,7 +423,11 @@ void print_usage(FILE* out, const char* prog, const CollDesc& desc) {
                "      --algos a,b,...        time each algorithm (BRAID_ALGO=<collective>:a; auto: the\n"
                "                             tuner's choice) side by side, out of place: one\n"
                "                             communicator each, taking turns at every size\n"
-               "      --algo-rounds <n>      turns per algorithm and size, best kept (default 3)\n"
+               "      --trace-compare <path> time an untraced and a traced communicator side by side\n"
+               "                             (BRAID_TRACE_FILE=<path>, %%r: rank), out of place, taking\n"
+               "                             turns at every size; prints traced / untraced\n"
+               "      --rounds <n>           turns per column and size of --algos or --trace-compare,\n"
+               "                             best kept (default 3)\n"
                "  -h, --help                 this text\n",
                prog, desc.reduces ? "" : "; ignored here", desc.rooted ? "" : "; ignored here");
 }
@@ -411,7 +438,7 @@ using braid_bench::parse_size;
 enum class ParseResult { kRun, kHelp, kError };
 
 constexpr int kCompareFlag = 0x100;  // --compare: long form only
-constexpr int kAlgosFlag = 0x101, kAlgoRoundsFlag = 0x102;
+constexpr int kAlgosFlag = 0x101, kRoundsFlag = 0x102, kTraceCompareFlag = 0x103;
 
 ParseResult parse_args(int argc, char** argv, const CollDesc& desc, Options* opt, std::string* error) {
   static const option kLongOptions[] = {{"minbytes", required_argument, nullptr, 'b'},
@@ -426,7 +453,8 @@ ParseResult parse_args(int argc, char** argv, const CollDesc& desc, Options* opt
                                         {"root", required_argument, nullptr, 'r'},
                                         {"compare", required_argument, nullptr, kCompareFlag},
                                         {"algos", required_argument, nullptr, kAlgosFlag},
-                                        {"algo-rounds", required_argument, nullptr, kAlgoRoundsFlag},
+                                        {"rounds", required_argument, nullptr, kRoundsFlag},
+                                        {"trace-compare", required_argument, nullptr, kTraceCompareFlag},
                                         {"help", no_argument, nullptr, 'h'},
                                         {nullptr, 0, nullptr, 0}};
   auto fail = [&](const std::string& flag, const std::string& why) {
@@ -441,10 +469,11 @@ ParseResult parse_args(int argc, char** argv, const CollDesc& desc, Options* opt
     if (c == -1) break;
     // The flag as the user wrote it when getopt rejected it, else its short form.
     auto long_name = [](int f) -> const char* {
-      return f == kCompareFlag      ? "--compare"
-             : f == kAlgosFlag      ? "--algos"
-             : f == kAlgoRoundsFlag ? "--algo-rounds"
-                                    : nullptr;
+      return f == kCompareFlag        ? "--compare"
+             : f == kAlgosFlag        ? "--algos"
+             : f == kRoundsFlag       ? "--rounds"
+             : f == kTraceCompareFlag ? "--trace-compare"
+                                      : nullptr;
     };
     std::string flag = long_name(c) ? long_name(c) : "-" + std::string(1, static_cast<char>(c));
     if (c == '?' || c == ':') {
@@ -498,8 +527,12 @@ ParseResult parse_args(int argc, char** argv, const CollDesc& desc, Options* opt
         if (opt->algos.empty()) return fail(flag, "no algorithm named");
         break;
       }
-      case kAlgoRoundsFlag:
-        if (!parse_long(arg, 1, 1000, &opt->algo_rounds)) return fail(flag, "expected 1 to 1000 rounds");
+      case kRoundsFlag:
+        if (!parse_long(arg, 1, 1000, &opt->rounds)) return fail(flag, "expected 1 to 1000 rounds");
+        break;
+      case kTraceCompareFlag:
+        if (*arg == '\0') return fail(flag, "no trace path given");
+        opt->trace_pattern = arg;
         break;
       case 'h':
         return ParseResult::kHelp;
@@ -513,6 +546,10 @@ ParseResult parse_args(int argc, char** argv, const CollDesc& desc, Options* opt
   if (optind < argc) return fail(argv[optind], "unexpected argument");
   if (std::string bad_flag, why; !braid_bench::finish_sweep(opt, &bad_flag, &why)) return fail(bad_flag, why);
   if (!opt->algos.empty() && opt->compare_mpi) return fail("--algos", "cannot be combined with --compare");
+  if (!opt->trace_pattern.empty() && opt->compare_mpi)
+    return fail("--trace-compare", "cannot be combined with --compare");
+  if (!opt->trace_pattern.empty() && !opt->algos.empty())
+    return fail("--trace-compare", "cannot be combined with --algos");
   if (desc.reduces && !dtype_all && !op_all && !op_defined(opt->ops[0], type_info(opt->dtypes[0]))) {
     return fail("-o", std::string(kOpNames[opt->ops[0]]) + " is not defined for " +
                           type_info(opt->dtypes[0]).name +
@@ -783,6 +820,8 @@ struct Totals {
   long ratio_n = 0;
   long long wrong = 0;
   long long out_of_bounds = 0;
+  std::vector<double> variant_busbw_sum;  // --algos / --trace-compare: per column
+  long variant_rows = 0;
 };
 
 // ---------------------------------------------------------------------------
@@ -854,26 +893,26 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
   }
   ctx.comm = comm;
 
-  // --algos: one communicator per algorithm, each made while BRAID_ALGO
-  // forces it (every rank sets the same), so all are timed in one process.
-  std::vector<braid_comm_t> algo_comms;
-  if (!opt.algos.empty()) {
-    const char* env = std::getenv("BRAID_ALGO");
+  // --algos, --trace-compare: one communicator per column, each made while
+  // its variable is set (the same on every rank), so all are timed in one
+  // process, in turn.
+  const std::vector<Variant> variants = variants_of(opt, desc.name);
+  std::vector<braid_comm_t> variant_comms;
+  for (const Variant& v : variants) {
+    const char* env = std::getenv(v.variable);
     const std::string saved = env != nullptr ? env : "";
-    for (const std::string& a : opt.algos) {
-      if (a == "auto")
-        unsetenv("BRAID_ALGO");
-      else
-        setenv("BRAID_ALGO", (std::string(desc.name) + ":" + a).c_str(), 1);
-      braid_comm_t c = nullptr;
-      if (braid_result_t r = braid_bench::braid_comm_from_mpi(MPI_COMM_WORLD, &c); r != BRAID_SUCCESS)
-        die(ctx, ("making the communicator for --algos " + a).c_str(), r);
-      algo_comms.push_back(c);
-    }
-    if (env != nullptr)
-      setenv("BRAID_ALGO", saved.c_str(), 1);
+    if (v.set)
+      setenv(v.variable, v.value.c_str(), 1);
     else
-      unsetenv("BRAID_ALGO");
+      unsetenv(v.variable);
+    braid_comm_t c = nullptr;
+    const braid_result_t r = braid_bench::braid_comm_from_mpi(MPI_COMM_WORLD, &c);
+    if (env != nullptr)
+      setenv(v.variable, saved.c_str(), 1);
+    else
+      unsetenv(v.variable);
+    if (r != BRAID_SUCCESS) die(ctx, ("making the communicator of column " + v.label).c_str(), r);
+    variant_comms.push_back(c);
   }
 
   if (rank == 0) {
@@ -913,13 +952,14 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
                   all[static_cast<size_t>(r)].host);
     }
     std::printf("#\n");
-    if (opt.algos.empty()) {
+    if (variants.empty()) {
       print_table_header(opt.compare_mpi);
     } else {
-      std::printf("# --algos: out-of-place time (us) of each algorithm, best of %ld rounds taking turns\n",
-                  opt.algo_rounds);
+      std::printf("# %s: out-of-place time (us) of each column, best of %ld rounds taking turns\n",
+                  opt.algos.empty() ? "--trace-compare" : "--algos", opt.rounds);
       std::printf("#%11s  %12s  %8s  %6s  %6s", "size", "count", "type", "redop", "root");
-      for (const std::string& a : opt.algos) std::printf("  %12s", a.c_str());
+      for (const Variant& v : variants) std::printf("  %12s", v.label.c_str());
+      if (!opt.trace_pattern.empty()) std::printf("  %16s", "traced/untraced");
       std::printf("\n");
     }
     std::fflush(stdout);
@@ -947,16 +987,16 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
           int len = std::snprintf(line, sizeof line, "%12zu  %12zu  %8s  %6s  %6d", size, count, ti.name,
                                   desc.reduces ? kOpNames[op] : "none", root);
           long long row_oob = 0;
-          if (!algo_comms.empty()) {
-            // Each round starts with a different algorithm, so none always
+          if (!variant_comms.empty()) {
+            // Each round starts with a different column, so none always
             // runs first after the size changes.
-            const size_t n = algo_comms.size();
+            const size_t n = variant_comms.size();
             std::vector<double> best(n, std::numeric_limits<double>::infinity());
-            for (long round = 0; round < opt.algo_rounds; ++round) {
+            for (long round = 0; round < opt.rounds; ++round) {
               for (size_t k = 0; k < n; ++k) {
                 const size_t i = (k + static_cast<size_t>(round)) % n;
                 Context turn = ctx;
-                turn.comm = algo_comms[i];
+                turn.comm = variant_comms[i];
                 const Measurement m = measure(turn, dtype, op, root, count, false);
                 best[i] = std::min(best[i], m.time_us);
                 if (m.wrong > 0) totals.wrong += m.wrong;
@@ -964,11 +1004,19 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
                 row_oob += m.out_of_bounds;
               }
             }
-            for (double t : best)
-              len += std::snprintf(line + len, sizeof line - len, "  %12s", format_time(t).c_str());
+            totals.variant_busbw_sum.resize(n);
+            for (size_t i = 0; i < n; ++i) {
+              len += std::snprintf(line + len, sizeof line - len, "  %12s", format_time(best[i]).c_str());
+              if (best[i] > 0)
+                totals.variant_busbw_sum[i] +=
+                    static_cast<double>(size) / best[i] / 1e3 * desc.busbw_factor(nranks);
+            }
+            ++totals.variant_rows;
+            if (!opt.trace_pattern.empty())
+              len += std::snprintf(line + len, sizeof line - len, "  %16.3f", best[1] / best[0]);
           }
           for (bool in_place : {false, true}) {
-            if (!algo_comms.empty()) break;
+            if (!variant_comms.empty()) break;
             if (in_place && !desc.in_place) {
               len += std::snprintf(line + len, sizeof line - len, "  %7s  %6s  %6s %6s", "N/A", "N/A", "N/A",
                                    "N/A");
@@ -1025,8 +1073,19 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
     } else {
       std::printf("# Out of bounds values : N/A (-c 0)\n");
     }
-    std::printf("# Avg bus bandwidth    : %.3f\n",
-                totals.busbw_n ? totals.busbw_sum / static_cast<double>(totals.busbw_n) : 0.0);
+    if (variants.empty()) {
+      std::printf("# Avg bus bandwidth    : %.3f\n",
+                  totals.busbw_n ? totals.busbw_sum / static_cast<double>(totals.busbw_n) : 0.0);
+    } else {
+      std::printf("# Avg bus bandwidth    :");
+      for (size_t i = 0; i < variants.size(); ++i) {
+        std::printf(" %s %.3f%s", variants[i].label.c_str(),
+                    totals.variant_rows > 0
+                        ? totals.variant_busbw_sum[i] / static_cast<double>(totals.variant_rows)
+                        : 0.0,
+                    i + 1 < variants.size() ? "," : "\n");
+      }
+    }
     if (opt.compare_mpi) {
       if (totals.ratio_n > 0) {
         std::printf("# Avg bus bandwidth ratio braid/mpi : %.2f\n",
@@ -1039,9 +1098,9 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
     std::fflush(stdout);
   }
 
-  for (braid_comm_t c : algo_comms) {
+  for (braid_comm_t c : variant_comms) {
     if (braid_result_t r = braid_comm_destroy(c); r != BRAID_SUCCESS)
-      die(ctx, "braid_comm_destroy (--algos)", r);
+      die(ctx, "braid_comm_destroy (--algos / --trace-compare)", r);
   }
   if (braid_result_t r = braid_comm_destroy(comm); r != BRAID_SUCCESS) {
     ctx.comm = nullptr;  // gone: only the thread's last error remains

@@ -66,7 +66,7 @@ def run_perf(args, coll, nranks, hosts, algos=None):
         sizes = ["-b", "8", "-e", "8", "-n", "1", "-w", "0"]
     else:
         sizes = ["-b", str(args.b), "-e", str(args.e), "-f", str(args.f), "-n", str(args.n), "-w", str(args.w),
-                 "--algos", ",".join(algos), "--algo-rounds", str(args.repeat)]
+                 "--algos", ",".join(algos), "--rounds", str(args.repeat)]
     cmd += ["bash", "-c", wrapper, "wrap", os.path.join(args.build, "bench", f"{coll}_perf")] + sizes + ["-c", "0"]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     if out.returncode != 0:
@@ -122,7 +122,7 @@ def main():
     p.add_argument("-w", type=int, default=5)
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--repeat", type=int, default=3,
-                   help="turns per algorithm and size, interleaved (perf --algo-rounds); each keeps its best time")
+                   help="turns per algorithm and size, interleaved (perf --rounds); each keeps its best time")
     args = p.parse_args()
     coll = args.collective
     worst = 0.0

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The *_perf binaries under mpirun, briefly: every collective checks its
+# results at a few sizes on 2 ranks (3 for the rooted and per-rank ones), and
+# the side-by-side modes (--compare mpi, --algos, --trace-compare) and flag
+# errors behave. Times are never asserted. usage: perf_binaries_test.sh BINDIR
+set -uo pipefail
+bin=$1
+export BRAID_SOCKET_IFNAME=${BRAID_SOCKET_IFNAME:-lo}
+mpirun=("${MPIRUN:-mpirun}" --allow-run-as-root --oversubscribe -x BRAID_SOCKET_IFNAME)
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+failures=0
+fail() {
+  echo "FAIL: $*"
+  failures=$((failures + 1))
+}
+# run NAME NP BINARY ARGS...: runs it, keeps its output in $dir/NAME
+run() {
+  local name=$1 np=$2
+  shift 2
+  "${mpirun[@]}" -np "$np" "$@" >"$dir/$name" 2>&1
+  local rc=$?
+  [ $rc -eq 0 ] || fail "$name exited with $rc: $(tail -5 "$dir/$name")"
+  grep -q "^# Out of bounds values : 0 OK" "$dir/$name" || fail "$name: no clean check line"
+}
+rows() { grep -cE '^ +[0-9]+ ' "$dir/$1"; }
+
+for coll in all_reduce broadcast reduce all_gather reduce_scatter gather scatter alltoall sendrecv; do
+  np=2
+  case $coll in reduce | gather | scatter | alltoall) np=3 ;; esac
+  run "$coll" "$np" "$bin/${coll}_perf" -b 8 -e 8K -f 32 -n 3 -w 1 -c 1
+  [ "$(rows "$coll")" -eq 3 ] || fail "$coll: expected 3 size rows (8 B, 256 B, 8 KiB)"
+done
+
+run all_types 2 "$bin/all_reduce_perf" -b 64 -e 64 -n 2 -w 1 -c 1 -d all -o all
+# 10 dtypes: 6 integer types x 7 ops (no avg) + 4 floating types x 5 ops.
+[ "$(rows all_types)" -eq 62 ] || fail "all_types: expected 62 rows, got $(rows all_types)"
+
+run compare_mpi 2 "$bin/all_reduce_perf" -b 8 -e 4K -f 8 -n 3 -w 1 -c 1 --compare mpi
+grep -q "^# Avg bus bandwidth ratio braid/mpi : [0-9]" "$dir/compare_mpi" || fail "compare_mpi: no ratio line"
+
+run algos 2 "$bin/all_reduce_perf" -b 8 -e 4K -f 8 -n 3 -w 1 -c 1 --algos ring,direct,auto --rounds 2
+grep -qE "^#.* ring +direct +auto$" "$dir/algos" || fail "algos: no column per algorithm"
+grep -qE "^# Avg bus bandwidth    : ring [0-9.]+, direct [0-9.]+, auto [0-9.]+$" "$dir/algos" ||
+  fail "algos: no bandwidth per algorithm"
+
+run trace 2 "$bin/all_reduce_perf" -b 8 -e 4K -f 8 -n 3 -w 1 -c 1 --trace-compare "$dir/t-%r.json"
+grep -qE "traced/untraced$" "$dir/trace" || fail "trace: no ratio column"
+[ -s "$dir/t-0.json" ] && [ -s "$dir/t-1.json" ] || fail "trace: the traced communicator wrote no trace"
+# untraced (the default communicator and its column) writes none
+[ "$(ls "$dir" | grep -c '^t-')" -eq 2 ] || fail "trace: expected exactly two trace files: $(ls "$dir")"
+
+# Bad input: exit status 2 and the flag named.
+bad() {  # bad COLLECTIVE MESSAGE ARGS...
+  local coll=$1 want=$2
+  shift 2
+  "${mpirun[@]}" -np 1 "$bin/${coll}_perf" "$@" >"$dir/bad" 2>&1
+  local rc=$?
+  [ $rc -ne 0 ] || fail "'$*' was accepted"
+  grep -qF -- "$want" "$dir/bad" || fail "'$*' did not say '$want': $(head -3 "$dir/bad")"
+}
+bad all_reduce "--trace-compare: cannot be combined with --compare" --trace-compare x.json --compare mpi
+bad all_reduce "--trace-compare: cannot be combined with --algos" --trace-compare x.json --algos ring
+bad all_reduce "--rounds: expected 1 to 1000 rounds" --algos ring --rounds 0
+bad all_reduce "-o: avg is not defined for int32" -d int32 -o avg
+bad gather "--algos: gather has no algorithms to choose" --algos ring
+if [ $failures -ne 0 ]; then
+  echo "$failures check(s) failed"
+  exit 1
+fi
+echo "perf binaries: all checks passed"
