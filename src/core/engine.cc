@@ -71,14 +71,56 @@ Status call_mismatch(int rank, const CallTag& mine, int peer, const CallTag& the
 
 namespace {
 
-struct OpBlockCache {
-  void* block = nullptr;
-  size_t bytes = 0;
-  ~OpBlockCache() { ::operator delete(block); }
+// What every small operation takes from its thread: the op's memory block,
+// coroutine frames and the op being resumed. One pointer to it (and the
+// current op) live in initial-exec TLS: a plain %fs-relative load, where the
+// general model called into the dynamic linker for each access (a few dozen
+// per 8-byte all_reduce, 10% of its time). Initial-exec TLS of a library
+// loaded with dlopen (braid_torch under Python) takes the static TLS space
+// glibc reserves for that (rtld.optional_static_tls, 512 bytes); these two
+// pointers need 16.
+constexpr size_t kFrameGrain = 64;
+constexpr size_t kFrameClasses = 32;  // frames up to 2 KiB are recycled
+constexpr int kFramesKept = 64;       // per class and thread
+
+struct ThreadCache {
+  struct Node {
+    Node* next;
+  };
+  Node* frames[kFrameClasses] = {};
+  int frame_count[kFrameClasses] = {};
+  void* op_block = nullptr;  // allocate_shared's block of one op
+  size_t op_block_bytes = 0;
+  ~ThreadCache() {
+    for (Node* n : frames) {
+      while (n != nullptr) {
+        Node* next = n->next;
+        ::operator delete(n);
+        n = next;
+      }
+    }
+    ::operator delete(op_block);
+  }
 };
-OpBlockCache& op_block_cache() {
-  thread_local OpBlockCache cache;
-  return cache;
+
+#define BRAID_FAST_TLS __attribute__((tls_model("initial-exec")))
+BRAID_FAST_TLS thread_local ThreadCache* t_cache = nullptr;
+BRAID_FAST_TLS thread_local Op* t_current_op = nullptr;
+
+// The thread's cache, made on first use and freed when the thread exits.
+ThreadCache& make_thread_cache() {
+  struct Owner {
+    ThreadCache cache;
+    ~Owner() { t_cache = nullptr; }
+  };
+  thread_local Owner owner;
+  t_cache = &owner.cache;
+  return owner.cache;
+}
+
+inline ThreadCache& thread_cache() {
+  ThreadCache* c = t_cache;
+  return c != nullptr ? *c : make_thread_cache();
 }
 
 // allocate_shared's allocator for ops: one cached block per thread.
@@ -89,16 +131,16 @@ struct OpAllocator {
   template <class U>
   OpAllocator(const OpAllocator<U>&) {}
   T* allocate(size_t n) {
-    OpBlockCache& c = op_block_cache();
-    if (c.block != nullptr && c.bytes == n * sizeof(T))
-      return static_cast<T*>(std::exchange(c.block, nullptr));
+    ThreadCache& c = thread_cache();
+    if (c.op_block != nullptr && c.op_block_bytes == n * sizeof(T))
+      return static_cast<T*>(std::exchange(c.op_block, nullptr));
     return static_cast<T*>(::operator new(n * sizeof(T)));
   }
   void deallocate(T* p, size_t n) {
-    OpBlockCache& c = op_block_cache();
-    if (c.block == nullptr) {
-      c.block = p;
-      c.bytes = n * sizeof(T);
+    ThreadCache& c = thread_cache();
+    if (c.op_block == nullptr) {
+      c.op_block = p;
+      c.op_block_bytes = n * sizeof(T);
       return;
     }
     ::operator delete(p);
@@ -116,8 +158,7 @@ std::shared_ptr<Op> new_op() {
 }
 
 Op*& current_op() {
-  thread_local Op* op = nullptr;
-  return op;
+  return t_current_op;
 }
 
 void op_suspend(Op* op, std::coroutine_handle<> leaf, const WaitPoint* wait) {
@@ -195,43 +236,13 @@ void Op::run_callback() {
   if (fn) fn(status);
 }
 
-namespace {
-
-constexpr size_t kFrameGrain = 64;
-constexpr size_t kFrameClasses = 32;  // frames up to 2 KiB are recycled
-constexpr int kFramesKept = 64;       // per class and thread
-
-struct FramePool {
-  struct Node {
-    Node* next;
-  };
-  Node* head[kFrameClasses] = {};
-  int count[kFrameClasses] = {};
-  ~FramePool() {
-    for (Node* n : head) {
-      while (n != nullptr) {
-        Node* next = n->next;
-        ::operator delete(n);
-        n = next;
-      }
-    }
-  }
-};
-
-FramePool& frame_pool() {
-  thread_local FramePool pool;
-  return pool;
-}
-
-}  // namespace
-
 void* frame_alloc(size_t bytes) {
   const size_t cls = (bytes + kFrameGrain - 1) / kFrameGrain;
   if (cls >= kFrameClasses) return ::operator new(bytes);
-  FramePool& pool = frame_pool();
-  if (FramePool::Node* n = pool.head[cls]) {
-    pool.head[cls] = n->next;
-    --pool.count[cls];
+  ThreadCache& c = thread_cache();
+  if (ThreadCache::Node* n = c.frames[cls]) {
+    c.frames[cls] = n->next;
+    --c.frame_count[cls];
     return n;
   }
   return ::operator new(cls* kFrameGrain);
@@ -239,15 +250,15 @@ void* frame_alloc(size_t bytes) {
 
 void frame_free(void* frame, size_t bytes) {
   const size_t cls = (bytes + kFrameGrain - 1) / kFrameGrain;
-  if (cls >= kFrameClasses || frame_pool().count[cls] >= kFramesKept) {
+  ThreadCache& c = thread_cache();
+  if (cls >= kFrameClasses || c.frame_count[cls] >= kFramesKept) {
     ::operator delete(frame);
     return;
   }
-  FramePool& pool = frame_pool();
-  auto* n = static_cast<FramePool::Node*>(frame);
-  n->next = pool.head[cls];
-  pool.head[cls] = n;
-  ++pool.count[cls];
+  auto* n = static_cast<ThreadCache::Node*>(frame);
+  n->next = c.frames[cls];
+  c.frames[cls] = n;
+  ++c.frame_count[cls];
 }
 
 namespace {
