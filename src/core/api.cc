@@ -129,13 +129,14 @@ struct Pending {
   bool blocking;
 };
 struct GroupState {
-  int depth = 0;
   std::vector<Pending> ops;
 };
 GroupState& group() {
   thread_local GroupState g;
   return g;
 }
+// How deep in group_start this thread is; every call looks (BRAID_FAST_TLS).
+BRAID_FAST_TLS thread_local int t_group_depth = 0;
 
 // ---- argument checks ----
 
@@ -334,9 +335,8 @@ braid_result_t submit(const Call& c) {
   std::shared_ptr<Op> op = comm->make_op(c.kind, c.args, async);
   if (async)
     *c.request = reinterpret_cast<braid_request_t>(requests().add(std::make_shared<Request>(comm, op)));
-  GroupState& g = group();
-  if (g.depth > 0) {
-    g.ops.push_back({comm, op, !async});
+  if (t_group_depth > 0) {
+    group().ops.push_back({comm, op, !async});
     return BRAID_SUCCESS;
   }
   if (!async) {
@@ -693,16 +693,15 @@ BRAID_API braid_result_t braid_request_set_callback(braid_request_t request, bra
 // ---- groups ----
 
 BRAID_API braid_result_t braid_group_start(void) {
-  ++group().depth;
+  ++t_group_depth;
   return BRAID_SUCCESS;
 }
 
 BRAID_API braid_result_t braid_group_end(void) {
-  GroupState& g = group();
-  if (g.depth == 0) return finish(Status::invalid_usage("group_end without a matching group_start"));
-  if (--g.depth > 0) return BRAID_SUCCESS;
+  if (t_group_depth == 0) return finish(Status::invalid_usage("group_end without a matching group_start"));
+  if (--t_group_depth > 0) return BRAID_SUCCESS;
   std::vector<Pending> ops;
-  ops.swap(g.ops);
+  ops.swap(group().ops);
   for (auto& p : ops) p.comm->engine().post(p.op);
   Status first;
   for (auto& p : ops) {

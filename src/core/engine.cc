@@ -75,10 +75,7 @@ namespace {
 // coroutine frames and the op being resumed. One pointer to it (and the
 // current op) live in initial-exec TLS: a plain %fs-relative load, where the
 // general model called into the dynamic linker for each access (a few dozen
-// per 8-byte all_reduce, 10% of its time). Initial-exec TLS of a library
-// loaded with dlopen (braid_torch under Python) takes the static TLS space
-// glibc reserves for that (rtld.optional_static_tls, 512 bytes); these two
-// pointers need 16.
+// per 8-byte all_reduce, 10% of its time). See BRAID_FAST_TLS.
 constexpr size_t kFrameGrain = 64;
 constexpr size_t kFrameClasses = 32;  // frames up to 2 KiB are recycled
 constexpr int kFramesKept = 64;       // per class and thread
@@ -103,7 +100,6 @@ struct ThreadCache {
   }
 };
 
-#define BRAID_FAST_TLS __attribute__((tls_model("initial-exec")))
 BRAID_FAST_TLS thread_local ThreadCache* t_cache = nullptr;
 BRAID_FAST_TLS thread_local Op* t_current_op = nullptr;
 
@@ -782,7 +778,9 @@ bool Engine::run_blocking(const std::shared_ptr<Op>& op, Status* result) {
   }
   // Not counted in active_ while it runs here: no other thread can see it,
   // and the driver's lock keeps every other driver out.
-  admit(*op);
+  // The deadline is set if the op has to wait in its lane (below): an op
+  // done here reads no clock for it.
+  op->traced = trace_ != nullptr;
   start(*op);
   // Untraced, the start time is only for dumps, which see the op only once
   // it waits in its lane: an op done here reads no clock.
@@ -815,6 +813,7 @@ bool Engine::run_blocking(const std::shared_ptr<Op>& op, Status* result) {
   }
   if (!inline_done) {
     // The lane is empty (nothing was in flight): the op is its front.
+    op->deadline = Deadline::after_seconds(timeout_s_.load());
     if (!op->traced) op->start_ticks = trace_ticks();
     active_.fetch_add(1);
     lanes_[0].ops.push_back(op);

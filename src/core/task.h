@@ -26,6 +26,13 @@ struct WaitPoint {
   short events[2] = {0, 0};  // POLLIN: waiting for a message; POLLOUT: for a free send slot
 };
 
+// Initial-exec TLS: a %fs-relative load, where the general model calls into
+// the dynamic linker on every access. For the few small variables every call
+// touches. A library loaded with dlopen (braid_torch under Python) takes its
+// initial-exec TLS from the space glibc keeps for that
+// (rtld.optional_static_tls, 512 bytes); braid's need 24.
+#define BRAID_FAST_TLS __attribute__((tls_model("initial-exec")))
+
 // The op being resumed on this thread (set by the engine around resume()).
 Op*& current_op();
 void op_suspend(Op* op, std::coroutine_handle<> leaf, const WaitPoint* wait);
