@@ -138,13 +138,18 @@ void FailOp::await_suspend(std::coroutine_handle<> h) {
   op_suspend(current_op(), h, &wp);
 }
 
-Task send_piece(const Channel& ch, int to, const void* src, size_t bytes) {
+// Each primitive with a Step does its work in the call when it can (a free
+// slot, a usable message already in); otherwise its coroutine, which starts
+// by checking again, waits and reports what went wrong.
+namespace {
+
+Task send_piece_waiting(const Channel& ch, int to, const void* src, size_t bytes) {
   Connection* c = ch.to(to);
   const CallTag& tag = current_op()->tag;
   while (!send_counted(c, src, bytes, tag)) co_await wait_slot(c, ch.global(to));
 }
 
-Task recv_piece(const Channel& ch, int from, void* dst, size_t bytes) {
+Task recv_piece_waiting(const Channel& ch, int from, void* dst, size_t bytes) {
   IntoWait w{ch.to(from), dst, bytes, &current_op()->tag};
   if (!into_check(&w)) co_await wait_into(&w, ch.global(from));
   if (w.got == Connection::Received::kOther) {
@@ -153,8 +158,8 @@ Task recv_piece(const Channel& ch, int from, void* dst, size_t bytes) {
   }
 }
 
-Task recv_reduce_copy(const Channel& ch, int from, void* dst, const void* local, size_t bytes,
-                      braid_dtype_t dtype, braid_redop_t op) {
+Task recv_reduce_copy_waiting(const Channel& ch, int from, void* dst, const void* local, size_t bytes,
+                              braid_dtype_t dtype, braid_redop_t op) {
   RecvWait w{ch.to(from)};
   if (!recv_check(&w)) co_await wait_recv(&w, ch.global(from));
   if (!usable(w.conn, w.bytes, bytes)) {
@@ -163,6 +168,31 @@ Task recv_reduce_copy(const Channel& ch, int from, void* dst, const void* local,
   }
   kernels::reduce(dtype, op, dst, w.data, local, bytes / braid_dtype_size(dtype));
   w.conn->release_recv();
+}
+
+}  // namespace
+
+Step send_piece(const Channel& ch, int to, const void* src, size_t bytes) {
+  if (send_counted(ch.to(to), src, bytes, current_op()->tag)) return {};
+  return send_piece_waiting(ch, to, src, bytes);
+}
+
+Step recv_piece(const Channel& ch, int from, void* dst, size_t bytes) {
+  // A payload the transport left half-read is finished by the coroutine,
+  // into the same dst (recv_into's contract).
+  IntoWait w{ch.to(from), dst, bytes, &current_op()->tag};
+  if (into_check(&w) && w.got == Connection::Received::kDone) return {};
+  return recv_piece_waiting(ch, from, dst, bytes);
+}
+
+Step recv_reduce_copy(const Channel& ch, int from, void* dst, const void* local, size_t bytes,
+                      braid_dtype_t dtype, braid_redop_t op) {
+  RecvWait w{ch.to(from)};
+  if (!recv_check(&w) || !usable(w.conn, w.bytes, bytes))
+    return recv_reduce_copy_waiting(ch, from, dst, local, bytes, dtype, op);
+  kernels::reduce(dtype, op, dst, w.data, local, bytes / braid_dtype_size(dtype));
+  w.conn->release_recv();
+  return {};
 }
 
 Task recv_reduce_send(const Channel& ch, int from, int to, const void* local, size_t bytes,
@@ -215,12 +245,12 @@ Task recv_pieces(const Channel& ch, int from, void* dst, size_t bytes) {
 
 // A message of one piece is that piece's task: one coroutine frame fewer on
 // the path of every small call.
-Task send_message(const Channel& ch, int to, const void* src, size_t bytes) {
+Step send_message(const Channel& ch, int to, const void* src, size_t bytes) {
   if (bytes <= ch.piece_bytes) return send_piece(ch, to, src, bytes);
   return send_pieces(ch, to, src, bytes);
 }
 
-Task recv_message(const Channel& ch, int from, void* dst, size_t bytes) {
+Step recv_message(const Channel& ch, int from, void* dst, size_t bytes) {
   if (bytes <= ch.piece_bytes) return recv_piece(ch, from, dst, bytes);
   return recv_pieces(ch, from, dst, bytes);
 }

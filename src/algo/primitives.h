@@ -49,10 +49,10 @@ inline size_t num_pieces(size_t bytes, size_t piece) {
   return bytes == 0 ? 1 : (bytes + piece - 1) / piece;
 }
 
-Task send_piece(const Channel& ch, int to, const void* src, size_t bytes);
-Task recv_piece(const Channel& ch, int from, void* dst, size_t bytes);
+Step send_piece(const Channel& ch, int to, const void* src, size_t bytes);
+Step recv_piece(const Channel& ch, int from, void* dst, size_t bytes);
 // dst (this rank's output) = received op local.
-Task recv_reduce_copy(const Channel& ch, int from, void* dst, const void* local, size_t bytes,
+Step recv_reduce_copy(const Channel& ch, int from, void* dst, const void* local, size_t bytes,
                       braid_dtype_t dtype, braid_redop_t op);
 // to's slot = received op local.
 Task recv_reduce_send(const Channel& ch, int from, int to, const void* local, size_t bytes,
@@ -64,8 +64,8 @@ Task recv_reduce_copy_send(const Channel& ch, int from, int to, void* dst, const
 Task recv_copy_send(const Channel& ch, int from, int to, void* dst, size_t bytes);
 
 // Whole messages of any size, split into pieces.
-Task send_message(const Channel& ch, int to, const void* src, size_t bytes);
-Task recv_message(const Channel& ch, int from, void* dst, size_t bytes);
+Step send_message(const Channel& ch, int to, const void* src, size_t bytes);
+Step recv_message(const Channel& ch, int from, void* dst, size_t bytes);
 // Sends to `to` and receives from `from` at the same time, piece by piece, so
 // rings of exchanges cannot deadlock on full slots.
 Task exchange(const Channel& ch, int to, const void* src, size_t send_bytes, int from, void* dst,

@@ -105,6 +105,25 @@ class [[nodiscard]] Task {
   std::coroutine_handle<promise_type> h_;
 };
 
+// What a primitive returns when its work can often be done in the call: a
+// step already done (no coroutine frame made), or the coroutine that does
+// the rest. co_await it at once, as a Task (a small message's send, or its
+// receive when the message is in, then costs no frame).
+class [[nodiscard]] Step {
+ public:
+  Step() = default;  // done
+  Step(Task rest) : rest_(std::move(rest)) {}
+  bool await_ready() noexcept { return !rest_.handle() || rest_.handle().done(); }
+  std::coroutine_handle<> await_suspend(std::coroutine_handle<> parent) noexcept {
+    rest_.handle().promise().continuation = parent;
+    return rest_.handle();
+  }
+  void await_resume() noexcept {}
+
+ private:
+  Task rest_;
+};
+
 // co_await until(check, ctx, peer, what): suspends until check(ctx) is true.
 struct Until {
   WaitPoint wp;
