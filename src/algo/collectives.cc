@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/cpu/reduce_kernels.h"
+#include "src/core/dtype.h"
 
 namespace braid {
 namespace {
@@ -41,7 +42,7 @@ bool channel_reads_peers(const Channel& ch) {
 
 Task ring_all_reduce(const Channel& ch, CollArgs a) {
   const int n = ch.nranks, r = ch.rank;
-  const size_t esize = braid_dtype_size(a.dtype);
+  const size_t esize = dtype_size(a.dtype);
   const char* in = static_cast<const char*>(a.sendbuf);
   char* out = static_cast<char*>(a.recvbuf);
   const int next = mod(r + 1, n), prev = mod(r - 1, n);
@@ -74,7 +75,7 @@ Task ring_all_reduce(const Channel& ch, CollArgs a) {
 
 Task direct_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
   const int n = ch.nranks, r = ch.rank;
-  const size_t bytes = a.count * braid_dtype_size(a.dtype);
+  const size_t bytes = a.count * dtype_size(a.dtype);
   // Keep our input if accumulating into recvbuf would overwrite it first.
   const void* mine = a.sendbuf;
   if (a.sendbuf == a.recvbuf && r != 0) {
@@ -167,13 +168,13 @@ Task tree_broadcast_piece(const Channel& ch, const BinaryTree& t, char* piece, c
 }
 
 size_t reduce_piece_bytes(const Channel& ch, braid_dtype_t dtype) {
-  const size_t esize = braid_dtype_size(dtype);
+  const size_t esize = dtype_size(dtype);
   return ch.piece_bytes / esize * esize;
 }
 
 Task tree_reduce_pieces(const Channel& ch, const CollArgs& a, int root, char* out, char* scratch) {
   const BinaryTree t(ch.rank, ch.nranks, root);
-  const size_t bytes = a.count * braid_dtype_size(a.dtype), piece = reduce_piece_bytes(ch, a.dtype);
+  const size_t bytes = a.count * dtype_size(a.dtype), piece = reduce_piece_bytes(ch, a.dtype);
   for (size_t off = 0; off < bytes; off += piece)
     co_await tree_reduce_piece(ch, t, a, off, std::min(piece, bytes - off), out, scratch);
 }
@@ -188,7 +189,7 @@ Task tree_broadcast_pieces(const Channel& ch, int root, char* buf, const char* s
 
 Task tree_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
   char* out = static_cast<char*>(a.recvbuf);
-  const size_t bytes = a.count * braid_dtype_size(a.dtype);
+  const size_t bytes = a.count * dtype_size(a.dtype);
   co_await tree_reduce_pieces(ch, a, 0, out, scratch);
   if (ch.rank == 0) finish_avg(a, out, a.count, ch.nranks);
   co_await tree_broadcast_pieces(ch, 0, out, out, bytes);
@@ -202,7 +203,7 @@ Task tree_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
 // in one order on every rank (A0 B0 A1 B1 ...), so a connection that both
 // trees use sees their messages in the same order at both ends.
 Task double_tree_all_reduce(const Channel& ch, const Channel& mirror, CollArgs a, char* scratch) {
-  const size_t esize = braid_dtype_size(a.dtype), piece = reduce_piece_bytes(ch, a.dtype);
+  const size_t esize = dtype_size(a.dtype), piece = reduce_piece_bytes(ch, a.dtype);
   char* out = static_cast<char*>(a.recvbuf);
   const size_t half = a.count / 2;
   CollArgs first = a, second = a;
@@ -231,7 +232,7 @@ Task double_tree_all_reduce(const Channel& ch, const Channel& mirror, CollArgs a
 }
 
 Task tree_broadcast(const Channel& ch, CollArgs a) {
-  const size_t bytes = a.count * braid_dtype_size(a.dtype);
+  const size_t bytes = a.count * dtype_size(a.dtype);
   char* out = static_cast<char*>(a.recvbuf);
   const char* in = static_cast<const char*>(a.sendbuf);
   if (ch.nranks == 1) {
@@ -261,7 +262,7 @@ int largest_power_of_two(int n) {
 // start from their input, their partner's added in. scratch: the buffer.
 Task fold_in(const Channel& ch, const CollArgs& a, int p2, char* scratch) {
   const int n = ch.nranks, r = ch.rank;
-  const size_t bytes = a.count * braid_dtype_size(a.dtype);
+  const size_t bytes = a.count * dtype_size(a.dtype);
   char* out = static_cast<char*>(a.recvbuf);
   if (r >= p2) {
     co_await send_message(ch, r - p2, a.sendbuf, bytes);
@@ -278,14 +279,14 @@ Task fold_in(const Channel& ch, const CollArgs& a, int p2, char* scratch) {
 // The result back to the folded rank, if this rank has one.
 Task fold_out(const Channel& ch, const CollArgs& a, int p2) {
   if (ch.rank + p2 < ch.nranks)
-    co_await send_message(ch, ch.rank + p2, a.recvbuf, a.count * braid_dtype_size(a.dtype));
+    co_await send_message(ch, ch.rank + p2, a.recvbuf, a.count * dtype_size(a.dtype));
 }
 
 }  // namespace
 
 Task recursive_doubling_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
   const int n = ch.nranks, r = ch.rank;
-  const size_t bytes = a.count * braid_dtype_size(a.dtype);
+  const size_t bytes = a.count * dtype_size(a.dtype);
   char* out = static_cast<char*>(a.recvbuf);
   const int p2 = largest_power_of_two(n);
   co_await fold_in(ch, a, p2, scratch);
@@ -311,7 +312,7 @@ Task recursive_doubling_all_reduce(const Channel& ch, CollArgs a, char* scratch)
 // few steps with the ring's bytes.
 Task rabenseifner_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
   const int n = ch.nranks, r = ch.rank;
-  const size_t esize = braid_dtype_size(a.dtype);
+  const size_t esize = dtype_size(a.dtype);
   char* out = static_cast<char*>(a.recvbuf);
   const int p2 = largest_power_of_two(n);
   co_await fold_in(ch, a, p2, scratch);
@@ -357,7 +358,7 @@ Task rabenseifner_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
 
 Task hierarchical_all_reduce(const Channel& all, const Channel& host, const Channel& across, CollArgs a,
                              bool host_reads, char* scratch) {
-  const size_t esize = braid_dtype_size(a.dtype);
+  const size_t esize = dtype_size(a.dtype);
   const int L = host.nranks, me = host.rank;
   const size_t block = a.count / static_cast<size_t>(L), head = block * static_cast<size_t>(L);
   char* out = static_cast<char*>(a.recvbuf);
@@ -410,7 +411,7 @@ Task hierarchical_all_reduce(const Channel& all, const Channel& host, const Chan
 // block over the network once per other host, so all of a host's ranks share
 // the slow links instead of the ring's one crossing.
 Task hierarchical_all_gather(const Channel& host, const Channel& across, const HostGrid& grid, CollArgs a) {
-  const size_t block = a.count * braid_dtype_size(a.dtype);
+  const size_t block = a.count * dtype_size(a.dtype);
   char* out = static_cast<char*>(a.recvbuf);
   auto at = [out, block](int global) { return out + static_cast<size_t>(global) * block; };
   copy_if_distinct(at(across.global(across.rank)), a.sendbuf, block);
@@ -425,7 +426,7 @@ Task hierarchical_all_gather(const Channel& host, const Channel& across, const H
 // hosts, the ranks at one index reduce-scatter those partial sums.
 Task hierarchical_reduce_scatter(const Channel& host, const Channel& across, const HostGrid& grid, CollArgs a,
                                  char* scratch) {
-  const size_t block = a.count * braid_dtype_size(a.dtype);
+  const size_t block = a.count * dtype_size(a.dtype);
   const char* in = static_cast<const char*>(a.sendbuf);
   const braid_redop_t op = a.op == BRAID_AVG ? BRAID_SUM : a.op;
   for (size_t h = 0; h < grid.size(); ++h) {
@@ -520,7 +521,7 @@ Task read_from(const Channel& ch, int peer, void* dst, uint64_t remote, size_t b
 Task reduce_reading_peers(const Channel& ch, const CollArgs& a, const std::vector<PeerBuffers>& addr,
                           const char* own_in, size_t in_off, char* out, size_t count, char* scratch) {
   const int n = ch.nranks, r = ch.rank;
-  const size_t esize = braid_dtype_size(a.dtype);
+  const size_t esize = dtype_size(a.dtype);
   const size_t chunk = std::max<size_t>(1, ch.piece_bytes / esize);  // elements per read
   char* tmp = scratch;                                               // a peer's chunk
   char* mine = scratch + std::min(chunk, count) * esize;             // our own chunk, when out overwrites it
@@ -551,7 +552,7 @@ Task reduce_reading_peers(const Channel& ch, const CollArgs& a, const std::vecto
 
 Task peer_read_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
   const int n = ch.nranks, r = ch.rank;
-  const size_t esize = braid_dtype_size(a.dtype);
+  const size_t esize = dtype_size(a.dtype);
   char* out = static_cast<char*>(a.recvbuf);
   std::vector<PeerBuffers> addr;
   co_await exchange_buffers(ch, a, &addr);
@@ -574,7 +575,7 @@ Task peer_read_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
 
 Task peer_read_reduce_scatter(const Channel& ch, CollArgs a, char* scratch) {
   const int n = ch.nranks, r = ch.rank;
-  const size_t block = a.count * braid_dtype_size(a.dtype);
+  const size_t block = a.count * dtype_size(a.dtype);
   std::vector<PeerBuffers> addr;
   co_await exchange_buffers(ch, a, &addr);
   co_await reduce_reading_peers(ch, a, addr, static_cast<const char*>(a.sendbuf) + r * block, r * block,
@@ -585,7 +586,7 @@ Task peer_read_reduce_scatter(const Channel& ch, CollArgs a, char* scratch) {
 
 Task peer_read_all_gather(const Channel& ch, CollArgs a) {
   const int n = ch.nranks, r = ch.rank;
-  const size_t block = a.count * braid_dtype_size(a.dtype);
+  const size_t block = a.count * dtype_size(a.dtype);
   char* out = static_cast<char*>(a.recvbuf);
   std::vector<PeerBuffers> addr;
   co_await exchange_buffers(ch, a, &addr);
@@ -598,7 +599,7 @@ Task peer_read_all_gather(const Channel& ch, CollArgs a) {
 }
 
 Task peer_read_broadcast(const Channel& ch, CollArgs a) {
-  const size_t bytes = a.count * braid_dtype_size(a.dtype);
+  const size_t bytes = a.count * dtype_size(a.dtype);
   std::vector<PeerBuffers> addr;
   co_await exchange_buffers(ch, a, &addr);
   if (ch.rank == a.root) {
@@ -611,7 +612,7 @@ Task peer_read_broadcast(const Channel& ch, CollArgs a) {
 
 Task chain_broadcast(const Channel& ch, CollArgs a) {
   const int n = ch.nranks, r = ch.rank;
-  const size_t bytes = a.count * braid_dtype_size(a.dtype);
+  const size_t bytes = a.count * dtype_size(a.dtype);
   const int pos = mod(r - a.root, n);
   const int next = mod(r + 1, n), prev = mod(r - 1, n);
   const char* in = static_cast<const char*>(a.sendbuf);
@@ -636,7 +637,7 @@ Task chain_broadcast(const Channel& ch, CollArgs a) {
 
 Task chain_reduce(const Channel& ch, CollArgs a) {
   const int n = ch.nranks, r = ch.rank;
-  const size_t esize = braid_dtype_size(a.dtype), bytes = a.count * esize;
+  const size_t esize = dtype_size(a.dtype), bytes = a.count * esize;
   // The chain starts after the root and ends at it.
   const int pos = mod(r - a.root - 1, n);
   const int next = mod(r + 1, n), prev = mod(r - 1, n);
@@ -673,7 +674,7 @@ Task ring_gather_blocks(const Channel& ch, size_t block, BlockAt at) {
 }
 
 Task ring_all_gather(const Channel& ch, CollArgs a) {
-  const size_t block = a.count * braid_dtype_size(a.dtype);
+  const size_t block = a.count * dtype_size(a.dtype);
   char* out = static_cast<char*>(a.recvbuf);
   // Blocks sit in communicator rank order, whatever order the ring visits.
   auto at = [&ch, out, block](int k) { return out + static_cast<size_t>(ch.global(k)) * block; };
@@ -684,7 +685,7 @@ Task ring_all_gather(const Channel& ch, CollArgs a) {
 Task ring_reduce_blocks(const Channel& ch, size_t count, braid_dtype_t dtype, braid_redop_t op,
                         ConstBlockAt in, char* out) {
   const int n = ch.nranks, r = ch.rank;
-  const size_t esize = braid_dtype_size(dtype), block = count * esize;
+  const size_t esize = dtype_size(dtype), block = count * esize;
   const int next = mod(r + 1, n), prev = mod(r - 1, n);
   auto blk = [&](int k) { return in(mod(k, n)); };
   if (n == 1) {
@@ -703,7 +704,7 @@ Task ring_reduce_blocks(const Channel& ch, size_t count, braid_dtype_t dtype, br
 }
 
 Task ring_reduce_scatter(const Channel& ch, CollArgs a) {
-  const size_t block = a.count * braid_dtype_size(a.dtype);
+  const size_t block = a.count * dtype_size(a.dtype);
   const char* in = static_cast<const char*>(a.sendbuf);
   co_await ring_reduce_blocks(
       ch, a.count, a.dtype, a.op,
@@ -714,7 +715,7 @@ Task ring_reduce_scatter(const Channel& ch, CollArgs a) {
 
 Task direct_gather(const Channel& ch, CollArgs a) {
   const int n = ch.nranks, r = ch.rank;
-  const size_t block = a.count * braid_dtype_size(a.dtype);
+  const size_t block = a.count * dtype_size(a.dtype);
   char* out = static_cast<char*>(a.recvbuf);
   if (r != a.root) {
     co_await send_message(ch, a.root, a.sendbuf, block);
@@ -727,7 +728,7 @@ Task direct_gather(const Channel& ch, CollArgs a) {
 
 Task direct_scatter(const Channel& ch, CollArgs a) {
   const int n = ch.nranks, r = ch.rank;
-  const size_t block = a.count * braid_dtype_size(a.dtype);
+  const size_t block = a.count * dtype_size(a.dtype);
   const char* in = static_cast<const char*>(a.sendbuf);
   if (r != a.root) {
     co_await recv_message(ch, a.root, a.recvbuf, block);
@@ -742,7 +743,7 @@ Task direct_scatter(const Channel& ch, CollArgs a) {
 
 Task pairwise_all_to_all(const Channel& ch, CollArgs a) {
   const int n = ch.nranks, r = ch.rank;
-  const size_t block = a.count * braid_dtype_size(a.dtype);
+  const size_t block = a.count * dtype_size(a.dtype);
   const char* in = static_cast<const char*>(a.sendbuf);
   char* out = static_cast<char*>(a.recvbuf);
   copy_if_distinct(out + r * block, in + r * block, block);
@@ -756,7 +757,7 @@ Task pairwise_all_to_all(const Channel& ch, CollArgs a) {
 
 Task pairwise_all_to_allv(const Channel& ch, CollArgs a) {
   const int n = ch.nranks, r = ch.rank;
-  const size_t es = braid_dtype_size(a.dtype);
+  const size_t es = dtype_size(a.dtype);
   const size_t *scount = a.layout, *sdispl = a.layout + n, *rcount = a.layout + 2 * n,
                *rdispl = a.layout + 3 * n;
   const char* in = static_cast<const char*>(a.sendbuf);
@@ -777,11 +778,11 @@ Task dissemination_barrier(const Channel& ch) {
 }
 
 Task p2p_send(const Channel& ch, CollArgs a) {
-  co_await send_message(ch, a.peer, a.sendbuf, a.count * braid_dtype_size(a.dtype));
+  co_await send_message(ch, a.peer, a.sendbuf, a.count * dtype_size(a.dtype));
 }
 
 Task p2p_recv(const Channel& ch, CollArgs a) {
-  co_await recv_message(ch, a.peer, a.recvbuf, a.count * braid_dtype_size(a.dtype));
+  co_await recv_message(ch, a.peer, a.recvbuf, a.count * dtype_size(a.dtype));
 }
 
 }  // namespace braid

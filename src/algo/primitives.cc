@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels/cpu/reduce_kernels.h"
+#include "src/core/dtype.h"
 
 namespace braid {
 namespace {
@@ -166,7 +167,7 @@ Task recv_reduce_copy_waiting(const Channel& ch, int from, void* dst, const void
     FailOp fail = unusable(ch, from, w.conn, w.bytes, bytes);  // named: see checked_call
     co_await fail;
   }
-  kernels::reduce(dtype, op, dst, w.data, local, bytes / braid_dtype_size(dtype));
+  kernels::reduce(dtype, op, dst, w.data, local, bytes / dtype_size(dtype));
   w.conn->release_recv();
 }
 
@@ -190,7 +191,7 @@ Step recv_reduce_copy(const Channel& ch, int from, void* dst, const void* local,
   RecvWait w{ch.to(from)};
   if (!recv_check(&w) || !usable(w.conn, w.bytes, bytes))
     return recv_reduce_copy_waiting(ch, from, dst, local, bytes, dtype, op);
-  kernels::reduce(dtype, op, dst, w.data, local, bytes / braid_dtype_size(dtype));
+  kernels::reduce(dtype, op, dst, w.data, local, bytes / dtype_size(dtype));
   w.conn->release_recv();
   return {};
 }
@@ -203,7 +204,7 @@ Task recv_reduce_send(const Channel& ch, int from, int to, const void* local, si
     FailOp fail = unusable(ch, from, w.r.conn, w.r.bytes, bytes);  // named: see checked_call
     co_await fail;
   }
-  kernels::reduce(dtype, op, w.s.slot, w.r.data, local, bytes / braid_dtype_size(dtype));
+  kernels::reduce(dtype, op, w.s.slot, w.r.data, local, bytes / dtype_size(dtype));
   commit(w.s.conn, bytes);
   w.r.conn->release_recv();
 }

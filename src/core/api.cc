@@ -19,6 +19,7 @@
 #include "src/core/bootstrap.h"
 #include "src/core/communicator.h"
 #include "src/core/config.h"
+#include "src/core/dtype.h"
 #include "src/core/logging.h"
 
 #define BRAID_API extern "C" __attribute__((visibility("default")))
@@ -188,7 +189,7 @@ BRAID_COLD Status bad_count(size_t count, size_t multiplier, size_t esize, const
 }
 
 BRAID_CHECK Status check_count(size_t count, braid_dtype_t dtype, size_t multiplier, const char* name) {
-  const size_t esize = braid_dtype_size(dtype);
+  const size_t esize = dtype_size(dtype);
   size_t bytes = 0;  // multiplied, not divided: two divisions cost more than the rest of the check
   if (__builtin_mul_overflow(count, multiplier, &bytes) || __builtin_mul_overflow(bytes, esize, &bytes) ||
       bytes > static_cast<size_t>(std::numeric_limits<ptrdiff_t>::max()))
@@ -299,8 +300,7 @@ Status validate(const Call& c, Communicator& comm) {
       const size_t un = static_cast<size_t>(n);
       const size_t *scount = a.layout, *sdispl = a.layout + un, *rcount = a.layout + 2 * un,
                    *rdispl = a.layout + 3 * un;
-      const size_t limit =
-          static_cast<size_t>(std::numeric_limits<ptrdiff_t>::max()) / braid_dtype_size(a.dtype);
+      const size_t limit = static_cast<size_t>(std::numeric_limits<ptrdiff_t>::max()) / dtype_size(a.dtype);
       for (int p = 0; p < n; ++p) {
         if (scount[p] > limit || sdispl[p] > limit - scount[p] || rcount[p] > limit ||
             rdispl[p] > limit - rcount[p])
@@ -408,9 +408,7 @@ BRAID_API braid_result_t braid_get_version(int* version) {
 }
 
 BRAID_API size_t braid_dtype_size(braid_dtype_t dtype) {
-  static const size_t kSizes[] = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8};
-  int v = raw_value(dtype);
-  return (v >= 0 && v < BRAID_NUM_DTYPES) ? kSizes[v] : 0;
+  return dtype_size(dtype);
 }
 
 BRAID_API const char* braid_dtype_name(braid_dtype_t dtype) {

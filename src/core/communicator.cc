@@ -9,6 +9,7 @@
 #include <mutex>
 #include <numeric>
 
+#include "src/core/dtype.h"
 #include "src/core/logging.h"
 #include "src/topo/topology.h"
 #include "transports/self/self_connection.h"
@@ -429,7 +430,7 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
   op->name = op_kind_name(kind);
   op->async = async;
   CollArgs a = args;
-  const size_t esize = braid_dtype_size(a.dtype);
+  const size_t esize = dtype_size(a.dtype);
   const size_t n = static_cast<size_t>(nranks_);
   op->bytes = a.count * esize;
   op->algo = "p2p";
@@ -619,7 +620,7 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
 }
 
 Task Communicator::all_reduce_task(Op* op, const CollArgs& a) {
-  const size_t bytes = a.count * braid_dtype_size(a.dtype);
+  const size_t bytes = a.count * dtype_size(a.dtype);
   const Algo algo = tuner_.pick(Coll::kAllReduce, bytes);
   op->algo = algo_name(algo);
   switch (algo) {
