@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/rank_test.h"
@@ -99,6 +100,40 @@ TEST(Api, InitEnvNeedsItsVariables) {
   EXPECT_NE(std::string(braid_get_last_error()).find("RANK='7'"), std::string::npos)
       << braid_get_last_error();
   for (const char* v : {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"}) unsetenv(v);
+}
+
+// A thread_local made before its thread's first braid call is destroyed
+// after braid's per-thread cache (frames, the op block): calls from its
+// destructor, as from a RAII wrapper at thread exit, must work without that
+// cache, never through it once freed (ASan: use after free).
+struct CallsAtThreadExit {
+  braid_comm_t comm = nullptr;
+  int* good = nullptr;
+  ~CallsAtThreadExit() {
+    if (comm == nullptr) return;
+    int n = 0;
+    for (int i = 0; i < 3; ++i) {  // ops and frames freed, then made again
+      float in[4] = {1, 2, 3, 4}, out[4] = {};
+      if (braid_all_reduce(in, out, 4, BRAID_FLOAT32, BRAID_SUM, comm, nullptr) == BRAID_SUCCESS &&
+          out[3] == 4)
+        ++n;
+    }
+    *good = n;
+  }
+};
+
+TEST_F(OneRank, CallsFromThreadExitDestructors) {
+  int good = -1;
+  std::thread t([&] {
+    thread_local CallsAtThreadExit guard;  // made before braid's cache
+    guard.comm = comm_;
+    guard.good = &good;
+    float x = 1, y = 0;
+    BRAID_EXPECT_OK(braid_all_reduce(&x, &y, 1, BRAID_FLOAT32, BRAID_SUM, comm_, nullptr));
+    EXPECT_EQ(y, 1);
+  });
+  t.join();
+  EXPECT_EQ(good, 3) << "all_reduce from a thread_local's destructor at thread exit";
 }
 
 TEST_F(OneRank, RankAndSize) {

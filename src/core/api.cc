@@ -408,7 +408,9 @@ BRAID_API braid_result_t braid_get_version(int* version) {
 }
 
 BRAID_API size_t braid_dtype_size(braid_dtype_t dtype) {
-  return dtype_size(dtype);
+  // A C caller may pass any int: read it as one (raw_value), then the table.
+  const int v = raw_value(dtype);
+  return v >= 0 && v < BRAID_NUM_DTYPES ? dtype_size(static_cast<braid_dtype_t>(v)) : 0;
 }
 
 BRAID_API const char* braid_dtype_name(braid_dtype_t dtype) {

@@ -1,5 +1,6 @@
 // Element sizes for the library's own code: inline, where a call to the
 // exported braid_dtype_size went through the PLT (dozens per small call).
+// For dtypes already checked (check_dtype); braid_dtype_size takes any value.
 #pragma once
 
 #include <braid/braid.h>

@@ -89,34 +89,44 @@ struct ThreadCache {
   void* op_block = nullptr;  // allocate_shared's block of one op
   size_t op_block_bytes = 0;
   ~ThreadCache() {
-    for (Node* n : frames) {
-      while (n != nullptr) {
-        Node* next = n->next;
+    for (size_t cls = 0; cls < kFrameClasses; ++cls) {
+      while (Node* n = frames[cls]) {
+        frames[cls] = n->next;
         ::operator delete(n);
-        n = next;
       }
+      frame_count[cls] = 0;
     }
-    ::operator delete(op_block);
+    ::operator delete(std::exchange(op_block, nullptr));
   }
 };
 
 BRAID_FAST_TLS thread_local ThreadCache* t_cache = nullptr;
 BRAID_FAST_TLS thread_local Op* t_current_op = nullptr;
+// Set once the thread's cache is destroyed (thread exit; on the main thread,
+// before static destructors and atexit handlers, which may still call
+// braid): a destroyed thread_local is never made again, so from then on
+// frames and ops go straight to the general allocator.
+BRAID_FAST_TLS thread_local bool t_cache_gone = false;
 
-// The thread's cache, made on first use and freed when the thread exits.
-ThreadCache& make_thread_cache() {
+// The thread's cache, made on first use and freed when the thread exits;
+// null after that.
+ThreadCache* make_thread_cache() {
+  if (t_cache_gone) return nullptr;
   struct Owner {
     ThreadCache cache;
-    ~Owner() { t_cache = nullptr; }
+    ~Owner() {
+      t_cache = nullptr;
+      t_cache_gone = true;
+    }
   };
   thread_local Owner owner;
   t_cache = &owner.cache;
-  return owner.cache;
+  return t_cache;
 }
 
-inline ThreadCache& thread_cache() {
+inline ThreadCache* thread_cache() {
   ThreadCache* c = t_cache;
-  return c != nullptr ? *c : make_thread_cache();
+  return c != nullptr ? c : make_thread_cache();
 }
 
 // allocate_shared's allocator for ops: one cached block per thread.
@@ -127,16 +137,16 @@ struct OpAllocator {
   template <class U>
   OpAllocator(const OpAllocator<U>&) {}
   T* allocate(size_t n) {
-    ThreadCache& c = thread_cache();
-    if (c.op_block != nullptr && c.op_block_bytes == n * sizeof(T))
-      return static_cast<T*>(std::exchange(c.op_block, nullptr));
+    ThreadCache* c = thread_cache();
+    if (c != nullptr && c->op_block != nullptr && c->op_block_bytes == n * sizeof(T))
+      return static_cast<T*>(std::exchange(c->op_block, nullptr));
     return static_cast<T*>(::operator new(n * sizeof(T)));
   }
   void deallocate(T* p, size_t n) {
-    ThreadCache& c = thread_cache();
-    if (c.op_block == nullptr) {
-      c.op_block = p;
-      c.op_block_bytes = n * sizeof(T);
+    ThreadCache* c = thread_cache();
+    if (c != nullptr && c->op_block == nullptr) {
+      c->op_block = p;
+      c->op_block_bytes = n * sizeof(T);
       return;
     }
     ::operator delete(p);
@@ -235,10 +245,10 @@ void Op::run_callback() {
 void* frame_alloc(size_t bytes) {
   const size_t cls = (bytes + kFrameGrain - 1) / kFrameGrain;
   if (cls >= kFrameClasses) return ::operator new(bytes);
-  ThreadCache& c = thread_cache();
-  if (ThreadCache::Node* n = c.frames[cls]) {
-    c.frames[cls] = n->next;
-    --c.frame_count[cls];
+  ThreadCache* c = thread_cache();
+  if (ThreadCache::Node* n = c != nullptr ? c->frames[cls] : nullptr) {
+    c->frames[cls] = n->next;
+    --c->frame_count[cls];
     return n;
   }
   return ::operator new(cls* kFrameGrain);
@@ -246,15 +256,15 @@ void* frame_alloc(size_t bytes) {
 
 void frame_free(void* frame, size_t bytes) {
   const size_t cls = (bytes + kFrameGrain - 1) / kFrameGrain;
-  ThreadCache& c = thread_cache();
-  if (cls >= kFrameClasses || c.frame_count[cls] >= kFramesKept) {
+  ThreadCache* c = thread_cache();
+  if (cls >= kFrameClasses || c == nullptr || c->frame_count[cls] >= kFramesKept) {
     ::operator delete(frame);
     return;
   }
   auto* n = static_cast<ThreadCache::Node*>(frame);
-  n->next = c.frames[cls];
-  c.frames[cls] = n;
-  ++c.frame_count[cls];
+  n->next = c->frames[cls];
+  c->frames[cls] = n;
+  ++c->frame_count[cls];
 }
 
 namespace {

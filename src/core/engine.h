@@ -181,7 +181,8 @@ class Engine {
   // (yielding between checks), then blocks.
   template <class Pred>
   void drive(Pred stop, double spin_us);
-  // What post() and run_blocking() share: the op's deadline and tracing.
+  // What post() gives an op: its deadline and whether it is traced
+  // (run_blocking sets the deadline only if the op joins its lane).
   void admit(Op& op);
   // The op's coroutine becomes its leaf, reporting to it when it finishes.
   void start(Op& op);
