@@ -55,9 +55,10 @@ def launch(scenario, world, backend="braid", env=None, timeout=180):
     return results
 
 
-def assert_all_ok(results):
+def assert_all_ok(results, what=""):
+    """Every rank exited 0; `what` names the run in the failure (e.g. which backend)."""
     bad = [r for r in results if r.returncode != 0]
-    assert not bad, "\n".join(repr(r) for r in bad)
+    assert not bad, (what + ":\n" if what else "") + "\n".join(repr(r) for r in bad)
 
 
 @pytest.fixture

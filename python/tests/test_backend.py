@@ -50,7 +50,7 @@ def test_ddp_matches_across_ranks_and_matches_gloo(world, tmp_path):
     for backend in ("braid", "gloo"):
         path = tmp_path / f"{backend}.pt"
         results = launch("ddp_train", world, backend=backend, env={"DDP_OUT": str(path), "DDP_STEPS": "6"})
-        assert_all_ok(results)
+        assert_all_ok(results, f"DDP training through {backend}")
         out[backend] = torch.load(path)
     for name, gloo_value in out["gloo"].items():
         braid_value = out["braid"][name]
