@@ -342,6 +342,13 @@ def ddp_train():
         torch.save({k: v.detach().clone() for k, v in model.module.state_dict().items()}, out)
     dist.destroy_process_group()
     print(f"rank {rank}: ddp ok after {steps} steps, loss {loss.item():.4f}", flush=True)
+    if BACKEND == "gloo":
+        # The gloo reference run (torch 2.11) now and then aborts at
+        # interpreter exit after DDP, its work done and written ("terminate
+        # called without an active exception", seen in CI): skip the teardown
+        # there. braid's runs exit normally, so their teardown stays tested.
+        sys.stdout.flush()
+        os._exit(0)
 
 
 def init_methods():
