@@ -813,6 +813,11 @@ std::string format_ratio(double ratio) {
   return buf;
 }
 
+// GB/s of `size` bytes in `us` microseconds (nccl-tests' algbw); 0 without a time.
+double algbw_of(size_t size, double us) {
+  return us > 0 ? static_cast<double>(size) / us / 1e3 : 0;
+}
+
 struct Totals {
   double busbw_sum = 0;
   long busbw_n = 0;
@@ -1007,9 +1012,7 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
             totals.variant_busbw_sum.resize(n);
             for (size_t i = 0; i < n; ++i) {
               len += std::snprintf(line + len, sizeof line - len, "  %12s", format_time(best[i]).c_str());
-              if (best[i] > 0)
-                totals.variant_busbw_sum[i] +=
-                    static_cast<double>(size) / best[i] / 1e3 * desc.busbw_factor(nranks);
+              totals.variant_busbw_sum[i] += algbw_of(size, best[i]) * desc.busbw_factor(nranks);
             }
             ++totals.variant_rows;
             if (!opt.trace_pattern.empty())
@@ -1023,7 +1026,7 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
               continue;
             }
             const Measurement m = measure(ctx, dtype, op, root, count, in_place);
-            const double algbw = m.time_us > 0 ? static_cast<double>(size) / m.time_us / 1e3 : 0;
+            const double algbw = algbw_of(size, m.time_us);
             const double busbw = algbw * desc.busbw_factor(nranks);
             totals.busbw_sum += busbw;
             ++totals.busbw_n;
@@ -1039,8 +1042,7 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
               len += std::snprintf(line + len, sizeof line - len, "  %7s  %6s  %7s", "N/A", "N/A", "N/A");
               continue;
             }
-            const double mpi_busbw =
-                mpi_us > 0 ? static_cast<double>(size) / mpi_us / 1e3 * desc.busbw_factor(nranks) : 0;
+            const double mpi_busbw = algbw_of(size, mpi_us) * desc.busbw_factor(nranks);
             std::string ratio = "N/A";
             if (busbw > 0 && mpi_busbw > 0) {
               ratio = format_ratio(busbw / mpi_busbw);

@@ -159,6 +159,13 @@ Task recv_piece_waiting(const Channel& ch, int from, void* dst, size_t bytes) {
   }
 }
 
+// dst = the received piece (in, usable) op local; frees its slot.
+void reduce_received(const RecvWait& w, void* dst, const void* local, size_t bytes, braid_dtype_t dtype,
+                     braid_redop_t op) {
+  kernels::reduce(dtype, op, dst, w.data, local, bytes / dtype_size(dtype));
+  w.conn->release_recv();
+}
+
 Task recv_reduce_copy_waiting(const Channel& ch, int from, void* dst, const void* local, size_t bytes,
                               braid_dtype_t dtype, braid_redop_t op) {
   RecvWait w{ch.to(from)};
@@ -167,8 +174,7 @@ Task recv_reduce_copy_waiting(const Channel& ch, int from, void* dst, const void
     FailOp fail = unusable(ch, from, w.conn, w.bytes, bytes);  // named: see checked_call
     co_await fail;
   }
-  kernels::reduce(dtype, op, dst, w.data, local, bytes / dtype_size(dtype));
-  w.conn->release_recv();
+  reduce_received(w, dst, local, bytes, dtype, op);
 }
 
 }  // namespace
@@ -191,8 +197,7 @@ Step recv_reduce_copy(const Channel& ch, int from, void* dst, const void* local,
   RecvWait w{ch.to(from)};
   if (!recv_check(&w) || !usable(w.conn, w.bytes, bytes))
     return recv_reduce_copy_waiting(ch, from, dst, local, bytes, dtype, op);
-  kernels::reduce(dtype, op, dst, w.data, local, bytes / dtype_size(dtype));
-  w.conn->release_recv();
+  reduce_received(w, dst, local, bytes, dtype, op);
   return {};
 }
 

@@ -111,14 +111,10 @@ class [[nodiscard]] Task {
 // receive when the message is in, then costs no frame).
 class [[nodiscard]] Step {
  public:
-  Step() = default;  // done
+  Step() = default;  // done: an empty Task, which co_await finds ready
   Step(Task rest) : rest_(std::move(rest)) {}
-  bool await_ready() noexcept { return !rest_.handle() || rest_.handle().done(); }
-  std::coroutine_handle<> await_suspend(std::coroutine_handle<> parent) noexcept {
-    rest_.handle().promise().continuation = parent;
-    return rest_.handle();
-  }
-  void await_resume() noexcept {}
+  // Awaited as its Task; the frame lives until the Step temporary dies.
+  auto operator co_await() && noexcept { return std::move(rest_).operator co_await(); }
 
  private:
   Task rest_;
