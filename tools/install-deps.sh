@@ -8,7 +8,8 @@ packages=(build-essential cmake ninja-build pkg-config git
           libibverbs-dev rdma-core
           googletest libgtest-dev libbenchmark-dev
           clang-format python3
-          clang libclang-rt-14-dev)
+          clang libclang-rt-14-dev
+          openjdk-17-jre-headless)  # Spark, for the TorchDistributor test
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,7 +1,9 @@
 """braid as a torch.distributed backend: exact results of every operation
 across real processes, clear errors for bad input, errors (not hangs) for
-dead and hung peers, DDP training that matches gloo's, and torchrun."""
+dead and hung peers, DDP training that matches gloo's, and the launchers:
+torchrun, mpirun and Spark's TorchDistributor."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -98,3 +100,28 @@ def test_torchrun_two_processes():
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count('"ok": true') == 2, proc.stdout
+
+
+SPARK_DRIVER = os.path.join(os.path.dirname(__file__), "spark_distributor.py")
+
+
+@pytest.mark.parametrize("mode", ["local", "barrier"])
+def test_spark_torch_distributor(mode):
+    """Spark's TorchDistributor runs an unchanged training function with
+    backend "braid": through torchrun on the driver (local) and as one
+    barrier task per rank (barrier). DDP's parameters agree exactly across
+    ranks and match one process training on the whole batch."""
+    pytest.importorskip("pyspark", reason="pyspark is not installed (tools/install-torch.sh installs it)")
+    if shutil.which("java") is None:
+        pytest.skip("Spark needs java (tools/install-deps.sh installs openjdk-17-jre-headless)")
+    env = dict(os.environ, BRAID_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, SPARK_DRIVER, mode], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["backend"] == "braid"
+    assert result["world"] == 2
+    assert result["sum"] == [3.0] * 5
+    params = [torch.tensor(p) for p in result["params"]]
+    assert torch.equal(params[0], params[1]), "DDP left the ranks' parameters different"
+    torch.testing.assert_close(params[0], torch.tensor(result["reference"]), rtol=1e-5, atol=1e-6)
