@@ -37,6 +37,9 @@ class BuildWithLibbraid(BuildExtension):
                 "cmake", "-S", str(ROOT), "-B", str(BRAID_BUILD),
                 "-DCMAKE_BUILD_TYPE=Release",
                 "-DBRAID_BUILD_TESTS=OFF", "-DBRAID_BUILD_BENCH=OFF", "-DBRAID_BUILD_TOOLS=OFF",
+                # The extension links libbraid only; the CUDA kernels are a
+                # separate library it does not use yet.
+                "-DBRAID_CUDA=OFF",
             ]
         )
         subprocess.check_call(["cmake", "--build", str(BRAID_BUILD), "--target", "braid_static", "-j", jobs])

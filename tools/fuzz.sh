@@ -10,7 +10,7 @@ secs=${BRAID_FUZZ_SECONDS:-30}
 dir=build-fuzz
 [ -f "$dir/build.ninja" ] || CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DBRAID_FUZZ=ON -DBRAID_BUILD_TESTS=OFF -DBRAID_BUILD_BENCH=OFF -DBRAID_BUILD_TOOLS=OFF \
-  -DBRAID_BUILD_EXAMPLES=OFF -DBRAID_WITH_TORCH=OFF >/dev/null
+  -DBRAID_BUILD_EXAMPLES=OFF -DBRAID_WITH_TORCH=OFF -DBRAID_CUDA=OFF >/dev/null
 cmake --build "$dir" -j "${BRAID_BUILD_JOBS:-$(nproc)}" --target fuzz_tcp_frames fuzz_handshake
 
 # Seeds: a data frame, a zero-length frame, an abort frame; a root hello, a

@@ -19,6 +19,7 @@
 #include "src/core/bootstrap.h"
 #include "src/core/communicator.h"
 #include "src/core/config.h"
+#include "src/core/device_memory.h"
 #include "src/core/dtype.h"
 #include "src/core/logging.h"
 
@@ -203,8 +204,9 @@ BRAID_COLD Status null_buffer(size_t count, const char* name, const char* count_
 }
 
 BRAID_CHECK Status check_buffer(const void* buf, size_t count, const char* name, const char* count_name) {
-  if (buf == nullptr && count > 0) return null_buffer(count, name, count_name);
-  return Status::ok();
+  if (count == 0) return Status::ok();
+  if (buf == nullptr) return null_buffer(count, name, count_name);
+  return check_host_memory(buf, name);
 }
 
 BRAID_COLD Status bad_rank(int r, int nranks, const char* name) {

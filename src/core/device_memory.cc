@@ -1,0 +1,83 @@
+#include "src/core/device_memory.h"
+
+#include <dlfcn.h>
+#include <link.h>
+
+#include <atomic>
+#include <cstdio>
+#include <mutex>
+#include <string>
+
+namespace braid {
+namespace {
+
+// The CUDA driver API's pointer query, declared here (stable ABI values from
+// cuda.h) so that a build without the toolkit can still recognise device
+// memory that another library (torch) allocated.
+using CUresult = int;
+using PointerGetAttribute = CUresult (*)(void* data, int attribute, unsigned long long ptr);
+constexpr int kAttrMemoryType = 2;     // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+constexpr int kAttrIsManaged = 8;      // CU_POINTER_ATTRIBUTE_IS_MANAGED
+constexpr int kAttrDeviceOrdinal = 9;  // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+constexpr unsigned kMemoryTypeDevice = 2;
+
+std::atomic<PointerGetAttribute> g_query{nullptr};
+std::atomic<unsigned long long> g_loads_seen{~0ull};
+std::mutex g_probe_mu;
+
+int count_loads(struct dl_phdr_info* info, size_t, void* out) {
+  *static_cast<unsigned long long*>(out) = info->dlpi_adds;
+  return 1;  // the counter is the same in every entry: stop at the first
+}
+
+// The driver's query once libcuda is in the process, else null. Looking for
+// it costs tens of microseconds, so it is done again only after the process
+// loaded another library (dl_iterate_phdr's load counter, about 15 ns).
+PointerGetAttribute driver_query() {
+  PointerGetAttribute q = g_query.load(std::memory_order_acquire);
+  if (q != nullptr) return q;
+  unsigned long long loads = 0;
+  dl_iterate_phdr(count_loads, &loads);
+  if (loads == g_loads_seen.load(std::memory_order_relaxed)) return nullptr;
+  std::lock_guard<std::mutex> lock(g_probe_mu);
+  if (void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD)) {
+    q = reinterpret_cast<PointerGetAttribute>(dlsym(lib, "cuPointerGetAttribute"));
+    dlclose(lib);  // still loaded by whoever loaded it first
+  }
+  if (q != nullptr) g_query.store(q, std::memory_order_release);
+  g_loads_seen.store(loads, std::memory_order_relaxed);
+  return q;
+}
+
+}  // namespace
+
+BRAID_FAST_TLS __thread const void* t_host_seen[2];
+
+Status check_host_memory_slow(const void* p, const char* what) {
+  if (p == nullptr) return Status::ok();
+  if (PointerGetAttribute query = driver_query()) {
+    unsigned type = 0;
+    // Host memory the driver never saw fails the query: that is the answer
+    // "host". So does every pointer before cuInit, when no device memory exists.
+    if (query(&type, kAttrMemoryType, reinterpret_cast<unsigned long long>(p)) == 0 &&
+        type == kMemoryTypeDevice) {
+      unsigned managed = 0;
+      query(&managed, kAttrIsManaged, reinterpret_cast<unsigned long long>(p));
+      if (managed == 0) {
+        int device = -1;
+        query(&device, kAttrDeviceOrdinal, reinterpret_cast<unsigned long long>(p));
+        char addr[32];
+        std::snprintf(addr, sizeof(addr), "%p", p);
+        return Status::unsupported(std::string(what) + " (" + addr + ") is memory of CUDA device " +
+                                   std::to_string(device) +
+                                   ": operations on device buffers are not supported by this build yet (host "
+                                   "memory, pinned or managed, works)");
+      }
+    }
+  }
+  t_host_seen[1] = t_host_seen[0];
+  t_host_seen[0] = p;
+  return Status::ok();
+}
+
+}  // namespace braid

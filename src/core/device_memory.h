@@ -1,0 +1,27 @@
+// Which memory a buffer is in: host, or a CUDA device's. Needs no CUDA at
+// build time: it asks the CUDA driver (libcuda) only once the process has
+// loaded it, since no device memory can exist before that.
+#pragma once
+
+#include "src/core/status.h"
+#include "src/core/task.h"  // BRAID_FAST_TLS
+
+namespace braid {
+
+// The thread's last two buffers found to be host memory (initial-exec TLS:
+// the check of a buffer passed again is two compares, inlined in the caller).
+extern BRAID_FAST_TLS __thread const void* t_host_seen[2];  // __thread: no C++ TLS wrapper call
+
+// The query behind check_host_memory, for a buffer not seen just before.
+Status check_host_memory_slow(const void* p, const char* what);
+
+// OK for memory the host can read (ordinary, pinned, managed); an
+// unsupported-error naming `what`, the address and the device for memory of
+// a CUDA device, which host-ordered operations cannot take.
+inline Status check_host_memory(const void* p, const char* what) {
+  if (p == t_host_seen[0] || p == t_host_seen[1]) [[likely]]
+    return Status::ok();
+  return check_host_memory_slow(p, what);
+}
+
+}  // namespace braid
