@@ -239,9 +239,12 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
         case Algo::kRecursiveDoubling: {
           const bool pow2 = p2 == sh.nranks;
           double t = pow2 ? 0 : 2 * (l.alpha_us + S * l.beta_us_per_byte);  // the fold in and out
+          // A step across hosts sends and receives S at once, as each ring
+          // step does (the link constants are per byte each way); inside a
+          // host the same process also copies in and reduces out: 2 S.
           for (int mask = 1; mask < p2; mask <<= 1)
             t += mask < Li ? pair_alpha + 2 * S * in.beta_us_per_byte
-                           : out.alpha_us + 2 * S * out.beta_us_per_byte;
+                           : out.alpha_us + S * out.beta_us_per_byte;
           return t;
         }
         case Algo::kRabenseifner: {
