@@ -9,6 +9,7 @@
 // with a message instead of reading it.
 #include <braid/braid.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -386,6 +387,25 @@ TEST(CudaKernels, BadArgumentsAreRefusedWithAMessage) {
   EXPECT_EQ(braid_cuda_divide(BRAID_FLOAT32, &x, 1, 0, nullptr, error, sizeof(error)),
             BRAID_ERR_INVALID_ARGUMENT);
   EXPECT_STREQ(error, "divide: divisor is 0");
+}
+
+// Without a GPU: the toolkit's stub libcuda (whose calls all fail) loaded
+// into the process makes braid look for device memory through it; host
+// buffers it has not seen before must still pass.
+TEST(CudaDeviceBuffers, HostMemoryPassesOnceLibcudaIsLoaded) {
+  void* stub = dlopen(BRAID_CUDA_STUB_DIR "/libcuda.so", RTLD_NOW | RTLD_GLOBAL);
+  if (stub == nullptr) GTEST_SKIP() << "no stub libcuda in " BRAID_CUDA_STUB_DIR ": " << dlerror();
+  braid_unique_id_t id;
+  braid_comm_t comm = nullptr;
+  BRAID_ASSERT_OK(braid_get_unique_id(&id));
+  BRAID_ASSERT_OK(braid_comm_init_rank(&comm, 1, id, 0));
+  for (int round = 0; round < 3; ++round) {
+    std::vector<float> in(64 + round, 2.0f), out(64 + round, 0.0f);  // new buffers: no cached verdict
+    BRAID_EXPECT_OK(
+        braid_all_reduce(in.data(), out.data(), in.size(), BRAID_FLOAT32, BRAID_SUM, comm, nullptr));
+    EXPECT_EQ(out[0], 2.0f);
+  }
+  BRAID_EXPECT_OK(braid_comm_destroy(comm));
 }
 
 TEST(CudaDeviceBuffers, HostOrderedCallsRefuseDeviceMemoryWithAMessage) {
