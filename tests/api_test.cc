@@ -1,6 +1,7 @@
 // The C API on one process: argument checks with the messages they give,
 // handles that outlive their objects, and one-rank collectives.
 #include <braid/braid.h>
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -206,6 +207,51 @@ TEST_F(OneRank, StreamsAreNotSupportedYet) {
   int fake_stream = 0;
   expect_error(braid_all_reduce(x, x, 4, BRAID_FLOAT32, BRAID_SUM, comm_, &fake_stream),
                BRAID_ERR_UNSUPPORTED, "CUDA");
+}
+
+// Device memory, with a fake CUDA driver (tests/fake_libcuda.cc) that calls
+// one address range device memory: braid asks the driver once it is loaded,
+// refuses that range naming the buffer and the device, and takes host
+// memory, even a buffer it had seen as host memory before the driver came.
+// In a child process, so the fake driver stays out of the other tests.
+TEST(DeviceMemory, RefusedWithAMessageOnceTheDriverIsLoaded) {
+  auto child = [] {
+    braid_unique_id_t id;
+    braid_comm_t comm = nullptr;
+    if (braid_get_unique_id(&id) != BRAID_SUCCESS || braid_comm_init_rank(&comm, 1, id, 0) != BRAID_SUCCESS)
+      std::exit(10);
+    std::vector<float> host(64, 1.0f), out(64, 0.0f), later(64, 2.0f);
+    // Seen as host memory while no driver is loaded.
+    if (braid_all_reduce(later.data(), later.data(), 64, BRAID_FLOAT32, BRAID_SUM, comm, nullptr) !=
+        BRAID_SUCCESS)
+      std::exit(11);
+    void* driver = dlopen(BRAID_FAKE_LIBCUDA, RTLD_NOW | RTLD_GLOBAL);
+    if (driver == nullptr) std::exit(12);
+    auto set_range =
+        reinterpret_cast<void (*)(const void*, size_t)>(dlsym(driver, "fake_cuda_set_device_range"));
+    if (set_range == nullptr) std::exit(13);
+    set_range(later.data(), later.size() * sizeof(float));  // now "device memory"
+    auto refused = [&](braid_result_t got, const char* what) {
+      const std::string m = braid_get_last_error();
+      return got == BRAID_ERR_UNSUPPORTED && m.find(what) != std::string::npos &&
+             m.find("is memory of CUDA device 3") != std::string::npos;
+    };
+    if (braid_all_reduce(host.data(), out.data(), 64, BRAID_FLOAT32, BRAID_SUM, comm, nullptr) !=
+            BRAID_SUCCESS ||
+        out[0] != 1.0f)
+      std::exit(14);
+    if (!refused(braid_all_reduce(later.data(), out.data(), 64, BRAID_FLOAT32, BRAID_SUM, comm, nullptr),
+                 "sendbuf"))
+      std::exit(15);
+    if (!refused(braid_all_reduce(host.data(), later.data(), 64, BRAID_FLOAT32, BRAID_SUM, comm, nullptr),
+                 "recvbuf"))
+      std::exit(16);
+    if (!refused(braid_broadcast(later.data(), later.data(), 64, BRAID_FLOAT32, 0, comm, nullptr), "sendbuf"))
+      std::exit(17);
+    if (later[0] != 2.0f) std::exit(18);  // never touched
+    std::exit(braid_comm_destroy(comm) == BRAID_SUCCESS ? 0 : 19);
+  };
+  EXPECT_EXIT(child(), ::testing::ExitedWithCode(0), "");
 }
 
 TEST_F(OneRank, UseAfterDestroyIsAnError) {

@@ -24,9 +24,11 @@ start=$(date +%s)
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   # "native": compile for the GPUs of this machine only (quickest build).
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBRAID_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=native -DBRAID_BUILD_EXAMPLES=OFF >"$OUT/configure.log"
+    -DCMAKE_CUDA_ARCHITECTURES=native -DBRAID_BUILD_EXAMPLES=OFF >"$OUT/configure.log" 2>&1 ||
+    { tail -40 "$OUT/configure.log"; echo "gpu-check: configure failed" >&2; exit 1; }
 fi
-cmake --build "$BUILD_DIR" -j "$(nproc)" --target cuda_kernels_test cuda_kernel_bench >"$OUT/build.log"
+cmake --build "$BUILD_DIR" -j "$(nproc)" --target cuda_kernels_test cuda_kernel_bench >"$OUT/build.log" 2>&1 ||
+  { tail -60 "$OUT/build.log"; echo "gpu-check: build failed" >&2; exit 1; }
 echo "gpu-check: built in $(($(date +%s) - start)) s"
 test_status=0
 "$BUILD_DIR/tests/cuda_kernels_test" --gtest_brief=1 >"$OUT/tests.log" 2>&1 || test_status=$?

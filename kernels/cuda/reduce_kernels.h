@@ -27,7 +27,11 @@ struct CUstream_st; /* cudaStream_t is struct CUstream_st* */
  * Enqueued on `stream`, not waited for. Any count and alignment: 16-byte
  * loads and stores where every pointer allows them. A destination may be a
  * source exactly, not overlap one partially. AVG reduces as SUM (the
- * collective divides once, braid_cuda_divide). */
+ * collective divides once, braid_cuda_divide). Results equal kernels/cpu's
+ * (folding the sources left to right) except in two ways: a NaN comes out as
+ * the device's canonical NaN, not with its input's payload, and float16 and
+ * bfloat16 with three or more sources accumulate in float32 and round once
+ * instead of after every pair. */
 BRAID_CUDA_API braid_result_t braid_cuda_reduce_copy(braid_dtype_t dtype, braid_redop_t op,
                                                      const void* const* srcs, int nsrcs, void* const* dsts,
                                                      int ndsts, size_t count, struct CUstream_st* stream,

@@ -40,11 +40,13 @@ PointerGetAttribute driver_query() {
   dl_iterate_phdr(count_loads, &loads);
   if (loads == g_loads_seen.load(std::memory_order_relaxed)) return nullptr;
   std::lock_guard<std::mutex> lock(g_probe_mu);
-  if (void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD)) {
+  // The handle stays open: the function must outlive whoever loaded it.
+  if (void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD))
     q = reinterpret_cast<PointerGetAttribute>(dlsym(lib, "cuPointerGetAttribute"));
-    dlclose(lib);  // still loaded by whoever loaded it first
+  if (q != nullptr) {
+    g_query.store(q, std::memory_order_release);
+    g_cuda_driver_loaded.store(true, std::memory_order_relaxed);
   }
-  if (q != nullptr) g_query.store(q, std::memory_order_release);
   g_loads_seen.store(loads, std::memory_order_relaxed);
   return q;
 }
@@ -52,6 +54,7 @@ PointerGetAttribute driver_query() {
 }  // namespace
 
 BRAID_FAST_TLS __thread const void* t_host_seen[2];
+std::atomic<bool> g_cuda_driver_loaded{false};
 
 Status check_host_memory_slow(const void* p, const char* what) {
   if (p == nullptr) return Status::ok();
@@ -74,6 +77,7 @@ Status check_host_memory_slow(const void* p, const char* what) {
                                    "memory, pinned or managed, works)");
       }
     }
+    return Status::ok();  // not remembered: see t_host_seen
   }
   t_host_seen[1] = t_host_seen[0];
   t_host_seen[0] = p;
