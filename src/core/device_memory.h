@@ -24,7 +24,7 @@ Status check_host_memory_slow(const void* p, const char* what);
 // OK for memory the host can read (ordinary, pinned, managed); an
 // unsupported-error naming `what`, the address and the device for memory of
 // a CUDA device, which host-ordered operations cannot take.
-inline Status check_host_memory(const void* p, const char* what) {
+__attribute__((always_inline)) inline Status check_host_memory(const void* p, const char* what) {
   if ((p == t_host_seen[0] || p == t_host_seen[1]) && !g_cuda_driver_loaded.load(std::memory_order_relaxed))
       [[likely]]
     return Status::ok();
