@@ -255,6 +255,9 @@ TEST(DeviceMemory, RefusedWithAMessageOnceTheDriverIsLoaded) {
     if (later[0] != 2.0f) _exit(18);  // never touched
     _exit(braid_comm_destroy(comm) == BRAID_SUCCESS ? 0 : 19);
   };
+  // "threadsafe": the child is a fresh run of this binary, single-threaded
+  // (TSan refuses threads started after forking a multi-threaded parent).
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(child(), ::testing::ExitedWithCode(0), "");
 }
 
