@@ -613,8 +613,19 @@ void Engine::check_peers(bool thorough) {
     }
     Status st;
     if (lane.kind == LaneKind::kCollective && op.started && thorough) st = watch_collective(op);
-    for (int i = 0; st && op.wait != nullptr && i < 2; ++i)
-      if (op.wait->conn[i] != nullptr) st = op.wait->conn[i]->check_peer(thorough);
+    for (int i = 0; st && op.wait != nullptr && i < 2; ++i) {
+      Connection* c = op.wait->conn[i];
+      if (c == nullptr) continue;
+      // A peer that sent what this wait needs from it and then left (its
+      // part of the call done) does not block it: the other side does (a
+      // chain's next rank yet to free a slot). Only a failure it reported counts.
+      const void* data = nullptr;
+      size_t bytes = 0;
+      if (op.wait->events[i] == POLLIN && c->recv_ready(&data, &bytes))
+        st = c->peer_failure();
+      else
+        st = c->check_peer(thorough);
+    }
     if (st) continue;
     // The peer may have sent its last messages (or the cause) just before:
     // take what is there first, and judge again on the next idle round.
