@@ -224,28 +224,18 @@ TEST(CudaHostMath, DivideMatchesTheCpuKernel) {
       std::vector<unsigned char> want = data;
       braid::kernels::divide(dtype, want.data(), count, divisor);
       std::vector<unsigned char> got(data.size());
-      const size_t esize = braid_dtype_size(dtype);
-      for (size_t i = 0; i < count; ++i) {
-        const unsigned char* in = data.data() + i * esize;
-        unsigned char* out = got.data() + i * esize;
-        if (dtype == BRAID_FLOAT16 || dtype == BRAID_BFLOAT16) {
-          uint16_t v;
-          std::memcpy(&v, in, 2);
-          const uint16_t r = dtype == BRAID_FLOAT16 ? cm::divide_element<cm::Half>(v, divisor)
-                                                    : cm::divide_element<cm::BFloat16>(v, divisor);
-          std::memcpy(out, &r, 2);
-        } else if (dtype == BRAID_FLOAT32) {
-          float v;
-          std::memcpy(&v, in, 4);
-          const float r = cm::divide_element<cm::Plain<float>>(v, divisor);
-          std::memcpy(out, &r, 4);
-        } else {
-          double v;
-          std::memcpy(&v, in, 8);
-          const double r = cm::divide_element<cm::Plain<double>>(v, divisor);
-          std::memcpy(out, &r, 8);
+      cm::visit_element(dtype, [&](auto e) {
+        using E = decltype(e);
+        using S = typename E::Stored;
+        if constexpr (!std::is_integral_v<typename E::Compute>) {
+          for (size_t i = 0; i < count; ++i) {
+            S v;
+            std::memcpy(&v, data.data() + i * sizeof(S), sizeof(S));
+            const S r = cm::divide_element<E>(v, divisor);
+            std::memcpy(got.data() + i * sizeof(S), &r, sizeof(S));
+          }
         }
-      }
+      });
       expect_same(dtype, got, want,
                   std::string("divide ") + braid_dtype_name(dtype) + " by " + std::to_string(divisor));
     }

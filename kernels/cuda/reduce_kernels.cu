@@ -179,32 +179,24 @@ Result reduce_copy(braid_dtype_t dtype, braid_redop_t op, const void* const* src
   return r;
 }
 
-template <class E>
-Result launch_divide(void* data, size_t count, int divisor, cudaStream_t stream) {
-  unsigned blocks = 0;
-  Result r = grid_for(count, &blocks);
-  if (r.code != BRAID_SUCCESS) return r;
-  divide_kernel<E><<<blocks, kThreads, 0, stream>>>(static_cast<typename E::Stored*>(data), count, divisor);
-  return launched("kernel launch (divide)");
-}
-
 Result divide(braid_dtype_t dtype, void* data, size_t count, int divisor, cudaStream_t stream) {
   if (divisor == 0) return fail(BRAID_ERR_INVALID_ARGUMENT, "divide: divisor is 0");
   if (data == nullptr && count > 0) return fail(BRAID_ERR_INVALID_ARGUMENT, "divide: data is NULL");
-  if (count == 0 && dtype >= BRAID_FLOAT16 && dtype <= BRAID_FLOAT64) return Result{};
-  switch (dtype) {
-    case BRAID_FLOAT16:
-      return launch_divide<m::Half>(data, count, divisor, stream);
-    case BRAID_BFLOAT16:
-      return launch_divide<m::BFloat16>(data, count, divisor, stream);
-    case BRAID_FLOAT32:
-      return launch_divide<m::Plain<float>>(data, count, divisor, stream);
-    case BRAID_FLOAT64:
-      return launch_divide<m::Plain<double>>(data, count, divisor, stream);
-    default:
-      break;
-  }
-  return fail(BRAID_ERR_INVALID_ARGUMENT, "divide: dtype %d is not floating", static_cast<int>(dtype));
+  Result r = fail(BRAID_ERR_INVALID_ARGUMENT, "divide: dtype %d is not floating", static_cast<int>(dtype));
+  m::visit_element(dtype, [&](auto e) {
+    using E = decltype(e);
+    if constexpr (!std::is_integral_v<typename E::Compute>) {
+      r = Result{};
+      if (count == 0) return;
+      unsigned blocks = 0;
+      r = grid_for(count, &blocks);
+      if (r.code != BRAID_SUCCESS) return;
+      divide_kernel<E>
+          <<<blocks, kThreads, 0, stream>>>(static_cast<typename E::Stored*>(data), count, divisor);
+      r = launched("kernel launch (divide)");
+    }
+  });
+  return r;
 }
 
 }  // namespace
