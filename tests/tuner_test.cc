@@ -116,6 +116,28 @@ TEST(Tuner, ModelPrefersFewStepsSmallAndFewBytesLarge) {
   EXPECT_LT(single.predict_us(Coll::kAllReduce, Algo::kHierarchical, 64 << 20), 0);
 }
 
+TEST(Tuner, RootedChainsCostOneWayHops) {
+  // 8 ranks sharing 2 cores, as on the VM: a chain reduce ran 1.5-2x
+  // faster than the tree from 4 KiB to 32 KiB (bench/tune_sweep.py).
+  JobShape crowded = one_host(8);
+  crowded.oversubscribed = true;
+  crowded.ranks_per_core = 4;
+  Tuner t(crowded, AlgoChoice{});
+  for (size_t bytes : {size_t{4096}, size_t{32768}})
+    EXPECT_EQ(t.pick(Coll::kReduce, bytes), Algo::kRing) << bytes;
+  // Across hosts a reduce chain starts after the root and ends at it,
+  // crossing every host boundary; the hierarchical reduce crosses once
+  // fewer, and won from 256 KiB on 2 hosts x 2 ranks.
+  JobShape two = hosts(2, 2);
+  two.oversubscribed = true;
+  two.ranks_per_core = 2;
+  Tuner h(two, AlgoChoice{});
+  EXPECT_EQ(h.pick(Coll::kReduce, 2 << 20), Algo::kHierarchical);
+  // A broadcast chain from the first host crosses one boundary fewer than
+  // the reduce's: at large sizes it beats the two phases of hier.
+  EXPECT_EQ(h.pick(Coll::kBroadcast, 16 << 20), Algo::kRing);
+}
+
 TEST(Tuner, TableLookupAgreesWithTheModelAtEverySize) {
   // pick() reads a table per power of two plus exact checks; it must give
   // what choose() computes for sizes in between too.

@@ -26,6 +26,18 @@ constexpr double kPeerReadBytesPerUsOversubscribed = 1700;
 // Posting one more message in the same step (direct sends n-1 at once).
 constexpr double kShmMessageUs = 0.3, kShmMessageUsPerRankPerCore = 1.5;
 constexpr double kTcpMessageUs = 5.0, kTcpMessageUsPerRankPerCore = 6.0;
+// Broadcast and reduce pass each piece one way, down a chain or a tree: a
+// hop costs one message's latency, where a ring step above waits on both
+// neighbours. Fitted to bench/tune_sweep.py --collective broadcast|reduce
+// (4 and 8 ranks on 1 and 2 simulated hosts); with the ring step's
+// constants the model priced chains 3-10x too high and picked trees and
+// hierarchical schedules up to 2x slower.
+constexpr double kHopShmUs = 0.3, kHopTcpUs = 3.0;
+constexpr double kHopCopyBytesPerUs = 20000, kHopReduceBytesPerUs = 10000, kHopTcpBytesPerUs = 2000;
+constexpr double kTcpHopWork = 2;     // a TCP hop copies at both ends: sender and receiver
+constexpr double kTreeLevelHops = 3;  // a tree level serves two children, one after the other
+constexpr double kTreeByteFactor = 1.5;
+constexpr double kHierPhaseUs = 2;  // a hierarchical schedule's second phase starts when the first ends
 
 struct Name {
   const char* text;
@@ -283,22 +295,41 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
       }
       break;
     case Coll::kBroadcast:
-    case Coll::kReduce:
+    case Coll::kReduce: {
+      const bool reduces = c == Coll::kReduce;
+      const int H = sh.nhosts;
       switch (a) {
-        case Algo::kRing:
-          return (n - 1) * l.alpha_us + S * l.beta_us_per_byte;
-        case Algo::kTree:
-          return depth * l.alpha_us + (n > 2 ? 2 : 1) * S * l.beta_us_per_byte;
+        case Algo::kRing: {
+          // The chain visits hosts in order: a broadcast from a host's first
+          // rank crosses H - 1 host boundaries; a reduce starts after the
+          // root and ends at it, crossing H.
+          const int hops_out = multi ? (reduces ? H : H - 1) : 0;
+          return chain_us(sh.nranks - 1 - hops_out, hops_out, S, reduces, 1);
+        }
+        case Algo::kTree: {
+          // Levels pay the network's costs across hosts (a binary tree over
+          // host-ordered ranks crosses hosts on most levels).
+          const double hop = multi ? kHopTcpUs : kHopShmUs;
+          const double beta = 1.0 / (multi     ? kHopTcpBytesPerUs
+                                     : reduces ? kHopReduceBytesPerUs
+                                               : kHopCopyBytesPerUs);
+          const double first = std::min(S, static_cast<double>(sh.piece_bytes));
+          const double path = depth * (kTreeLevelHops * hop + 2 * kTreeByteFactor * first * beta) +
+                              2 * kTreeByteFactor * (S - first) * beta;
+          return std::max(path, (n - 1) * S * beta * (multi ? kTcpHopWork : 1) / cores());
+        }
         case Algo::kPeerRead:
           return 5 * (n - 1) * in.alpha_us + S * pr_beta;
         case Algo::kHierarchical:
-          // A chain across hosts, then chains inside them (in parallel).
-          return (sh.nhosts - 1) * out.alpha_us + S * out.beta_us_per_byte + (L - 1) * in.alpha_us +
-                 S * in.beta_us_per_byte;
+          // A chain across hosts and chains inside them (in parallel), one
+          // phase after the other.
+          return chain_us(0, H - 1, S, reduces, 1) + chain_us(static_cast<int>(L) - 1, 0, S, reduces, H) +
+                 kHierPhaseUs;
         default:
           break;
       }
       break;
+    }
     case Coll::kAllGather:
     case Coll::kReduceScatter:
       // A ring all_gather copies each block twice per hop (out of the slot,
@@ -319,6 +350,23 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
       break;
   }
   return -1;
+}
+
+double Tuner::cores() const {
+  return shape_.nranks / std::max(1.0, shape_.ranks_per_core);
+}
+
+double Tuner::chain_us(int hops_in, int hops_out, double bytes, bool reduces, int parallel) const {
+  if (hops_in + hops_out <= 0) return 0;
+  const double in_beta = 1.0 / (reduces ? kHopReduceBytesPerUs : kHopCopyBytesPerUs);
+  const double out_beta = 1.0 / kHopTcpBytesPerUs;
+  // The first piece crosses every hop; the rest follow at the slowest
+  // hop's pace. Oversubscribed, every rank's copies also share the cores.
+  const double first = std::min(bytes, static_cast<double>(shape_.piece_bytes));
+  const double path = hops_in * (kHopShmUs + first * in_beta) + hops_out * (kHopTcpUs + first * out_beta) +
+                      (bytes - first) * (hops_out > 0 ? out_beta : in_beta);
+  const double work = parallel * bytes * (hops_in * in_beta + kTcpHopWork * hops_out * out_beta) / cores();
+  return std::max(path, work);
 }
 
 bool Tuner::hierarchical_reads_peers(size_t bytes) const {

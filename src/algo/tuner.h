@@ -95,6 +95,11 @@ class Tuner {
   LinkCost intra() const;
   LinkCost inter() const;
   LinkCost flat() const { return shape_.nhosts > 1 ? inter() : intra(); }
+  // The cores the job's ranks share (the ranks, when each has its own).
+  double cores() const;
+  // A pipelined one-way chain (broadcast, reduce) of hops inside hosts and
+  // across them; `parallel` such chains run at once on the job's cores.
+  double chain_us(int hops_in, int hops_out, double bytes, bool reduces, int parallel) const;
 
   JobShape shape_;
   AlgoChoice forced_;
