@@ -30,14 +30,14 @@ ALGOS = {
 PIECE = 256 * 1024  # the default channel piece (BRAID_SHM_SLOT_BYTES)
 
 
-def runs(algo, hosts, size, coll):
+def runs(algo, nranks, hosts, size):
     """Whether a forced algorithm really runs at this size (else braid falls back)."""
     if algo == "direct":
         return size <= PIECE
     if algo == "peer_read":
         return hosts == 1
     if algo == "hier":
-        return hosts > 1
+        return 1 < hosts < nranks  # several hosts, and several ranks on each
     return True
 
 
@@ -128,7 +128,7 @@ def main():
     worst = 0.0
     for shape in args.shapes.split(","):
         nranks, hosts = (int(x) for x in shape.split("x"))
-        algos = [a for a in ALGOS[coll] if any(runs(a, hosts, s, coll) for s in (args.b, args.e))]
+        algos = [a for a in ALGOS[coll] if any(runs(a, nranks, hosts, s) for s in (args.b, args.e))]
         results = run_perf(args, coll, nranks, hosts, algos + ["auto"])
         print(f"\n{coll}, {nranks} ranks on {hosts} simulated host(s): time in us (forced algorithm), "
               f"tuner/best")
@@ -143,7 +143,7 @@ def main():
             row, best, best_t = [], None, float("inf")
             for a in algos:
                 t = results[a].get(size)
-                if t is None or not runs(a, hosts, size, coll):
+                if t is None or not runs(a, nranks, hosts, size):
                     row.append(f"{'-':>10}")
                     continue
                 row.append(f"{t:>10.1f}")
@@ -151,7 +151,7 @@ def main():
                     best, best_t = a, t
             auto_t = results["auto"][size]
             pick = pick_at(picks, size)
-            pick_t = results.get(pick, {}).get(size) if pick in algos and runs(pick, hosts, size, coll) else None
+            pick_t = results.get(pick, {}).get(size) if pick in algos and runs(pick, nranks, hosts, size) else None
             ratio = (pick_t if pick_t is not None else auto_t) / best_t
             worst = max(worst, ratio)
             print(f"{size:>10} " + " ".join(row) +

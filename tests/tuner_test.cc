@@ -116,6 +116,15 @@ TEST(Tuner, ModelPrefersFewStepsSmallAndFewBytesLarge) {
   EXPECT_LT(single.predict_us(Coll::kAllReduce, Algo::kHierarchical, 64 << 20), 0);
 }
 
+TEST(Tuner, RecursiveDoublingKeepsToSmallBuffersAcrossHosts) {
+  // 2 ranks on 2 hosts: rd reduces only after the whole exchange, and ran
+  // 2-4x slower than the ring from 2 MiB; small, its one step wins.
+  Tuner t(hosts(2, 1), AlgoChoice{});
+  EXPECT_EQ(t.pick(Coll::kAllReduce, 8), Algo::kRecursiveDoubling);
+  for (size_t bytes : {size_t{2} << 20, size_t{16} << 20})
+    EXPECT_EQ(t.pick(Coll::kAllReduce, bytes), Algo::kRing);
+}
+
 TEST(Tuner, RootedChainsCostOneWayHops) {
   // 8 ranks sharing 2 cores, as on the VM: a chain reduce ran 1.5-2x
   // faster than the tree from 4 KiB to 32 KiB (bench/tune_sweep.py).

@@ -254,9 +254,14 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
           // A step across hosts sends and receives S at once, as each ring
           // step does (the link constants are per byte each way); inside a
           // host the same process also copies in and reduces out: 2 S.
+          // Beyond one piece the reduction waits for the whole exchange
+          // and reads both buffers from memory, where a ring reduces each
+          // piece as it arrives: on 2 ranks over TCP rd ran 2-4x slower
+          // than the ring from 2 MiB (1.0-1.2x up to 1 MiB).
+          const double unpipelined = std::max(0.0, S - static_cast<double>(sh.piece_bytes));
           for (int mask = 1; mask < p2; mask <<= 1)
             t += mask < Li ? pair_alpha + 2 * S * in.beta_us_per_byte
-                           : out.alpha_us + S * out.beta_us_per_byte;
+                           : out.alpha_us + (S + unpipelined) * out.beta_us_per_byte;
           return t;
         }
         case Algo::kRabenseifner: {
