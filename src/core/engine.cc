@@ -278,6 +278,11 @@ std::string seconds_text(double s) {
 
 // How long a blocked driver sleeps before it re-checks deadlines and peers.
 constexpr int kBlockMs = 20;
+// How long an i-call drives on the caller's thread before leaving the op
+// to the progress thread: a small collective with its peers ready
+// completes within it; a large one gives the caller back its thread at
+// once, as an i-call must.
+constexpr int kEagerDriveUs = 5;
 // When a wait involves both a socket and shm, poll cannot see the shm
 // doorbell, so it sleeps briefly: a ring across hosts waits so at every
 // hop that receives over shm and sends over tcp.
@@ -359,8 +364,26 @@ void Engine::post(const std::shared_ptr<Op>& op) {
     have_posted_.store(true, std::memory_order_release);
     active_.fetch_add(1);
   }
-  if (op->async) wake_progress_thread();
+  if (op->async) {
+    // Drive briefly on the caller's thread first: a small operation whose
+    // peers are ready finishes here, and the progress thread sleeps on.
+    // Waking it costs two context switches per call, which on a 2-core VM
+    // made an iall_reduce + wait of 8 B take 14 us against 2 us blocking.
+    if (driver_mu_.try_lock()) {
+      drive_briefly(*op);
+      driver_mu_.unlock();
+    }
+    if (active_.load() > 0) wake_progress_thread();
+  }
   if (driver_sleeping_.load()) wake_driver();
+}
+
+void Engine::drive_briefly(const Op& op) {
+  const Clock::time_point until = Clock::now() + std::chrono::microseconds(kEagerDriveUs);
+  while (!is_done(op)) {
+    if (!advance()) cpu_relax();
+    if (Clock::now() >= until) return;
+  }
 }
 
 void Engine::wake_driver() {
@@ -660,6 +683,12 @@ Status Engine::watch_collective(const Op& op) {
 
 void Engine::block(int max_ms) {
   driver_sleeping_.store(true);
+  // A caller taking over saw the driver awake and rang nothing: the
+  // progress thread must not sleep on it (both sides are seq_cst).
+  if (progress_driving_.load() && callers_taking_over_.load() > 0) {
+    driver_sleeping_.store(false);
+    return;
+  }
   // What the heads of the lanes wait on decides how to sleep: on the shm
   // doorbell (a futex, which poll cannot watch), in poll() on sockets, or,
   // when both are awaited, in poll() with a short timeout.
@@ -774,7 +803,19 @@ void Engine::drive(Pred stop, double spin_us) {
 
 Status Engine::wait(Op& op) {
   while (!is_done(op)) {
-    if (driver_mu_.try_lock()) {
+    bool driving = driver_mu_.try_lock();
+    if (!driving && progress_driving_.load()) {
+      // The progress thread drives without spinning (it shares the cores
+      // with the caller's computation), so every wait on a peer costs it a
+      // sleep and a wake-up: 35 us on a 1 MiB all_reduce of 2 ranks. A
+      // caller that waits has nothing else to do: it takes over and spins.
+      callers_taking_over_.fetch_add(1);
+      if (driver_sleeping_.load()) wake_driver();
+      driver_mu_.lock();
+      callers_taking_over_.fetch_sub(1);
+      driving = true;
+    }
+    if (driving) {
       drive([&] { return is_done(op); }, spin_us_);
       driver_mu_.unlock();
       // Hand the remaining async ops to the progress thread.
@@ -882,13 +923,20 @@ void Engine::progress_loop() {
       }
       continue;
     }
+    if (callers_taking_over_.load() > 0) {
+      // A caller drives next; it wakes this thread when it is done.
+      futex_wait(&async_posted_, now, 100, false);
+      continue;
+    }
     seen = now;
     if (active_.load() == 0) continue;
     std::unique_lock<std::mutex> lock(driver_mu_);
+    progress_driving_.store(true);
     // The progress thread runs while the caller computes (the backward pass
     // under DDP): spinning would take the core from that work, so it blocks
     // as soon as nothing moves.
-    drive([&] { return active_.load() == 0 || stop_.load(); }, 0.0);
+    drive([&] { return active_.load() == 0 || stop_.load() || callers_taking_over_.load() > 0; }, 0.0);
+    progress_driving_.store(false);
   }
 }
 

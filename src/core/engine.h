@@ -10,7 +10,8 @@
 //
 // Driving: one thread at a time is the "driver" and advances every lane. A
 // blocking call drives on the calling thread (lowest latency); `i`-operations
-// are driven by a progress thread when no caller is driving.
+// are driven by a progress thread when no caller is driving, and a caller
+// that waits on one takes the driver's role over from the progress thread.
 #pragma once
 
 #include <atomic>
@@ -189,6 +190,9 @@ class Engine {
   // One step of the op on this thread, until it waits, fails or finishes.
   void resume(Op& op);
   void wake_progress_thread();
+  // Advances every lane without blocking until `op` is done or a few
+  // microseconds pass (the driver's lock held).
+  void drive_briefly(const Op& op);
   bool advance();
   bool advance_lane(Lane& lane);
   // Writes what tcp connections hold; true once nothing is left to write.
@@ -238,6 +242,10 @@ class Engine {
   std::vector<Lane> lanes_;  // driver only
   std::atomic<int> active_{0};
   std::atomic<bool> driver_sleeping_{false};
+  // The progress thread drives only while no caller waits: a caller in
+  // wait() takes the driver's role from it (see Engine::wait).
+  std::atomic<bool> progress_driving_{false};
+  std::atomic<int> callers_taking_over_{0};
 
   std::atomic<uint64_t> coll_seq_{0};
   uint64_t recv_posted_ = 0;    // under post_mu_

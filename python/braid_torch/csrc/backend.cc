@@ -246,6 +246,20 @@ BraidWork::~BraidWork() {
 }
 
 void BraidWork::track(std::vector<braid_request_t> requests, CompletionQueue* queue) {
+  // braid drives a small operation to its end while posting it when the
+  // peers are ready: such requests finish here, on the caller's thread,
+  // without a trip through the completion thread.
+  std::vector<braid_request_t> pending;
+  for (braid_request_t r : requests) {
+    int done = 0;
+    braid_result_t code = braid_test(&r, &done);
+    if (!done) {
+      pending.push_back(r);
+    } else if (code != BRAID_SUCCESS) {
+      record_error(code, braid_get_last_error());
+    }
+  }
+  requests = std::move(pending);
   {
     std::lock_guard<std::mutex> lock(requests_mu_);
     requests_ = requests;
