@@ -126,6 +126,13 @@ def worker(rank, world, port, args, out):
             # caches in the state gloo's turn left them.
             buf = torch.ones(max(1, size // 4))
             fns["c"] = lambda: c_all_reduce(lib, comm, buf)
+            # The binding alone: braid's c10d Backend called as
+            # dist.all_reduce calls it, without torch.distributed's Python
+            # and dispatcher layers above it.
+            opts = dist.AllreduceOptions()
+            opts.asyncOp = False
+            bk = braid._get_backend(torch.device("cpu"))
+            fns["backend"] = lambda: bk.allreduce([buf], opts).wait()
         for fn in fns.values():  # warm up
             fn()
             fn()
@@ -242,14 +249,17 @@ def main():
     where = "each on its own simulated host (braid over TCP)" if args.separate_hosts else "on this host"
     print(f"# torch {torch.__version__}, braid {braid_torch.version()}, {args.nprocs} ranks {where}, "
           f"float32 sum; times per call (us), back to back, median of samples, slowest rank")
-    print(f"{'op':<15}{'size':>9}{'gloo us':>12}{'braid us':>12}{'braid/gloo':>12}{'C us':>10}{'torch/C':>9}")
+    print(f"{'op':<15}{'size':>9}{'gloo us':>12}{'braid us':>12}{'braid/gloo':>12}{'C us':>10}{'torch/C':>9}"
+          f"{'backend/C':>11}")
     for name, size, t in rows:
-        c = f"{t['c'] * 1e6:>10.1f}{t['braid'] / t['c']:>9.2f}" if "c" in t else ""
+        c = f"{t['c'] * 1e6:>10.1f}{t['braid'] / t['c']:>9.2f}{t['backend'] / t['c']:>11.2f}" if "c" in t else ""
         print(f"{name:<15}{fmt_size(size):>9}{t['gloo'] * 1e6:>12.1f}{t['braid'] * 1e6:>12.1f}"
               f"{t['braid'] / t['gloo']:>12.2f}{c}")
     print(f"\ntorch's own cost per call (all_reduce of 8 B in a group of one rank): "
           f"{solo_cost['torch'] * 1e6:.1f} us through torch.distributed, {solo_cost['c'] * 1e6:.1f} us "
           f"through braid's C API (ctypes); the difference is in every torch row above")
+    print("backend/C: braid's c10d Backend.allreduce(...).wait() called directly, against the C API: what the "
+          "binding itself adds; torch/C adds torch.distributed's Python and dispatcher layers on top")
     print(f"\nDDP step, MLP with {params / 1e6:.1f} M parameters, batch {args.batch} per rank:")
     print(f"  gloo {ddp['gloo'] * 1e3:.1f} ms, braid {ddp['braid'] * 1e3:.1f} ms, "
           f"DDP without communication {ddp['no comm'] * 1e3:.1f} ms, compute alone {compute * 1e3:.1f} ms")
