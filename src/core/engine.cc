@@ -930,7 +930,15 @@ void Engine::progress_loop() {
     }
     seen = now;
     if (active_.load() == 0) continue;
-    std::unique_lock<std::mutex> lock(driver_mu_);
+    std::unique_lock<std::mutex> lock(driver_mu_, std::try_to_lock);
+    if (!lock.owns_lock()) {
+      // A caller drives (usually one that waits right after posting): it
+      // wakes this thread if it leaves work behind. Queueing on the mutex
+      // instead cost a second wake-up per call. The timeout covers a
+      // thread that held the lock only briefly (a dump request).
+      futex_wait(&async_posted_, now, 1, false);
+      continue;
+    }
     progress_driving_.store(true);
     // The progress thread runs while the caller computes (the backward pass
     // under DDP): spinning would take the core from that work, so it blocks
