@@ -190,6 +190,12 @@ class Engine {
   // One step of the op on this thread, until it waits, fails or finishes.
   void resume(Op& op);
   void wake_progress_thread();
+  // Wakes the progress thread after kProgressDelayUs unless a caller
+  // starts driving first (cancel_later_wake).
+  void wake_progress_thread_later();
+  void cancel_later_wake();
+  // The progress thread's sleep: until woken, the later wake fires, or max_ms.
+  void progress_sleep(int max_ms);
   // Advances every lane without blocking until `op` is done or a few
   // microseconds pass (the driver's lock held).
   void drive_briefly(const Op& op);
@@ -246,6 +252,9 @@ class Engine {
   // wait() takes the driver's role from it (see Engine::wait).
   std::atomic<bool> progress_driving_{false};
   std::atomic<int> callers_taking_over_{0};
+  int progress_fd_ = -1;  // eventfd: wakes the progress thread
+  int timer_fd_ = -1;     // timerfd: a later wake of the progress thread
+  std::atomic<bool> timer_armed_{false};
 
   std::atomic<uint64_t> coll_seq_{0};
   uint64_t recv_posted_ = 0;    // under post_mu_
