@@ -26,6 +26,7 @@ constexpr double kPeerReadBytesPerUsOversubscribed = 1700;
 // Posting one more message in the same step (direct sends n-1 at once).
 constexpr double kShmMessageUs = 0.3, kShmMessageUsPerRankPerCore = 1.5;
 constexpr double kTcpMessageUs = 5.0, kTcpMessageUsPerRankPerCore = 6.0;
+constexpr double kWholePieceTcpByte = 0.6;  // recursive doubling's exchange against a ring step, per byte
 // Broadcast and reduce pass each piece one way, down a chain or a tree: a
 // hop costs one message's latency, where a ring step above waits on both
 // neighbours. Fitted to bench/tune_sweep.py --collective broadcast|reduce
@@ -251,17 +252,21 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
         case Algo::kRecursiveDoubling: {
           const bool pow2 = p2 == sh.nranks;
           double t = pow2 ? 0 : 2 * (l.alpha_us + S * l.beta_us_per_byte);  // the fold in and out
-          // A step across hosts sends and receives S at once, as each ring
-          // step does (the link constants are per byte each way); inside a
+          // A step across hosts sends and receives S at once; inside a
           // host the same process also copies in and reduces out: 2 S.
+          // Across hosts, a piece exchanged whole costs loopback TCP 0.6 of
+          // a ring step's byte (whose chunks are n times smaller): 4 ranks
+          // on 4 hosts, 256 KiB, rd took 323 us where the ring took 561.
           // Beyond one piece the reduction waits for the whole exchange
           // and reads both buffers from memory, where a ring reduces each
           // piece as it arrives: on 2 ranks over TCP rd ran 2-4x slower
           // than the ring from 2 MiB (1.0-1.2x up to 1 MiB).
           const double unpipelined = std::max(0.0, S - static_cast<double>(sh.piece_bytes));
           for (int mask = 1; mask < p2; mask <<= 1)
-            t += mask < Li ? pair_alpha + 2 * S * in.beta_us_per_byte
-                           : out.alpha_us + (S + unpipelined) * out.beta_us_per_byte;
+            t += mask < Li
+                     ? pair_alpha + 2 * S * in.beta_us_per_byte
+                     : out.alpha_us + (kWholePieceTcpByte * S + (2 - kWholePieceTcpByte) * unpipelined) *
+                                          out.beta_us_per_byte;
           return t;
         }
         case Algo::kRabenseifner: {
