@@ -123,6 +123,12 @@ TEST(Tuner, RecursiveDoublingKeepsToSmallBuffersAcrossHosts) {
   EXPECT_EQ(t.pick(Coll::kAllReduce, 8), Algo::kRecursiveDoubling);
   for (size_t bytes : {size_t{2} << 20, size_t{16} << 20})
     EXPECT_EQ(t.pick(Coll::kAllReduce, bytes), Algo::kRing);
+  // 4 ranks on 4 hosts sharing 2 cores, 256 KiB: rd's two whole-piece
+  // exchanges took 323 us, the ring's six steps 561.
+  JobShape four = hosts(4, 1);
+  four.oversubscribed = true;
+  four.ranks_per_core = 2;
+  EXPECT_EQ(Tuner(four, AlgoChoice{}).pick(Coll::kAllReduce, 256 << 10), Algo::kRecursiveDoubling);
 }
 
 TEST(Tuner, RootedChainsCostOneWayHops) {
