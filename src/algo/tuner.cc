@@ -40,6 +40,12 @@ constexpr double kTreeLevelHops = 3;  // a tree level serves two children, one a
 constexpr double kTreeByteFactor = 1.5;
 constexpr double kHierPhaseUs = 2;  // a hierarchical schedule's second phase starts when the first ends
 
+// A one-way hop's cost per byte: over TCP across hosts, else through shm,
+// where a reduce also combines what it passes on.
+double hop_beta(bool across, bool reduces) {
+  return 1.0 / (across ? kHopTcpBytesPerUs : reduces ? kHopReduceBytesPerUs : kHopCopyBytesPerUs);
+}
+
 struct Name {
   const char* text;
   Algo algo;
@@ -320,9 +326,7 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
           // Levels pay the network's costs across hosts (a binary tree over
           // host-ordered ranks crosses hosts on most levels).
           const double hop = multi ? kHopTcpUs : kHopShmUs;
-          const double beta = 1.0 / (multi     ? kHopTcpBytesPerUs
-                                     : reduces ? kHopReduceBytesPerUs
-                                               : kHopCopyBytesPerUs);
+          const double beta = hop_beta(multi, reduces);
           const double first = std::min(S, static_cast<double>(sh.piece_bytes));
           const double path = depth * (kTreeLevelHops * hop + 2 * kTreeByteFactor * first * beta) +
                               2 * kTreeByteFactor * (S - first) * beta;
@@ -368,8 +372,7 @@ double Tuner::cores() const {
 
 double Tuner::chain_us(int hops_in, int hops_out, double bytes, bool reduces, int parallel) const {
   if (hops_in + hops_out <= 0) return 0;
-  const double in_beta = 1.0 / (reduces ? kHopReduceBytesPerUs : kHopCopyBytesPerUs);
-  const double out_beta = 1.0 / kHopTcpBytesPerUs;
+  const double in_beta = hop_beta(false, reduces), out_beta = hop_beta(true, reduces);
   // The first piece crosses every hop; the rest follow at the slowest
   // hop's pace. Oversubscribed, every rank's copies also share the cores.
   const double first = std::min(bytes, static_cast<double>(shape_.piece_bytes));
