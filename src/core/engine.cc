@@ -353,9 +353,6 @@ void Engine::resume(Op& op) {
 }
 
 void Engine::wake_progress_thread() {
-  // A driver without doorbell or sockets sleeps on async_posted_ (block()).
-  async_posted_.fetch_add(1);
-  futex_wake_all(&async_posted_, false);
   uint64_t one = 1;
   ssize_t ignored = write(progress_fd_, &one, sizeof(one));
   (void)ignored;
@@ -735,11 +732,12 @@ void Engine::block(int max_ms) {
   }
   // What the heads of the lanes wait on decides how to sleep: on the shm
   // doorbell (a futex, which poll cannot watch), in poll() on sockets, or,
-  // when both are awaited, in poll() with a short timeout.
+  // when both are awaited, in poll() with a short timeout. Without a
+  // doorbell the eventfd that wake_driver() writes is always watched.
   std::vector<pollfd> fds;
   bool waits_on_shm = false;
+  if (!tcp_conns_.empty() || bell_ == nullptr) fds.push_back({event_fd_, POLLIN, 0});
   if (!tcp_conns_.empty()) {
-    fds.push_back({event_fd_, POLLIN, 0});
     for (Connection* c : tcp_conns_)
       if (c->wants_write()) c->poll_fds(POLLOUT, &fds);
     for (auto& lane : lanes_) {
@@ -779,14 +777,11 @@ void Engine::block(int max_ms) {
       ssize_t ignored = read(event_fd_, &drained, sizeof(drained));
       (void)ignored;
     }
-  } else if (bell_ != nullptr) {
+  } else {
     bell_->sleepers.fetch_add(1, std::memory_order_seq_cst);
     uint32_t seen = bell_->seq.load(std::memory_order_seq_cst);
     if (!advance()) futex_wait(&bell_->seq, seen, max_ms, true);
     bell_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
-  } else {
-    uint32_t seen = async_posted_.load();
-    if (!advance()) futex_wait(&async_posted_, seen, max_ms, false);
   }
   driver_sleeping_.store(false);
 }

@@ -259,7 +259,6 @@ class Engine {
   std::atomic<uint64_t> coll_seq_{0};
   uint64_t recv_posted_ = 0;    // under post_mu_
   size_t any_source_next_ = 0;  // round-robin start, driver only
-  std::atomic<uint32_t> async_posted_{0};
   std::atomic<bool> stop_{false};
   TraceRecorder* trace_ = nullptr;
   std::atomic<uint32_t> dumps_requested_{0};
