@@ -204,11 +204,11 @@ TEST_F(OneRank, CountOverflow) {
                BRAID_ERR_INVALID_ARGUMENT, "sendcount=");
 }
 
-TEST_F(OneRank, StreamsAreNotSupportedYet) {
+TEST_F(OneRank, AStreamWithoutACudaDriverInTheProcessIsRefused) {
   float x[4] = {};
   int fake_stream = 0;
   expect_error(braid_all_reduce(x, x, 4, BRAID_FLOAT32, BRAID_SUM, comm_, &fake_stream),
-               BRAID_ERR_UNSUPPORTED, "CUDA");
+               BRAID_ERR_UNSUPPORTED, "no CUDA driver (libcuda.so.1) is loaded");
 }
 
 // Device memory, with a fake CUDA driver (tests/fake_libcuda.cc) that calls

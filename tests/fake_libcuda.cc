@@ -1,17 +1,197 @@
-// A stand-in for the CUDA driver (soname libcuda.so.1) with one call,
-// cuPointerGetAttribute, that calls a chosen address range "memory of CUDA
-// device 3": lets api_test check, without a GPU, that braid asks the driver
-// about buffers and refuses device memory with a message.
+// A stand-in for the CUDA driver (soname libcuda.so.1), for tests without a
+// GPU:
+// - cuPointerGetAttribute calls a chosen address range "memory of CUDA
+//   device 3" (braid must ask the driver about buffers and refuse device
+//   memory in host-ordered calls);
+// - streams are threads that run what is enqueued on them in order: copies,
+//   host functions and waits on a 32-bit word, as the driver's calls that
+//   braid's stream-ordered operations use (transports/cuda). Copies move
+//   host memory; "device buffers" are ordinary memory here.
+#include <unistd.h>
+
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <set>
+#include <thread>
 
 namespace {
 uintptr_t g_lo = 0, g_hi = 0;
+
+constexpr int kSuccess = 0, kInvalidValue = 1, kInvalidHandle = 400;
+
+// One stream: a thread running its queue in order.
+class FakeStream {
+ public:
+  FakeStream() : thread_([this] { run(); }) {}
+  ~FakeStream() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void push(std::function<void()> work) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(work));
+    }
+    cv_.notify_all();
+  }
+  void hold(bool on) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      held_ = on;
+    }
+    cv_.notify_all();
+  }
+  void synchronize() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+  }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || (!held_ && !queue_.empty()); });
+      if (stop_) return;
+      std::function<void()> work = std::move(queue_.front());
+      queue_.pop_front();
+      busy_ = true;
+      lock.unlock();
+      work();
+      lock.lock();
+      busy_ = false;
+      cv_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool held_ = false, busy_ = false, stop_ = false;
+  std::thread thread_;
+};
+
+std::mutex g_streams_mu;
+std::set<void*> g_streams;
+int g_pinned = 0;  // live cuMemHostAlloc blocks
+
+FakeStream* find_stream(void* s) {
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  return g_streams.count(s) != 0 ? static_cast<FakeStream*>(s) : nullptr;
+}
+
 }  // namespace
 
 extern "C" {
 
-__attribute__((visibility("default"))) void fake_cuda_set_device_range(const void* p, size_t bytes) {
+#define FAKE_API __attribute__((visibility("default")))
+
+FAKE_API void* fake_cuda_stream_create() {
+  auto* s = new FakeStream();
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  g_streams.insert(s);
+  return s;
+}
+
+FAKE_API void fake_cuda_stream_destroy(void* stream) {
+  {
+    std::lock_guard<std::mutex> lock(g_streams_mu);
+    g_streams.erase(stream);
+  }
+  delete static_cast<FakeStream*>(stream);
+}
+
+// While held, the stream runs nothing: work enqueued stays queued.
+FAKE_API void fake_cuda_stream_hold(void* stream, int on) {
+  static_cast<FakeStream*>(stream)->hold(on != 0);
+}
+
+FAKE_API void fake_cuda_stream_synchronize(void* stream) {
+  static_cast<FakeStream*>(stream)->synchronize();
+}
+
+FAKE_API int fake_cuda_pinned_blocks() {
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  return g_pinned;
+}
+
+FAKE_API int cuStreamGetCtx(void* stream, void** ctx) {
+  if (find_stream(stream) == nullptr) return kInvalidHandle;
+  *ctx = reinterpret_cast<void*>(0x1);
+  return kSuccess;
+}
+
+FAKE_API int cuCtxPushCurrent_v2(void*) {
+  return kSuccess;
+}
+
+FAKE_API int cuCtxPopCurrent_v2(void** ctx) {
+  if (ctx != nullptr) *ctx = reinterpret_cast<void*>(0x1);
+  return kSuccess;
+}
+
+FAKE_API int cuMemHostAlloc(void** p, size_t bytes, unsigned) {
+  *p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+  if (*p == nullptr) return 2;  // CUDA_ERROR_OUT_OF_MEMORY
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  ++g_pinned;
+  return kSuccess;
+}
+
+FAKE_API int cuMemFreeHost(void* p) {
+  std::free(p);
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  --g_pinned;
+  return kSuccess;
+}
+
+FAKE_API int cuMemHostGetDevicePointer_v2(unsigned long long* dptr, void* p, unsigned) {
+  *dptr = reinterpret_cast<uintptr_t>(p);
+  return kSuccess;
+}
+
+FAKE_API int cuMemcpyAsync(unsigned long long dst, unsigned long long src, size_t bytes, void* stream) {
+  FakeStream* s = find_stream(stream);
+  if (s == nullptr) return kInvalidHandle;
+  if (dst == 0 || src == 0) return kInvalidValue;
+  s->push([=] { std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes); });
+  return kSuccess;
+}
+
+FAKE_API int cuLaunchHostFunc(void* stream, void (*fn)(void*), void* data) {
+  FakeStream* s = find_stream(stream);
+  if (s == nullptr) return kInvalidHandle;
+  s->push([=] { fn(data); });
+  return kSuccess;
+}
+
+// CU_STREAM_WAIT_VALUE_GEQ (flags 0) only: waits until (int32_t)(*addr - value) >= 0.
+FAKE_API int cuStreamWaitValue32_v2(void* stream, unsigned long long addr, uint32_t value, unsigned flags) {
+  FakeStream* s = find_stream(stream);
+  if (s == nullptr) return kInvalidHandle;
+  if (flags != 0) return kInvalidValue;
+  auto* word = reinterpret_cast<uint32_t*>(addr);
+  s->push([=] {
+    while (static_cast<int32_t>(__atomic_load_n(word, __ATOMIC_ACQUIRE) - value) < 0) usleep(20);
+  });
+  return kSuccess;
+}
+
+FAKE_API int cuGetErrorString(int error, const char** text) {
+  *text = error == kInvalidHandle ? "invalid resource handle" : "fake driver error";
+  return kSuccess;
+}
+
+FAKE_API void fake_cuda_set_device_range(const void* p, size_t bytes) {
   g_lo = reinterpret_cast<uintptr_t>(p);
   g_hi = g_lo + bytes;
 }
@@ -19,8 +199,7 @@ __attribute__((visibility("default"))) void fake_cuda_set_device_range(const voi
 // CUDA_SUCCESS (0) with the attribute for the device range; otherwise
 // CUDA_ERROR_INVALID_VALUE (1), what the driver answers for host memory it
 // never registered.
-__attribute__((visibility("default"))) int cuPointerGetAttribute(void* data, int attribute,
-                                                                 unsigned long long ptr) {
+FAKE_API int cuPointerGetAttribute(void* data, int attribute, unsigned long long ptr) {
   if (ptr < g_lo || ptr >= g_hi) return 1;
   switch (attribute) {
     case 2:  // CU_POINTER_ATTRIBUTE_MEMORY_TYPE: CU_MEMORYTYPE_DEVICE

@@ -7,9 +7,10 @@
 #
 # What it covers today: the reduction kernels of kernels/cuda against
 # kernels/cpu (every dtype x op, any alignment) and against the device's copy
-# bandwidth, and the C API refusing device buffers with a message. Collectives
-# on device memory (stream-ordered, CUDA IPC between ranks) are not built yet,
-# so there is no all_reduce row.
+# bandwidth; stream-ordered collectives on device memory with several ranks
+# on the one GPU (host staging, tests/cuda_stream_test); the C API refusing
+# device buffers in host-ordered calls. CUDA IPC between ranks is not built
+# yet, so there is no device-to-device all_reduce row.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build-gpu}
@@ -27,11 +28,13 @@ if [ ! -f "$BUILD_DIR/build.ninja" ]; then
     -DCMAKE_CUDA_ARCHITECTURES=native -DBRAID_BUILD_EXAMPLES=OFF >"$OUT/configure.log" 2>&1 ||
     { tail -40 "$OUT/configure.log"; echo "gpu-check: configure failed" >&2; exit 1; }
 fi
-cmake --build "$BUILD_DIR" -j "$(nproc)" --target cuda_kernels_test cuda_kernel_bench >"$OUT/build.log" 2>&1 ||
+cmake --build "$BUILD_DIR" -j "$(nproc)" --target cuda_kernels_test cuda_stream_test cuda_kernel_bench >"$OUT/build.log" 2>&1 ||
   { tail -60 "$OUT/build.log"; echo "gpu-check: build failed" >&2; exit 1; }
 echo "gpu-check: built in $(($(date +%s) - start)) s"
 test_status=0
 "$BUILD_DIR/tests/cuda_kernels_test" --gtest_brief=1 >"$OUT/tests.log" 2>&1 || test_status=$?
+BRAID_SOCKET_IFNAME=${BRAID_SOCKET_IFNAME:-lo} "$BUILD_DIR/tests/cuda_stream_test" --gtest_brief=1 \
+  >>"$OUT/tests.log" 2>&1 || test_status=$?
 skipped=$(grep -c '^\[  SKIPPED \]' "$OUT/tests.log" || true)
 tail -3 "$OUT/tests.log"
 if [ "$test_status" -ne 0 ] || [ "$skipped" -ne 0 ]; then

@@ -1,4 +1,4 @@
-/* braid: collective communication for host and (later) CUDA memory.
+/* braid: collective communication for host and CUDA memory.
  *
  * Conventions
  * - Every function returns braid_result_t. braid_get_error_string() names the
@@ -12,8 +12,16 @@
  *   (all_gather: sendbuf == recvbuf + rank * count; reduce_scatter:
  *   recvbuf == sendbuf + rank * count).
  * - `stream`: NULL for a host-ordered operation on host memory. A CUDA stream
- *   (device buffers, NCCL semantics) is not supported by this build yet and is
- *   rejected with BRAID_ERR_UNSUPPORTED.
+ *   (a cudaStream_t; not the legacy default stream, which is NULL) makes the
+ *   operation stream-ordered, with NCCL's semantics: buffers may be device or
+ *   host memory, the call enqueues the operation on the stream and returns,
+ *   and the operation reads its inputs once the stream's earlier work is done;
+ *   later work on the stream sees its results. The blocking form returns
+ *   without waiting; braid_wait on the `i` form waits until the results are
+ *   in place. An error found later fails the request, or is reported by
+ *   braid_comm_get_async_error; the stream is never left waiting.
+ *   This build moves stream-ordered data through pinned host memory (host
+ *   staging); device-to-device paths (CUDA IPC) are not built yet.
  */
 #ifndef BRAID_BRAID_H_
 #define BRAID_BRAID_H_

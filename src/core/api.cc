@@ -22,6 +22,7 @@
 #include "src/core/device_memory.h"
 #include "src/core/dtype.h"
 #include "src/core/logging.h"
+#include "transports/cuda/stream_staging.h"
 
 #define BRAID_API extern "C" __attribute__((visibility("default")))
 
@@ -129,6 +130,7 @@ struct Pending {
   std::shared_ptr<Communicator> comm;
   std::shared_ptr<Op> op;
   bool blocking;
+  std::shared_ptr<StagedCall> staged;  // a stream-ordered call, enqueued at group_end
 };
 struct GroupState {
   std::vector<Pending> ops;
@@ -203,9 +205,13 @@ BRAID_COLD Status null_buffer(size_t count, const char* name, const char* count_
                                   std::to_string(count));
 }
 
-BRAID_CHECK Status check_buffer(const void* buf, size_t count, const char* name, const char* count_name) {
+// A stream-ordered call takes device and host buffers alike (its stream
+// copies them); a host-ordered one only host memory.
+BRAID_CHECK Status check_buffer(braid_stream_t stream, const void* buf, size_t count, const char* name,
+                                const char* count_name) {
   if (count == 0) return Status::ok();
   if (buf == nullptr) return null_buffer(count, name, count_name);
+  if (stream != nullptr) return Status::ok();
   return check_host_memory(buf, name);
 }
 
@@ -217,16 +223,6 @@ BRAID_COLD Status bad_rank(int r, int nranks, const char* name) {
 
 BRAID_CHECK Status check_rank(int r, int nranks, const char* name) {
   if (r < 0 || r >= nranks) return bad_rank(r, nranks, name);
-  return Status::ok();
-}
-
-BRAID_COLD Status stream_given() {
-  return Status::unsupported(
-      "stream is not NULL: stream-ordered operations on CUDA memory are not supported by this build yet");
-}
-
-BRAID_CHECK Status check_stream(braid_stream_t stream) {
-  if (stream != nullptr) return stream_given();
   return Status::ok();
 }
 
@@ -242,7 +238,6 @@ struct Call {
 Status validate(const Call& c, Communicator& comm) {
   const int n = comm.nranks(), r = comm.rank();
   const CollArgs& a = c.args;
-  BRAID_RETURN_IF_ERROR(check_stream(c.stream));
   if (c.kind == OpKind::kBarrier) return Status::ok();
   BRAID_RETURN_IF_ERROR(check_dtype(a.dtype));
   const bool reduces =
@@ -257,45 +252,49 @@ Status validate(const Call& c, Communicator& comm) {
     case OpKind::kRecv:
       BRAID_RETURN_IF_ERROR(check_rank(a.peer, n, "peer"));
       BRAID_RETURN_IF_ERROR(check_count(a.count, a.dtype, 1, "count"));
-      return check_buffer(c.kind == OpKind::kSend ? a.sendbuf : a.recvbuf, a.count, "buf", "count");
+      return check_buffer(c.stream, c.kind == OpKind::kSend ? a.sendbuf : a.recvbuf, a.count, "buf", "count");
     case OpKind::kAllReduce:
       BRAID_RETURN_IF_ERROR(check_count(a.count, a.dtype, 1, "count"));
-      BRAID_RETURN_IF_ERROR(check_buffer(a.sendbuf, a.count, "sendbuf", "count"));
-      return check_buffer(a.recvbuf, a.count, "recvbuf", "count");
+      BRAID_RETURN_IF_ERROR(check_buffer(c.stream, a.sendbuf, a.count, "sendbuf", "count"));
+      return check_buffer(c.stream, a.recvbuf, a.count, "recvbuf", "count");
     case OpKind::kBroadcast:
       BRAID_RETURN_IF_ERROR(check_count(a.count, a.dtype, 1, "count"));
-      if (is_root) BRAID_RETURN_IF_ERROR(check_buffer(a.sendbuf, a.count, "sendbuf (on the root)", "count"));
-      return check_buffer(a.recvbuf, a.count, "recvbuf", "count");
+      if (is_root)
+        BRAID_RETURN_IF_ERROR(check_buffer(c.stream, a.sendbuf, a.count, "sendbuf (on the root)", "count"));
+      return check_buffer(c.stream, a.recvbuf, a.count, "recvbuf", "count");
     case OpKind::kReduce:
       BRAID_RETURN_IF_ERROR(check_count(a.count, a.dtype, 1, "count"));
-      BRAID_RETURN_IF_ERROR(check_buffer(a.sendbuf, a.count, "sendbuf", "count"));
-      return is_root ? check_buffer(a.recvbuf, a.count, "recvbuf (on the root)", "count") : Status::ok();
+      BRAID_RETURN_IF_ERROR(check_buffer(c.stream, a.sendbuf, a.count, "sendbuf", "count"));
+      return is_root ? check_buffer(c.stream, a.recvbuf, a.count, "recvbuf (on the root)", "count")
+                     : Status::ok();
     case OpKind::kAllGather:
       BRAID_RETURN_IF_ERROR(check_count(a.count, a.dtype, static_cast<size_t>(n), "sendcount"));
-      BRAID_RETURN_IF_ERROR(check_buffer(a.sendbuf, a.count, "sendbuf", "sendcount"));
-      return check_buffer(a.recvbuf, a.count, "recvbuf", "sendcount");
+      BRAID_RETURN_IF_ERROR(check_buffer(c.stream, a.sendbuf, a.count, "sendbuf", "sendcount"));
+      return check_buffer(c.stream, a.recvbuf, a.count, "recvbuf", "sendcount");
     case OpKind::kReduceScatter:
       BRAID_RETURN_IF_ERROR(check_count(a.count, a.dtype, static_cast<size_t>(n), "recvcount"));
-      BRAID_RETURN_IF_ERROR(check_buffer(a.sendbuf, a.count, "sendbuf", "recvcount"));
-      return check_buffer(a.recvbuf, a.count, "recvbuf", "recvcount");
+      BRAID_RETURN_IF_ERROR(check_buffer(c.stream, a.sendbuf, a.count, "sendbuf", "recvcount"));
+      return check_buffer(c.stream, a.recvbuf, a.count, "recvbuf", "recvcount");
     case OpKind::kGather:
       BRAID_RETURN_IF_ERROR(check_count(a.count, a.dtype, static_cast<size_t>(n), "sendcount"));
-      BRAID_RETURN_IF_ERROR(check_buffer(a.sendbuf, a.count, "sendbuf", "sendcount"));
-      return is_root ? check_buffer(a.recvbuf, a.count, "recvbuf (on the root)", "sendcount") : Status::ok();
+      BRAID_RETURN_IF_ERROR(check_buffer(c.stream, a.sendbuf, a.count, "sendbuf", "sendcount"));
+      return is_root ? check_buffer(c.stream, a.recvbuf, a.count, "recvbuf (on the root)", "sendcount")
+                     : Status::ok();
     case OpKind::kScatter:
       BRAID_RETURN_IF_ERROR(check_count(a.count, a.dtype, static_cast<size_t>(n), "recvcount"));
       if (is_root)
-        BRAID_RETURN_IF_ERROR(check_buffer(a.sendbuf, a.count, "sendbuf (on the root)", "recvcount"));
-      return check_buffer(a.recvbuf, a.count, "recvbuf", "recvcount");
+        BRAID_RETURN_IF_ERROR(
+            check_buffer(c.stream, a.sendbuf, a.count, "sendbuf (on the root)", "recvcount"));
+      return check_buffer(c.stream, a.recvbuf, a.count, "recvbuf", "recvcount");
     case OpKind::kAllToAll:
       BRAID_RETURN_IF_ERROR(check_count(a.count, a.dtype, static_cast<size_t>(n), "count"));
-      BRAID_RETURN_IF_ERROR(check_buffer(a.sendbuf, a.count, "sendbuf", "count"));
-      return check_buffer(a.recvbuf, a.count, "recvbuf", "count");
+      BRAID_RETURN_IF_ERROR(check_buffer(c.stream, a.sendbuf, a.count, "sendbuf", "count"));
+      return check_buffer(c.stream, a.recvbuf, a.count, "recvbuf", "count");
     case OpKind::kRecvAny:
       if (a.source == nullptr)
         return Status::invalid_argument("source is NULL (where should the sender's rank go?)");
       BRAID_RETURN_IF_ERROR(check_count(a.count, a.dtype, 1, "count"));
-      return check_buffer(a.recvbuf, a.count, "buf", "count");
+      return check_buffer(c.stream, a.recvbuf, a.count, "buf", "count");
     case OpKind::kAllToAllv: {
       if (a.layout == nullptr)
         return Status::invalid_argument("sendcounts, sdispls, recvcounts or rdispls is NULL");
@@ -309,9 +308,9 @@ Status validate(const Call& c, Communicator& comm) {
           return Status::invalid_argument("counts or displacements for rank " + std::to_string(p) +
                                           " overflow the address space");
         if (scount[p] > 0)
-          BRAID_RETURN_IF_ERROR(check_buffer(a.sendbuf, scount[p], "sendbuf", "sendcounts[p]"));
+          BRAID_RETURN_IF_ERROR(check_buffer(c.stream, a.sendbuf, scount[p], "sendbuf", "sendcounts[p]"));
         if (rcount[p] > 0)
-          BRAID_RETURN_IF_ERROR(check_buffer(a.recvbuf, rcount[p], "recvbuf", "recvcounts[p]"));
+          BRAID_RETURN_IF_ERROR(check_buffer(c.stream, a.recvbuf, rcount[p], "recvbuf", "recvcounts[p]"));
       }
       if (scount[r] != rcount[r])
         return Status::invalid_argument("sendcounts[" + std::to_string(r) + "]=" + std::to_string(scount[r]) +
@@ -325,6 +324,39 @@ Status validate(const Call& c, Communicator& comm) {
   return Status::ok();
 }
 
+// NCCL's semantics: enqueued on the stream, the call returns; the op runs
+// when the stream reaches it (transports/cuda/stream_staging.h). Errors
+// found later reach braid_wait, or braid_comm_get_async_error.
+braid_result_t submit_stream_ordered(const Call& c, const std::shared_ptr<Communicator>& comm) {
+  auto error = [&](const Status& st) {
+    return finish(st.with_context("rank " + std::to_string(comm->rank()) + ": " + op_kind_name(c.kind)),
+                  comm.get());
+  };
+  auto call = std::make_shared<StagedCall>();
+  CollArgs staged;
+  Status st = comm->prepare_stream_op(c.kind, c.args, c.stream, call.get(), &staged);
+  if (!st) {
+    give_up(*call);
+    return error(st);
+  }
+  if (t_group_depth == 0) {
+    // Enqueued before the op is made, so that a failure leaves the
+    // communicator's sequence as it was.
+    st = enqueue_stage_in(*call);
+    if (st) st = enqueue_stage_out(*call);
+    if (!st) return error(st);
+  }
+  std::shared_ptr<Op> op = comm->make_stream_op(c.kind, staged, *call);
+  if (c.request != nullptr)
+    *c.request = reinterpret_cast<braid_request_t>(requests().add(std::make_shared<Request>(comm, op)));
+  if (t_group_depth > 0) {
+    group().ops.push_back({comm, op, false, std::move(call)});
+    return BRAID_SUCCESS;
+  }
+  comm->engine().post(op);
+  return BRAID_SUCCESS;
+}
+
 braid_result_t submit(const Call& c) {
   std::shared_ptr<Communicator> comm;
   Status st = lookup(c.handle, &comm);
@@ -333,12 +365,13 @@ braid_result_t submit(const Call& c) {
   if (!st)
     return finish(st.with_context("rank " + std::to_string(comm->rank()) + ": " + op_kind_name(c.kind)),
                   comm.get());
+  if (c.stream != nullptr) return submit_stream_ordered(c, comm);
   const bool async = c.request != nullptr;
   std::shared_ptr<Op> op = comm->make_op(c.kind, c.args, async);
   if (async)
     *c.request = reinterpret_cast<braid_request_t>(requests().add(std::make_shared<Request>(comm, op)));
   if (t_group_depth > 0) {
-    group().ops.push_back({comm, op, !async});
+    group().ops.push_back({comm, op, !async, nullptr});
     return BRAID_SUCCESS;
   }
   if (!async) {
@@ -704,8 +737,23 @@ BRAID_API braid_result_t braid_group_end(void) {
   if (--t_group_depth > 0) return BRAID_SUCCESS;
   std::vector<Pending> ops;
   ops.swap(group().ops);
-  for (auto& p : ops) p.comm->engine().post(p.op);
   Status first;
+  // Every stream-ordered call is staged before any stream waits for one:
+  // their host ops may need each other (a send and the matching recv).
+  // A call that cannot be enqueued breaks its communicator, since the
+  // others' ops are made already and its peers would wait for it.
+  for (int phase = 0; phase < 2; ++phase) {
+    for (auto& p : ops) {
+      if (!p.staged || p.staged->block == nullptr) continue;
+      Status st = phase == 0 ? enqueue_stage_in(*p.staged) : enqueue_stage_out(*p.staged);
+      if (st) continue;
+      p.op->on_complete = nullptr;  // give_up settled its block
+      st = st.with_context("rank " + std::to_string(p.comm->rank()) + ": " + p.op->name + " in a group");
+      p.comm->engine().abort(st);
+      if (first.is_ok()) first = st;
+    }
+  }
+  for (auto& p : ops) p.comm->engine().post(p.op);
   for (auto& p : ops) {
     if (!p.blocking) continue;
     Status st = p.comm->engine().wait(*p.op);
@@ -896,9 +944,9 @@ BRAID_API braid_result_t braid_reduce_local(void* dst, const void* a, const void
   Status st = check_dtype(dtype);
   if (st) st = check_redop(op, dtype);
   if (st) st = check_count(count, dtype, 1, "count");
-  if (st) st = check_buffer(dst, count, "dst", "count");
-  if (st) st = check_buffer(a, count, "a", "count");
-  if (st) st = check_buffer(b, count, "b", "count");
+  if (st) st = check_buffer(nullptr, dst, count, "dst", "count");
+  if (st) st = check_buffer(nullptr, a, count, "a", "count");
+  if (st) st = check_buffer(nullptr, b, count, "b", "count");
   if (!st) return finish(st.with_context("reduce_local"));
   kernels::reduce(dtype, op, dst, a, b, count);
   return BRAID_SUCCESS;

@@ -12,6 +12,7 @@
 #include "src/core/dtype.h"
 #include "src/core/logging.h"
 #include "src/topo/topology.h"
+#include "transports/cuda/stream_staging.h"
 #include "transports/self/self_connection.h"
 #include "transports/shm/shm_transport.h"
 #include "transports/tcp/tcp_transport.h"
@@ -261,6 +262,8 @@ void Communicator::build_schedules(const std::vector<PeerInfo>& infos) {
 }
 
 Communicator::~Communicator() {
+  // Before the engine goes: the stream's host functions wake it.
+  if (staging_ != nullptr) staging_->shut_down(engine_->timeout_s(), rank_);
   engine_.reset();  // stops the progress thread before transports go away
   tcp_.reset();
   shm_.reset();
@@ -425,6 +428,79 @@ void fill_call_tag(CallTag& t, OpKind kind, uint64_t seq, const CollArgs& a) {
 
 }  // namespace
 
+namespace {
+
+// The bytes an op reads from sendbuf and writes to recvbuf on this rank, and
+// where its input sits when it is in place.
+struct Regions {
+  size_t in_bytes = 0, out_bytes = 0;
+  bool uses_input = true, uses_output = true;
+  const char* canonical_in = nullptr;
+};
+
+Regions regions_of(OpKind kind, const CollArgs& a, int rank, int nranks) {
+  const size_t esize = dtype_size(a.dtype);
+  const size_t n = static_cast<size_t>(nranks);
+  Regions g;
+  g.in_bytes = g.out_bytes = a.count * esize;
+  g.canonical_in = static_cast<const char*>(a.recvbuf);
+  switch (kind) {
+    case OpKind::kSend:
+      g.uses_output = false;
+      break;
+    case OpKind::kRecv:
+    case OpKind::kRecvAny:
+      g.uses_input = false;
+      break;
+    case OpKind::kBarrier:
+      g.uses_input = g.uses_output = false;
+      g.in_bytes = g.out_bytes = 0;
+      break;
+    case OpKind::kAllGather:
+      g.out_bytes *= n;
+      g.canonical_in += rank * g.in_bytes;
+      break;
+    case OpKind::kReduceScatter:
+      g.in_bytes *= n;
+      g.canonical_in = static_cast<const char*>(a.recvbuf) - rank * g.out_bytes;
+      break;
+    case OpKind::kGather:
+      g.out_bytes *= n;
+      g.canonical_in += rank * g.in_bytes;
+      g.uses_output = rank == a.root;
+      break;
+    case OpKind::kScatter:
+      g.in_bytes *= n;
+      g.canonical_in = static_cast<const char*>(a.recvbuf) - rank * g.out_bytes;
+      g.uses_input = rank == a.root;
+      break;
+    case OpKind::kAllToAll:
+      g.in_bytes *= n;
+      g.out_bytes *= n;
+      g.canonical_in = nullptr;
+      break;
+    case OpKind::kAllToAllv:
+      g.in_bytes = g.out_bytes = 0;
+      for (size_t p = 0; p < n; ++p) {
+        g.in_bytes = std::max(g.in_bytes, (a.layout[n + p] + a.layout[p]) * esize);
+        g.out_bytes = std::max(g.out_bytes, (a.layout[3 * n + p] + a.layout[2 * n + p]) * esize);
+      }
+      g.canonical_in = nullptr;
+      break;
+    case OpKind::kBroadcast:
+      g.uses_input = rank == a.root;
+      break;
+    case OpKind::kReduce:
+      g.uses_output = rank == a.root;
+      break;
+    case OpKind::kAllReduce:
+      break;
+  }
+  return g;
+}
+
+}  // namespace
+
 std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, bool async) {
   auto op = new_op();
   op->name = op_kind_name(kind);
@@ -466,55 +542,15 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
     return checked(std::move(op));
   }
 
-  // Input and output regions, to spot overlaps other than the in-place layouts.
-  size_t in_bytes = a.count * esize, out_bytes = a.count * esize;
-  const char* canonical_in = static_cast<const char*>(a.recvbuf);  // where in-place input sits
-  bool uses_input = true, uses_output = true;
-  switch (kind) {
-    case OpKind::kAllGather:
-      out_bytes *= n;
-      canonical_in += rank_ * in_bytes;
-      break;
-    case OpKind::kReduceScatter:
-      in_bytes *= n;
-      canonical_in = static_cast<const char*>(a.recvbuf) - rank_ * out_bytes;
-      break;
-    case OpKind::kGather:
-      out_bytes *= n;
-      canonical_in += rank_ * in_bytes;
-      uses_output = rank_ == a.root;
-      break;
-    case OpKind::kScatter:
-      in_bytes *= n;
-      canonical_in = static_cast<const char*>(a.recvbuf) - rank_ * out_bytes;
-      uses_input = rank_ == a.root;
-      break;
-    case OpKind::kAllToAll:
-      in_bytes *= n;
-      out_bytes *= n;
-      canonical_in = nullptr;
-      break;
-    case OpKind::kAllToAllv: {
-      // The caller's arrays may go away once the call returns: keep a copy.
-      op->layout.assign(a.layout, a.layout + 4 * n);
-      a.layout = op->layout.data();
-      in_bytes = out_bytes = 0;
-      for (size_t p = 0; p < n; ++p) {
-        in_bytes = std::max(in_bytes, (a.layout[n + p] + a.layout[p]) * esize);
-        out_bytes = std::max(out_bytes, (a.layout[3 * n + p] + a.layout[2 * n + p]) * esize);
-      }
-      canonical_in = nullptr;
-      break;
-    }
-    case OpKind::kBroadcast:
-      uses_input = rank_ == a.root;
-      break;
-    case OpKind::kReduce:
-      uses_output = rank_ == a.root;
-      break;
-    default:
-      break;
+  if (kind == OpKind::kAllToAllv) {
+    // The caller's arrays may go away once the call returns: keep a copy.
+    op->layout.assign(a.layout, a.layout + 4 * n);
+    a.layout = op->layout.data();
   }
+  const Regions g = regions_of(kind, a, rank_, nranks_);
+  const size_t in_bytes = g.in_bytes, out_bytes = g.out_bytes;
+  const bool uses_input = g.uses_input, uses_output = g.uses_output;
+  const char* canonical_in = g.canonical_in;
   op->bytes = std::max(in_bytes, out_bytes);
   if (a.count == 0 && kind != OpKind::kAllToAllv) {
     op->algo = "none";
@@ -655,6 +691,61 @@ Task Communicator::all_reduce_task(Op* op, const CollArgs& a) {
   }
   op->algo = "ring";
   return ring_all_reduce(ordered_channel_, a);
+}
+
+Status Communicator::prepare_stream_op(OpKind kind, const CollArgs& args, void* stream, StagedCall* call,
+                                       CollArgs* staged_args) {
+  const CudaDriver* cu = nullptr;
+  BRAID_RETURN_IF_ERROR(cuda_driver(&cu));
+  StreamContext context(*cu, stream);
+  BRAID_RETURN_IF_ERROR(context.status());
+  const Regions g = regions_of(kind, args, rank_, nranks_);
+  const size_t in_bytes = g.uses_input ? g.in_bytes : 0;
+  const size_t out_at = (in_bytes + 127) / 128 * 128;
+  const size_t out_bytes = g.uses_output ? g.out_bytes : 0;
+  {
+    std::lock_guard<std::mutex> lock(staging_mu_);
+    if (staging_ == nullptr) staging_ = new StagingPool([e = engine_.get()] { e->wake_if_sleeping(); });
+  }
+  call->cu = cu;
+  call->stream = stream;
+  call->pool = staging_;
+  BRAID_RETURN_IF_ERROR(staging_->take(*cu, context.context(), out_at + out_bytes, &call->block));
+  char* data = call->block->data;
+  // The host op runs over the block: the input at 0, the output after it,
+  // laid out as in the user's buffers (all_to_allv's displacements hold).
+  CollArgs s = args;
+  s.sendbuf = g.uses_input ? data : nullptr;
+  s.recvbuf = g.uses_output ? data + out_at : nullptr;
+  *staged_args = s;
+  if (in_bytes > 0) call->inputs.push_back({0, in_bytes, args.sendbuf});
+  if (out_bytes > 0 && kind == OpKind::kAllToAllv) {
+    // Only the blocks received: the bytes between them are the caller's.
+    const size_t n = static_cast<size_t>(nranks_), esize = dtype_size(args.dtype);
+    for (size_t p = 0; p < n; ++p) {
+      const size_t at = args.layout[3 * n + p] * esize, bytes = args.layout[2 * n + p] * esize;
+      if (bytes > 0) call->outputs.push_back({out_at + at, bytes, static_cast<char*>(args.recvbuf) + at});
+    }
+  } else if (out_bytes > 0) {
+    call->outputs.push_back({out_at, out_bytes, args.recvbuf});
+  }
+  return Status::ok();
+}
+
+std::shared_ptr<Op> Communicator::make_stream_op(OpKind kind, const CollArgs& staged_args,
+                                                 const StagedCall& call) {
+  // Driven by the progress thread or whichever caller waits: the call
+  // itself returns at once, like an i-operation.
+  std::shared_ptr<Op> op = make_op(kind, staged_args, /*async=*/true);
+  StagingBlock* b = call.block;
+  if (kind == OpKind::kRecvAny) {
+    op->bind = [b, bind = std::move(op->bind)](int peer) { return stream_staged(b, bind(peer)); };
+  } else {
+    op->task = stream_staged(b, std::move(op->task));
+  }
+  op->on_complete = &StagingPool::op_completed;
+  op->on_complete_ctx = b;
+  return op;
 }
 
 std::shared_ptr<Op> Communicator::checked(std::shared_ptr<Op> op) {

@@ -20,6 +20,8 @@ namespace braid {
 class ShmTransport;
 struct PeerInfo;
 class TcpTransport;
+class StagingPool;
+struct StagedCall;
 
 class Communicator {
  public:
@@ -44,6 +46,12 @@ class Communicator {
 
   // Builds the operation; arguments must already be validated.
   std::shared_ptr<Op> make_op(OpKind kind, const CollArgs& args, bool async);
+  // A stream-ordered call (transports/cuda/stream_staging.h), in two steps:
+  // the staging it needs (a block taken, copies listed, the stream's context
+  // current on this thread), then, once that is enqueued, the op to post.
+  Status prepare_stream_op(OpKind kind, const CollArgs& args, void* stream, StagedCall* call,
+                           CollArgs* staged_args);
+  std::shared_ptr<Op> make_stream_op(OpKind kind, const CollArgs& staged_args, const StagedCall& call);
 
   void set_last_error(const std::string& message);
   std::string last_error();
@@ -81,6 +89,8 @@ class Communicator {
   Tuner tuner_;
   std::unique_ptr<TraceRecorder> trace_;  // BRAID_TRACE_FILE, written at destroy
   std::unique_ptr<Engine> engine_;
+  std::mutex staging_mu_;
+  StagingPool* staging_ = nullptr;  // made by the first stream-ordered call; ended by shut_down
   std::mutex error_mu_;
   std::string last_error_;
   uint64_t p2p_send_seq_ = 0;

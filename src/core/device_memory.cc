@@ -73,8 +73,8 @@ Status check_host_memory_slow(const void* p, const char* what) {
         std::snprintf(addr, sizeof(addr), "%p", p);
         return Status::unsupported(std::string(what) + " (" + addr + ") is memory of CUDA device " +
                                    std::to_string(device) +
-                                   ": operations on device buffers are not supported by this build yet (host "
-                                   "memory, pinned or managed, works)");
+                                   ": a host-ordered call (stream NULL) takes host memory (ordinary, pinned "
+                                   "or managed); pass the CUDA stream to order it on for device buffers");
       }
     }
     return Status::ok();  // not remembered: see t_host_seen

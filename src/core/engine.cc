@@ -393,6 +393,7 @@ void Engine::post(const std::shared_ptr<Op>& op) {
           error_.code() == BRAID_ERR_ABORTED
               ? error_
               : Status(error_.code(), "communicator is broken by an earlier error: " + error_.message());
+      if (op->on_complete != nullptr) op->on_complete(op->on_complete_ctx);
       op->done.store(1, std::memory_order_release);
       return;
     }
@@ -489,6 +490,7 @@ void Engine::complete(const std::shared_ptr<Op>& op, const Status& st) {
   active_.fetch_sub(1);
   // Most ops complete on the thread that waits for them: skip the syscall
   // unless another thread sleeps on this op (it counts itself in first).
+  if (op->on_complete != nullptr) op->on_complete(op->on_complete_ctx);
   op->done.store(1, std::memory_order_seq_cst);
   if (op->sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(&op->done, false);
   if (op->has_callback()) op->run_callback();
@@ -616,7 +618,8 @@ void Engine::dump(const char* why) {
         line += ": step " + std::to_string(op->steps) + ", running for " +
                 elapsed_text(ticks_to_us(now - op->start_ticks));
         if (op->wait != nullptr) {
-          line += std::string(", waiting ") + op->wait->what + " rank " + std::to_string(op->wait->peer);
+          line += std::string(", waiting ") + op->wait->what;
+          if (op->wait->peer >= 0) line += " rank " + std::to_string(op->wait->peer);
         }
       }
       BRAID_WARN("DUMP", rank_, "  %s", line.c_str());

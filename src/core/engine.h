@@ -76,6 +76,11 @@ class Op {
   std::vector<char> work;        // temporary buffers the algorithm owns
   std::vector<size_t> layout;    // all_to_allv counts and displacements
   Status failure;                // set by an algorithm that found a protocol error
+  // Called when the op completes, failed or not: a stream-ordered op lets
+  // its stream go on (transports/cuda/stream_staging.h), so that no stream
+  // waits forever, and gives up its staging block.
+  void (*on_complete)(void* ctx) = nullptr;
+  void* on_complete_ctx = nullptr;
 
   // A receive from any source waits unbound (lane_peer == -1) until some
   // peer's connection in `any_source_conns` holds a message; the engine then
@@ -166,6 +171,11 @@ class Engine {
   void set_oversubscribed(bool over) {
     spins_per_yield_ = over ? 1 : kSpinsPerYield;
     long_wait_checks_ = over ? kLongWaitYields : kLongWaitSpins;
+  }
+  // Something an op waits on changed outside the engine (a CUDA stream
+  // reached it): wakes the driver if it sleeps.
+  void wake_if_sleeping() {
+    if (driver_sleeping_.load()) wake_driver();
   }
   // Prints the operations in flight (braid_comm_dump): at once when no other
   // thread drives, else the driver prints within one wake-up (<= 20 ms).

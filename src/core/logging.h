@@ -11,7 +11,7 @@ namespace braid {
 enum class LogLevel { kNone = 0, kWarn = 1, kInfo = 2, kTrace = 3 };
 
 // The subsystems a line may name (BRAID_DEBUG_SUBSYS selects among them).
-#define BRAID_LOG_SUBSYSTEMS "INIT,BOOTSTRAP,TOPO,TUNE,SHM,TCP,COLL,P2P,TRACE,DUMP"
+#define BRAID_LOG_SUBSYSTEMS "INIT,BOOTSTRAP,TOPO,TUNE,SHM,TCP,CUDA,COLL,P2P,TRACE,DUMP"
 
 LogLevel log_level();
 bool log_subsys_enabled(const char* subsys);

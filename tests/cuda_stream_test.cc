@@ -1,0 +1,103 @@
+// Stream-ordered operations on real device memory and real CUDA streams:
+// several forked ranks sharing GPU 0 (NCCL refuses that; braid stages
+// through the host). Skips with a message where no GPU is usable; the GPU
+// run is tools/gpu-check.sh. tests/stream_test covers the same contract
+// everywhere through a fake driver.
+#include <braid/braid.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tests/rank_test.h"
+
+namespace braid::test {
+namespace {
+
+// Asked in a child: a process that initialised CUDA cannot fork ranks that
+// use it, so the test process itself never touches CUDA.
+bool gpu_usable() {
+  pid_t pid = fork();
+  if (pid == 0) {
+    int n = 0;
+    _exit(cudaGetDeviceCount(&n) == cudaSuccess && n > 0 ? 0 : 1);
+  }
+  int status = 0;
+  if (pid < 0 || waitpid(pid, &status, 0) != pid) return false;
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+#define SKIP_WITHOUT_GPU()                                                                              \
+  do {                                                                                                  \
+    if (!gpu_usable()) GTEST_SKIP() << "no usable CUDA device here; the GPU run is tools/gpu-check.sh"; \
+  } while (0)
+
+#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
+
+TEST(CudaStreams, AllReduceOnDeviceMemoryWithFourRanksOnOneGpu) {
+  SKIP_WITHOUT_GPU();
+  run_ranks(4, {}, [](braid_comm_t comm, int rank, int nranks) {
+    CUDA_OK(cudaSetDevice(0));
+    cudaStream_t s;
+    CUDA_OK(cudaStreamCreate(&s));
+    for (size_t count : {size_t{1}, size_t{1000}, size_t{1} << 20, size_t{1} << 24}) {
+      std::vector<float> host(count), out(count, -1.0f);
+      for (size_t i = 0; i < count; ++i) host[i] = static_cast<float>((rank + 1) * (i % 31));
+      float *in_d = nullptr, *out_d = nullptr;
+      CUDA_OK(cudaMalloc(&in_d, count * sizeof(float)));
+      CUDA_OK(cudaMalloc(&out_d, count * sizeof(float)));
+      CUDA_OK(cudaMemcpyAsync(in_d, host.data(), count * sizeof(float), cudaMemcpyHostToDevice, s));
+      BRAID_ASSERT_OK(braid_all_reduce(in_d, out_d, count, BRAID_FLOAT32, BRAID_SUM, comm, s));
+      // In place, right behind it on the stream.
+      BRAID_ASSERT_OK(braid_all_reduce(out_d, out_d, count, BRAID_FLOAT32, BRAID_MAX, comm, s));
+      CUDA_OK(cudaMemcpyAsync(out.data(), out_d, count * sizeof(float), cudaMemcpyDeviceToHost, s));
+      CUDA_OK(cudaStreamSynchronize(s));
+      const float total = static_cast<float>(nranks * (nranks + 1) / 2);
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[i], total * static_cast<float>(i % 31)) << count;
+      CUDA_OK(cudaFree(in_d));
+      CUDA_OK(cudaFree(out_d));
+    }
+    CUDA_OK(cudaStreamDestroy(s));
+  });
+}
+
+TEST(CudaStreams, GatherScatterAndRequestsOnDeviceMemory) {
+  SKIP_WITHOUT_GPU();
+  run_ranks(3, {}, [](braid_comm_t comm, int rank, int n) {
+    CUDA_OK(cudaSetDevice(0));
+    cudaStream_t s;
+    CUDA_OK(cudaStreamCreate(&s));
+    const size_t c = 4099;
+    std::vector<int32_t> mine(c), all(c * n, -1), bcast(c, -1);
+    for (size_t i = 0; i < c; ++i) mine[i] = static_cast<int32_t>(rank * 1000003 + i);
+    int32_t *mine_d = nullptr, *all_d = nullptr, *b_d = nullptr;
+    CUDA_OK(cudaMalloc(&mine_d, c * sizeof(int32_t)));
+    CUDA_OK(cudaMalloc(&all_d, c * n * sizeof(int32_t)));
+    CUDA_OK(cudaMalloc(&b_d, c * sizeof(int32_t)));
+    CUDA_OK(cudaMemcpyAsync(mine_d, mine.data(), c * sizeof(int32_t), cudaMemcpyHostToDevice, s));
+    BRAID_ASSERT_OK(braid_all_gather(mine_d, all_d, c, BRAID_INT32, comm, s));
+    braid_request_t req = nullptr;
+    BRAID_ASSERT_OK(braid_ibroadcast(mine_d, b_d, c, BRAID_INT32, 2, comm, s, &req));
+    BRAID_ASSERT_OK(braid_wait(&req));
+    // Device memory in a host-ordered call: refused with a message.
+    EXPECT_EQ(braid_all_reduce(mine_d, mine_d, c, BRAID_INT32, BRAID_SUM, comm, nullptr),
+              BRAID_ERR_UNSUPPORTED);
+    CUDA_OK(cudaMemcpyAsync(all.data(), all_d, c * n * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+    CUDA_OK(cudaMemcpyAsync(bcast.data(), b_d, c * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+    CUDA_OK(cudaStreamSynchronize(s));
+    for (int p = 0; p < n; ++p)
+      for (size_t i = 0; i < c; ++i) ASSERT_EQ(all[p * c + i], static_cast<int32_t>(p * 1000003 + i));
+    for (size_t i = 0; i < c; ++i) ASSERT_EQ(bcast[i], static_cast<int32_t>(2 * 1000003 + i));
+    CUDA_OK(cudaFree(mine_d));
+    CUDA_OK(cudaFree(all_d));
+    CUDA_OK(cudaFree(b_d));
+    CUDA_OK(cudaStreamDestroy(s));
+  });
+}
+
+}  // namespace
+}  // namespace braid::test

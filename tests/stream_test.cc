@@ -1,0 +1,283 @@
+// Stream-ordered operations (transports/cuda/stream_staging.h) across real
+// forked ranks, through a fake CUDA driver (tests/fake_libcuda.cc) whose
+// streams are threads running their queue in order. What is checked is
+// braid's side of the contract: the call returns before its stream runs, the
+// op reads what earlier stream work wrote, results land in order on the
+// stream, i-requests wait for the stream, groups on one stream do not
+// deadlock, and a dead peer leaves no stream waiting forever.
+#include <braid/braid.h>
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tests/rank_test.h"
+
+namespace braid::test {
+namespace {
+
+// The fake driver's calls, loaded once per rank process (before braid looks
+// for libcuda.so.1, which it finds by that soname).
+struct FakeCuda {
+  void* (*stream_create)();
+  void (*stream_destroy)(void*);
+  void (*stream_hold)(void*, int);
+  void (*stream_synchronize)(void*);
+  int (*pinned_blocks)();
+  void (*set_device_range)(const void*, size_t);
+  int (*launch_host_func)(void*, void (*)(void*), void*);
+};
+
+const FakeCuda& fake_cuda() {
+  static FakeCuda f = [] {
+    void* lib = dlopen(BRAID_FAKE_LIBCUDA, RTLD_NOW | RTLD_GLOBAL);
+    if (lib == nullptr) {
+      ADD_FAILURE() << dlerror();
+      _exit(3);
+    }
+    FakeCuda c{};
+    c.stream_create = reinterpret_cast<void* (*)()>(dlsym(lib, "fake_cuda_stream_create"));
+    c.stream_destroy = reinterpret_cast<void (*)(void*)>(dlsym(lib, "fake_cuda_stream_destroy"));
+    c.stream_hold = reinterpret_cast<void (*)(void*, int)>(dlsym(lib, "fake_cuda_stream_hold"));
+    c.stream_synchronize = reinterpret_cast<void (*)(void*)>(dlsym(lib, "fake_cuda_stream_synchronize"));
+    c.pinned_blocks = reinterpret_cast<int (*)()>(dlsym(lib, "fake_cuda_pinned_blocks"));
+    c.set_device_range =
+        reinterpret_cast<void (*)(const void*, size_t)>(dlsym(lib, "fake_cuda_set_device_range"));
+    c.launch_host_func =
+        reinterpret_cast<int (*)(void*, void (*)(void*), void*)>(dlsym(lib, "cuLaunchHostFunc"));
+    return c;
+  }();
+  return f;
+}
+
+// A "kernel" on the stream: fills v with rank-dependent values when the
+// stream gets there.
+struct Fill {
+  std::vector<float>* v;
+  int rank;
+  static void run(void* p) {
+    auto* f = static_cast<Fill*>(p);
+    for (size_t i = 0; i < f->v->size(); ++i) (*f->v)[i] = static_cast<float>((f->rank + 1) * (i % 13 + 1));
+  }
+};
+
+float sum_of(size_t i, int nranks) {
+  return static_cast<float>(nranks * (nranks + 1) / 2 * (i % 13 + 1));
+}
+
+TEST(StreamOrdered, AllReduceRunsWhenTheStreamGetsThereAndReturnsAtOnce) {
+  run_ranks(3, {}, [](braid_comm_t comm, int rank, int nranks) {
+    const FakeCuda& cu = fake_cuda();
+    void* s = cu.stream_create();
+    for (size_t count : {size_t{1}, size_t{1000}, size_t{300001}}) {
+      std::vector<float> in(count, -1.0f), out(count, -2.0f);
+      Fill fill{&in, rank};
+      cu.stream_hold(s, 1);
+      ASSERT_EQ(cu.launch_host_func(s, &Fill::run, &fill), 0);
+      // Returns with the stream held: nothing ran, nothing was touched.
+      BRAID_ASSERT_OK(braid_all_reduce(in.data(), out.data(), count, BRAID_FLOAT32, BRAID_SUM, comm, s));
+      EXPECT_EQ(out[0], -2.0f);
+      EXPECT_EQ(in[0], -1.0f);
+      cu.stream_hold(s, 0);
+      cu.stream_synchronize(s);
+      for (size_t i = 0; i < count; ++i)
+        ASSERT_EQ(out[i], sum_of(i, nranks)) << "count " << count << " i " << i;
+      // In place, twice in a row on the stream: the second reads the first's result.
+      BRAID_ASSERT_OK(braid_all_reduce(out.data(), out.data(), count, BRAID_FLOAT32, BRAID_SUM, comm, s));
+      BRAID_ASSERT_OK(braid_all_reduce(out.data(), out.data(), count, BRAID_FLOAT32, BRAID_MAX, comm, s));
+      cu.stream_synchronize(s);
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[i], nranks * sum_of(i, nranks)) << "count " << count;
+    }
+    // Staging blocks are reused, not pinned per call. Calls in flight
+    // together each hold one, and a block comes back once its stream is
+    // done and its op has seen that: the op before may still hold one.
+    const int pinned = cu.pinned_blocks();
+    std::vector<float> x(4096, 1.0f);
+    for (int i = 0; i < 20; ++i) {
+      BRAID_ASSERT_OK(braid_all_reduce(x.data(), x.data(), x.size(), BRAID_FLOAT32, BRAID_SUM, comm, s));
+      cu.stream_synchronize(s);
+    }
+    EXPECT_LE(cu.pinned_blocks(), pinned + 1);
+    float expect = 1.0f;
+    for (int i = 0; i < 20; ++i) expect *= static_cast<float>(nranks);
+    EXPECT_EQ(x[4095], expect);
+    cu.stream_destroy(s);
+  });
+}
+
+TEST(StreamOrdered, EveryCollectiveGivesExactResults) {
+  run_ranks(3, {}, [](braid_comm_t comm, int rank, int n) {
+    const FakeCuda& cu = fake_cuda();
+    void* s = cu.stream_create();
+    const size_t c = 1001;
+    auto val = [](int r, size_t i) { return static_cast<int32_t>(r * 100000 + static_cast<int>(i)); };
+    std::vector<int32_t> mine(c * n), all(c * n, -1), one(c, -1), reduced(c, -1);
+    for (size_t i = 0; i < c * n; ++i) mine[i] = val(rank, i);
+    // broadcast from rank 1, reduce to rank 2, all_gather, reduce_scatter,
+    // gather to 0, scatter from 1, all_to_all: enqueued back to back.
+    std::vector<int32_t> bcast(c, -1);
+    if (rank == 1) bcast.assign(mine.begin(), mine.begin() + c);
+    BRAID_ASSERT_OK(braid_broadcast(bcast.data(), bcast.data(), c, BRAID_INT32, 1, comm, s));
+    BRAID_ASSERT_OK(braid_reduce(mine.data(), reduced.data(), c, BRAID_INT32, BRAID_SUM, 2, comm, s));
+    BRAID_ASSERT_OK(braid_all_gather(mine.data(), all.data(), c, BRAID_INT32, comm, s));
+    std::vector<int32_t> rs(c, -1), gathered(c * n, -1), scattered(c, -1), a2a(c * n, -1);
+    BRAID_ASSERT_OK(braid_reduce_scatter(mine.data(), rs.data(), c, BRAID_INT32, BRAID_SUM, comm, s));
+    BRAID_ASSERT_OK(braid_gather(mine.data(), gathered.data(), c, BRAID_INT32, 0, comm, s));
+    BRAID_ASSERT_OK(braid_scatter(mine.data(), scattered.data(), c, BRAID_INT32, 1, comm, s));
+    BRAID_ASSERT_OK(braid_all_to_all(mine.data(), a2a.data(), c, BRAID_INT32, comm, s));
+    // all_to_allv: rank r sends p + 1 elements to p; the gaps between the
+    // received blocks must keep what the caller had there.
+    std::vector<size_t> sc(n), sd(n), rc(n), rd(n);
+    for (int p = 0; p < n; ++p) {
+      sc[p] = p + 1;
+      sd[p] = 10 * p;
+      rc[p] = rank + 1;
+      rd[p] = 10 * p;
+    }
+    std::vector<int32_t> v_out(10 * n, -7);
+    BRAID_ASSERT_OK(braid_all_to_allv(mine.data(), sc.data(), sd.data(), v_out.data(), rc.data(), rd.data(),
+                                      BRAID_INT32, comm, s));
+    BRAID_ASSERT_OK(braid_barrier(comm, s));
+    // A ring of sends and receives, grouped on the one stream, and a receive from any source.
+    std::vector<int32_t> got(c, -1), any(c, -1);
+    const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+    BRAID_ASSERT_OK(braid_group_start());
+    BRAID_ASSERT_OK(braid_send(mine.data(), c, BRAID_INT32, next, comm, s));
+    BRAID_ASSERT_OK(braid_recv(got.data(), c, BRAID_INT32, prev, comm, s));
+    BRAID_ASSERT_OK(braid_group_end());
+    int source = -1;
+    if (rank == 0) {
+      BRAID_ASSERT_OK(braid_recv_any(any.data(), c, BRAID_INT32, &source, comm, s));
+    } else if (rank == 2) {
+      BRAID_ASSERT_OK(braid_send(mine.data(), c, BRAID_INT32, 0, comm, s));
+    }
+    cu.stream_synchronize(s);
+
+    for (size_t i = 0; i < c; ++i) {
+      ASSERT_EQ(bcast[i], val(1, i));
+      if (rank == 2) {
+        ASSERT_EQ(reduced[i], val(0, i) + val(1, i) + val(2, i));
+      } else {
+        ASSERT_EQ(reduced[i], -1);  // not the root: untouched
+      }
+      ASSERT_EQ(rs[i], val(0, rank * c + i) + val(1, rank * c + i) + val(2, rank * c + i));
+      ASSERT_EQ(scattered[i], val(1, rank * c + i));
+      ASSERT_EQ(got[i], val(prev, i));
+      if (rank == 0) {
+        ASSERT_EQ(any[i], val(2, i));
+      }
+    }
+    for (int p = 0; p < n; ++p) {
+      for (size_t i = 0; i < c; ++i) {
+        ASSERT_EQ(all[p * c + i], val(p, i));
+        ASSERT_EQ(gathered[p * c + i], rank == 0 ? val(p, i) : -1);
+        ASSERT_EQ(a2a[p * c + i], val(p, rank * c + i));
+      }
+      for (size_t i = 0; i < 10; ++i) {
+        ASSERT_EQ(v_out[10 * p + i], i <= static_cast<size_t>(rank) ? val(p, 10 * rank + i) : -7)
+            << "from " << p << " at " << i;
+      }
+    }
+    if (rank == 0) {
+      EXPECT_EQ(source, 2);
+    }
+    cu.stream_destroy(s);
+  });
+}
+
+TEST(StreamOrdered, WaitOnARequestWaitsForTheStreamsCopyBack) {
+  run_ranks(2, {}, [](braid_comm_t comm, int rank, int nranks) {
+    const FakeCuda& cu = fake_cuda();
+    void* s = cu.stream_create();
+    std::vector<float> in(1 << 18), out(1 << 18, -1.0f);
+    Fill fill{&in, rank};
+    ASSERT_EQ(cu.launch_host_func(s, &Fill::run, &fill), 0);
+    braid_request_t req = nullptr;
+    BRAID_ASSERT_OK(
+        braid_iall_reduce(in.data(), out.data(), in.size(), BRAID_FLOAT32, BRAID_SUM, comm, s, &req));
+    BRAID_ASSERT_OK(braid_wait(&req));
+    // No stream synchronisation: braid_wait covered the copy back.
+    for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], sum_of(i, nranks));
+    cu.stream_synchronize(s);
+    cu.stream_destroy(s);
+  });
+}
+
+TEST(StreamOrdered, LargeExchangeInAGroupOnOneStreamDoesNotDeadlock) {
+  // Each rank sends 8 MiB to the other and receives 8 MiB: more than the
+  // transports buffer, so each send needs the peer's receive running, which
+  // needs the peer's stream past its own send's staging.
+  run_ranks(2, {}, [](braid_comm_t comm, int rank, int) {
+    const FakeCuda& cu = fake_cuda();
+    void* s = cu.stream_create();
+    const size_t count = 2 << 20;
+    std::vector<int32_t> out(count), in(count, -1);
+    for (size_t i = 0; i < count; ++i) out[i] = static_cast<int32_t>(rank * 7 + i);
+    const int peer = 1 - rank;
+    BRAID_ASSERT_OK(braid_group_start());
+    BRAID_ASSERT_OK(braid_send(out.data(), count, BRAID_INT32, peer, comm, s));
+    BRAID_ASSERT_OK(braid_recv(in.data(), count, BRAID_INT32, peer, comm, s));
+    BRAID_ASSERT_OK(braid_group_end());
+    cu.stream_synchronize(s);
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(in[i], static_cast<int32_t>(peer * 7 + i));
+    cu.stream_destroy(s);
+  });
+}
+
+TEST(StreamOrdered, ADeadPeerIsAnErrorAndLeavesNoStreamWaiting) {
+  auto result = launch(
+      2, {{"BRAID_TIMEOUT", "3"}},
+      [](braid_comm_t comm, int rank, int) {
+        if (rank == 1) _exit(0);  // leaves without calling
+        const FakeCuda& cu = fake_cuda();
+        void* s = cu.stream_create();
+        std::vector<float> x(1000, 1.0f), y(1000, -1.0f);
+        braid_request_t req = nullptr;
+        BRAID_ASSERT_OK(
+            braid_iall_reduce(x.data(), y.data(), x.size(), BRAID_FLOAT32, BRAID_SUM, comm, s, &req));
+        BRAID_ASSERT_OK(braid_all_reduce(x.data(), x.data(), x.size(), BRAID_FLOAT32, BRAID_SUM, comm, s));
+        EXPECT_NE(braid_wait(&req), BRAID_SUCCESS);
+        const std::string m = braid_get_last_error();
+        EXPECT_NE(m.find("rank 1"), std::string::npos) << m;
+        cu.stream_synchronize(s);  // returns: the failed ops released the stream
+        braid_result_t async = BRAID_SUCCESS;
+        BRAID_ASSERT_OK(braid_comm_get_async_error(comm, &async));
+        EXPECT_NE(async, BRAID_SUCCESS);
+        cu.stream_destroy(s);
+      },
+      60);
+  ASSERT_TRUE(result.ok()) << result.describe();
+}
+
+TEST(StreamOrdered, BadStreamsAndDeviceBuffersWithoutAStreamAreNamed) {
+  run_ranks(1, {}, [](braid_comm_t comm, int, int) {
+    const FakeCuda& cu = fake_cuda();
+    std::vector<float> dev(64, 1.0f), host(64, 0.0f);
+    int not_a_stream = 0;
+    EXPECT_EQ(braid_all_reduce(host.data(), host.data(), 64, BRAID_FLOAT32, BRAID_SUM, comm, &not_a_stream),
+              BRAID_ERR_SYSTEM);
+    std::string m = braid_get_last_error();
+    EXPECT_NE(m.find("cuStreamGetCtx"), std::string::npos) << m;
+    EXPECT_NE(m.find("invalid resource handle"), std::string::npos) << m;
+    // Device memory in a host-ordered call: refused, pointing at the stream.
+    cu.set_device_range(dev.data(), dev.size() * sizeof(float));
+    EXPECT_EQ(braid_all_reduce(dev.data(), dev.data(), 64, BRAID_FLOAT32, BRAID_SUM, comm, nullptr),
+              BRAID_ERR_UNSUPPORTED);
+    m = braid_get_last_error();
+    EXPECT_NE(m.find("is memory of CUDA device 3"), std::string::npos) << m;
+    EXPECT_NE(m.find("stream"), std::string::npos) << m;
+    // The same buffer through a stream works.
+    void* s = cu.stream_create();
+    BRAID_ASSERT_OK(braid_all_reduce(dev.data(), dev.data(), 64, BRAID_FLOAT32, BRAID_SUM, comm, s));
+    cu.stream_synchronize(s);
+    EXPECT_EQ(dev[63], 1.0f);
+    cu.stream_destroy(s);
+  });
+}
+
+}  // namespace
+}  // namespace braid::test

@@ -1,0 +1,81 @@
+#include "transports/cuda/cuda_driver.h"
+
+#include <dlfcn.h>
+
+#include <mutex>
+
+namespace braid {
+namespace {
+
+std::mutex g_mu;
+CudaDriver g_driver;
+bool g_loaded = false;  // under g_mu until set, then read-only
+
+template <class Fn>
+bool find(void* lib, const char* name, Fn* out, std::string* missing) {
+  *out = reinterpret_cast<Fn>(dlsym(lib, name));
+  if (*out == nullptr) *missing += std::string(missing->empty() ? "" : ", ") + name;
+  return *out != nullptr;
+}
+
+}  // namespace
+
+Status CudaDriver::error(const char* call, CUresult r) const {
+  const char* text = nullptr;
+  if (get_error_string == nullptr || get_error_string(r, &text) != 0 || text == nullptr)
+    text = "unknown error";
+  return Status(BRAID_ERR_SYSTEM,
+                std::string(call) + " failed: CUDA error " + std::to_string(r) + " (" + text + ")");
+}
+
+Status cuda_driver(const CudaDriver** out) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!g_loaded) {
+    // Only a driver already in the process: whoever made the stream loaded it.
+    // The handle stays open for the process's life.
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (lib == nullptr)
+      return Status::unsupported(
+          "stream is not NULL, but no CUDA driver (libcuda.so.1) is loaded in this process: a stream-ordered "
+          "operation takes a stream made with the CUDA runtime or driver (pass NULL for a host-ordered one)");
+    CudaDriver d{};
+    std::string missing;
+    find(lib, "cuMemHostAlloc", &d.mem_host_alloc, &missing);
+    find(lib, "cuMemFreeHost", &d.mem_free_host, &missing);
+    find(lib, "cuMemHostGetDevicePointer_v2", &d.mem_host_get_device_pointer, &missing);
+    find(lib, "cuMemcpyAsync", &d.memcpy_async, &missing);
+    find(lib, "cuLaunchHostFunc", &d.launch_host_func, &missing);
+    find(lib, "cuStreamWaitValue32_v2", &d.stream_wait_value32, &missing);
+    find(lib, "cuStreamGetCtx", &d.stream_get_ctx, &missing);
+    find(lib, "cuCtxPushCurrent_v2", &d.ctx_push_current, &missing);
+    find(lib, "cuCtxPopCurrent_v2", &d.ctx_pop_current, &missing);
+    find(lib, "cuGetErrorString", &d.get_error_string, &missing);
+    if (!missing.empty())
+      return Status::unsupported("the CUDA driver in this process lacks " + missing +
+                                 " (stream-ordered operations need a driver of CUDA 12 or later)");
+    g_driver = d;
+    g_loaded = true;
+  }
+  *out = &g_driver;
+  return Status::ok();
+}
+
+StreamContext::StreamContext(const CudaDriver& cu, CUstream stream) : cu_(cu) {
+  if (CUresult r = cu.stream_get_ctx(stream, &ctx_); r != 0) {
+    status_ = cu.error("cuStreamGetCtx (is the stream a live CUDA stream?)", r);
+    return;
+  }
+  if (CUresult r = cu.ctx_push_current(ctx_); r != 0) {
+    status_ = cu.error("cuCtxPushCurrent", r);
+    return;
+  }
+  pushed_ = true;
+}
+
+StreamContext::~StreamContext() {
+  if (!pushed_) return;
+  CUcontext popped = nullptr;
+  (void)cu_.ctx_pop_current(&popped);
+}
+
+}  // namespace braid
