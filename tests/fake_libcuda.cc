@@ -1,8 +1,9 @@
 // A stand-in for the CUDA driver (soname libcuda.so.1), for tests without a
 // GPU:
-// - cuPointerGetAttribute calls a chosen address range "memory of CUDA
-//   device 3" (braid must ask the driver about buffers and refuse device
-//   memory in host-ordered calls);
+// - cuPointerGetAttribute calls a chosen address range, and what
+//   fake_cuda_malloc returns, "memory of CUDA device 3" (braid must ask the
+//   driver about buffers: it refuses device memory in host-ordered calls and
+//   stages it in stream-ordered ones);
 // - streams are threads that run what is enqueued on them in order: copies,
 //   host functions and waits on a 32-bit word, as the driver's calls that
 //   braid's stream-ordered operations use (transports/cuda). Copies move
@@ -16,6 +17,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -82,7 +84,17 @@ class FakeStream {
 
 std::mutex g_streams_mu;
 std::set<void*> g_streams;
-int g_pinned = 0;  // live cuMemHostAlloc blocks
+int g_pinned = 0;                      // live cuMemHostAlloc blocks
+int g_copies = 0;                      // cuMemcpyAsync calls
+std::map<uintptr_t, size_t> g_device;  // fake_cuda_malloc's blocks: start -> bytes
+
+bool in_device_block(uintptr_t p) {
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  auto it = g_device.upper_bound(p);
+  if (it == g_device.begin()) return false;
+  --it;
+  return p < it->first + it->second;
+}
 
 FakeStream* find_stream(void* s) {
   std::lock_guard<std::mutex> lock(g_streams_mu);
@@ -117,6 +129,27 @@ FAKE_API void fake_cuda_stream_hold(void* stream, int on) {
 
 FAKE_API void fake_cuda_stream_synchronize(void* stream) {
   static_cast<FakeStream*>(stream)->synchronize();
+}
+
+// "Device memory": ordinary memory that cuPointerGetAttribute calls device 3's.
+FAKE_API void* fake_cuda_malloc(size_t bytes) {
+  void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  g_device[reinterpret_cast<uintptr_t>(p)] = bytes;
+  return p;
+}
+
+FAKE_API void fake_cuda_free(void* p) {
+  {
+    std::lock_guard<std::mutex> lock(g_streams_mu);
+    g_device.erase(reinterpret_cast<uintptr_t>(p));
+  }
+  std::free(p);
+}
+
+FAKE_API int fake_cuda_copies() {
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  return g_copies;
 }
 
 FAKE_API int fake_cuda_pinned_blocks() {
@@ -163,6 +196,10 @@ FAKE_API int cuMemcpyAsync(unsigned long long dst, unsigned long long src, size_
   FakeStream* s = find_stream(stream);
   if (s == nullptr) return kInvalidHandle;
   if (dst == 0 || src == 0) return kInvalidValue;
+  {
+    std::lock_guard<std::mutex> lock(g_streams_mu);
+    ++g_copies;
+  }
   s->push([=] { std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes); });
   return kSuccess;
 }
@@ -200,7 +237,7 @@ FAKE_API void fake_cuda_set_device_range(const void* p, size_t bytes) {
 // CUDA_ERROR_INVALID_VALUE (1), what the driver answers for host memory it
 // never registered.
 FAKE_API int cuPointerGetAttribute(void* data, int attribute, unsigned long long ptr) {
-  if (ptr < g_lo || ptr >= g_hi) return 1;
+  if ((ptr < g_lo || ptr >= g_hi) && !in_device_block(ptr)) return 1;
   switch (attribute) {
     case 2:  // CU_POINTER_ATTRIBUTE_MEMORY_TYPE: CU_MEMORYTYPE_DEVICE
       *static_cast<unsigned*>(data) = 2;

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -28,8 +29,11 @@ struct FakeCuda {
   void (*stream_hold)(void*, int);
   void (*stream_synchronize)(void*);
   int (*pinned_blocks)();
+  int (*copies)();
   void (*set_device_range)(const void*, size_t);
   int (*launch_host_func)(void*, void (*)(void*), void*);
+  void* (*malloc)(size_t);
+  void (*free)(void*);
 };
 
 const FakeCuda& fake_cuda() {
@@ -45,19 +49,50 @@ const FakeCuda& fake_cuda() {
     c.stream_hold = reinterpret_cast<void (*)(void*, int)>(dlsym(lib, "fake_cuda_stream_hold"));
     c.stream_synchronize = reinterpret_cast<void (*)(void*)>(dlsym(lib, "fake_cuda_stream_synchronize"));
     c.pinned_blocks = reinterpret_cast<int (*)()>(dlsym(lib, "fake_cuda_pinned_blocks"));
+    c.copies = reinterpret_cast<int (*)()>(dlsym(lib, "fake_cuda_copies"));
     c.set_device_range =
         reinterpret_cast<void (*)(const void*, size_t)>(dlsym(lib, "fake_cuda_set_device_range"));
     c.launch_host_func =
         reinterpret_cast<int (*)(void*, void (*)(void*), void*)>(dlsym(lib, "cuLaunchHostFunc"));
+    c.malloc = reinterpret_cast<void* (*)(size_t)>(dlsym(lib, "fake_cuda_malloc"));
+    c.free = reinterpret_cast<void (*)(void*)>(dlsym(lib, "fake_cuda_free"));
     return c;
   }();
   return f;
 }
 
+// A buffer in the fake driver's "device memory" (braid stages it through
+// pinned blocks), or in ordinary host memory (braid uses it in place).
+template <class T>
+class Buffer {
+ public:
+  Buffer(bool device, size_t n, T fill) : device_(device), n_(n) {
+    p_ = device ? static_cast<T*>(fake_cuda().malloc(n * sizeof(T))) : new T[n];
+    std::fill(p_, p_ + n, fill);
+  }
+  ~Buffer() {
+    if (device_) {
+      fake_cuda().free(p_);
+    } else {
+      delete[] p_;
+    }
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  T* data() { return p_; }
+  size_t size() const { return n_; }
+  T& operator[](size_t i) { return p_[i]; }
+
+ private:
+  bool device_;
+  size_t n_;
+  T* p_;
+};
+
 // A "kernel" on the stream: fills v with rank-dependent values when the
 // stream gets there.
 struct Fill {
-  std::vector<float>* v;
+  Buffer<float>* v;
   int rank;
   static void run(void* p) {
     auto* f = static_cast<Fill*>(p);
@@ -73,30 +108,35 @@ TEST(StreamOrdered, AllReduceRunsWhenTheStreamGetsThereAndReturnsAtOnce) {
   run_ranks(3, {}, [](braid_comm_t comm, int rank, int nranks) {
     const FakeCuda& cu = fake_cuda();
     void* s = cu.stream_create();
-    for (size_t count : {size_t{1}, size_t{1000}, size_t{300001}}) {
-      std::vector<float> in(count, -1.0f), out(count, -2.0f);
-      Fill fill{&in, rank};
-      cu.stream_hold(s, 1);
-      ASSERT_EQ(cu.launch_host_func(s, &Fill::run, &fill), 0);
-      // Returns with the stream held: nothing ran, nothing was touched.
-      BRAID_ASSERT_OK(braid_all_reduce(in.data(), out.data(), count, BRAID_FLOAT32, BRAID_SUM, comm, s));
-      EXPECT_EQ(out[0], -2.0f);
-      EXPECT_EQ(in[0], -1.0f);
-      cu.stream_hold(s, 0);
-      cu.stream_synchronize(s);
-      for (size_t i = 0; i < count; ++i)
-        ASSERT_EQ(out[i], sum_of(i, nranks)) << "count " << count << " i " << i;
-      // In place, twice in a row on the stream: the second reads the first's result.
-      BRAID_ASSERT_OK(braid_all_reduce(out.data(), out.data(), count, BRAID_FLOAT32, BRAID_SUM, comm, s));
-      BRAID_ASSERT_OK(braid_all_reduce(out.data(), out.data(), count, BRAID_FLOAT32, BRAID_MAX, comm, s));
-      cu.stream_synchronize(s);
-      for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[i], nranks * sum_of(i, nranks)) << "count " << count;
-    }
+    for (bool device : {true, false})
+      for (size_t count : {size_t{1}, size_t{1000}, size_t{300001}}) {
+        Buffer<float> in(device, count, -1.0f), out(device, count, -2.0f);
+        Fill fill{&in, rank};
+        cu.stream_hold(s, 1);
+        ASSERT_EQ(cu.launch_host_func(s, &Fill::run, &fill), 0);
+        // Returns with the stream held: nothing ran, nothing was touched.
+        const int copies = cu.copies();
+        BRAID_ASSERT_OK(braid_all_reduce(in.data(), out.data(), count, BRAID_FLOAT32, BRAID_SUM, comm, s));
+        // Device buffers go through a staging block (one copy in, one out);
+        // host buffers are used in place.
+        EXPECT_EQ(cu.copies() - copies, device ? 2 : 0);
+        EXPECT_EQ(out[0], -2.0f);
+        EXPECT_EQ(in[0], -1.0f);
+        cu.stream_hold(s, 0);
+        cu.stream_synchronize(s);
+        for (size_t i = 0; i < count; ++i)
+          ASSERT_EQ(out[i], sum_of(i, nranks)) << "count " << count << " i " << i;
+        // In place, twice in a row on the stream: the second reads the first's result.
+        BRAID_ASSERT_OK(braid_all_reduce(out.data(), out.data(), count, BRAID_FLOAT32, BRAID_SUM, comm, s));
+        BRAID_ASSERT_OK(braid_all_reduce(out.data(), out.data(), count, BRAID_FLOAT32, BRAID_MAX, comm, s));
+        cu.stream_synchronize(s);
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[i], nranks * sum_of(i, nranks)) << "count " << count;
+      }
     // Staging blocks are reused, not pinned per call. Calls in flight
     // together each hold one, and a block comes back once its stream is
     // done and its op has seen that: the op before may still hold one.
     const int pinned = cu.pinned_blocks();
-    std::vector<float> x(4096, 1.0f);
+    Buffer<float> x(true, 4096, 1.0f);
     for (int i = 0; i < 20; ++i) {
       BRAID_ASSERT_OK(braid_all_reduce(x.data(), x.data(), x.size(), BRAID_FLOAT32, BRAID_SUM, comm, s));
       cu.stream_synchronize(s);
@@ -115,16 +155,17 @@ TEST(StreamOrdered, EveryCollectiveGivesExactResults) {
     void* s = cu.stream_create();
     const size_t c = 1001;
     auto val = [](int r, size_t i) { return static_cast<int32_t>(r * 100000 + static_cast<int>(i)); };
-    std::vector<int32_t> mine(c * n), all(c * n, -1), one(c, -1), reduced(c, -1);
+    // Device buffers, and some host ones (used in place), mixed in one call too.
+    Buffer<int32_t> mine(true, c * n, 0), all(true, c * n, -1), reduced(false, c, -1);
     for (size_t i = 0; i < c * n; ++i) mine[i] = val(rank, i);
     // broadcast from rank 1, reduce to rank 2, all_gather, reduce_scatter,
     // gather to 0, scatter from 1, all_to_all: enqueued back to back.
-    std::vector<int32_t> bcast(c, -1);
-    if (rank == 1) bcast.assign(mine.begin(), mine.begin() + c);
+    Buffer<int32_t> bcast(false, c, -1);
+    if (rank == 1) std::copy(mine.data(), mine.data() + c, bcast.data());
     BRAID_ASSERT_OK(braid_broadcast(bcast.data(), bcast.data(), c, BRAID_INT32, 1, comm, s));
     BRAID_ASSERT_OK(braid_reduce(mine.data(), reduced.data(), c, BRAID_INT32, BRAID_SUM, 2, comm, s));
     BRAID_ASSERT_OK(braid_all_gather(mine.data(), all.data(), c, BRAID_INT32, comm, s));
-    std::vector<int32_t> rs(c, -1), gathered(c * n, -1), scattered(c, -1), a2a(c * n, -1);
+    Buffer<int32_t> rs(true, c, -1), gathered(true, c * n, -1), scattered(false, c, -1), a2a(true, c * n, -1);
     BRAID_ASSERT_OK(braid_reduce_scatter(mine.data(), rs.data(), c, BRAID_INT32, BRAID_SUM, comm, s));
     BRAID_ASSERT_OK(braid_gather(mine.data(), gathered.data(), c, BRAID_INT32, 0, comm, s));
     BRAID_ASSERT_OK(braid_scatter(mine.data(), scattered.data(), c, BRAID_INT32, 1, comm, s));
@@ -138,12 +179,12 @@ TEST(StreamOrdered, EveryCollectiveGivesExactResults) {
       rc[p] = rank + 1;
       rd[p] = 10 * p;
     }
-    std::vector<int32_t> v_out(10 * n, -7);
+    Buffer<int32_t> v_out(true, 10 * n, -7);
     BRAID_ASSERT_OK(braid_all_to_allv(mine.data(), sc.data(), sd.data(), v_out.data(), rc.data(), rd.data(),
                                       BRAID_INT32, comm, s));
     BRAID_ASSERT_OK(braid_barrier(comm, s));
     // A ring of sends and receives, grouped on the one stream, and a receive from any source.
-    std::vector<int32_t> got(c, -1), any(c, -1);
+    Buffer<int32_t> got(true, c, -1), any(true, c, -1);
     const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
     BRAID_ASSERT_OK(braid_group_start());
     BRAID_ASSERT_OK(braid_send(mine.data(), c, BRAID_INT32, next, comm, s));
@@ -193,7 +234,7 @@ TEST(StreamOrdered, WaitOnARequestWaitsForTheStreamsCopyBack) {
   run_ranks(2, {}, [](braid_comm_t comm, int rank, int nranks) {
     const FakeCuda& cu = fake_cuda();
     void* s = cu.stream_create();
-    std::vector<float> in(1 << 18), out(1 << 18, -1.0f);
+    Buffer<float> in(true, 1 << 18, 0.0f), out(true, 1 << 18, -1.0f);
     Fill fill{&in, rank};
     ASSERT_EQ(cu.launch_host_func(s, &Fill::run, &fill), 0);
     braid_request_t req = nullptr;
@@ -215,7 +256,7 @@ TEST(StreamOrdered, LargeExchangeInAGroupOnOneStreamDoesNotDeadlock) {
     const FakeCuda& cu = fake_cuda();
     void* s = cu.stream_create();
     const size_t count = 2 << 20;
-    std::vector<int32_t> out(count), in(count, -1);
+    Buffer<int32_t> out(true, count, 0), in(false, count, -1);
     for (size_t i = 0; i < count; ++i) out[i] = static_cast<int32_t>(rank * 7 + i);
     const int peer = 1 - rank;
     BRAID_ASSERT_OK(braid_group_start());
@@ -235,7 +276,7 @@ TEST(StreamOrdered, ADeadPeerIsAnErrorAndLeavesNoStreamWaiting) {
         if (rank == 1) _exit(0);  // leaves without calling
         const FakeCuda& cu = fake_cuda();
         void* s = cu.stream_create();
-        std::vector<float> x(1000, 1.0f), y(1000, -1.0f);
+        Buffer<float> x(true, 1000, 1.0f), y(true, 1000, -1.0f);
         braid_request_t req = nullptr;
         BRAID_ASSERT_OK(
             braid_iall_reduce(x.data(), y.data(), x.size(), BRAID_FLOAT32, BRAID_SUM, comm, s, &req));

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <numeric>
 
+#include "src/core/device_memory.h"
 #include "src/core/dtype.h"
 #include "src/core/logging.h"
 #include "src/topo/topology.h"
@@ -699,10 +700,15 @@ Status Communicator::prepare_stream_op(OpKind kind, const CollArgs& args, void* 
   BRAID_RETURN_IF_ERROR(cuda_driver(&cu));
   StreamContext context(*cu, stream);
   BRAID_RETURN_IF_ERROR(context.status());
+  // Device buffers are staged through the block; host buffers the op uses
+  // where they are, once the stream reached it (the driver would copy
+  // between host buffers at once, out of stream order).
   const Regions g = regions_of(kind, args, rank_, nranks_);
-  const size_t in_bytes = g.uses_input ? g.in_bytes : 0;
+  const bool stage_in = g.uses_input && g.in_bytes > 0 && is_device_memory(args.sendbuf);
+  const bool stage_out = g.uses_output && g.out_bytes > 0 && is_device_memory(args.recvbuf);
+  const size_t in_bytes = stage_in ? g.in_bytes : 0;
   const size_t out_at = (in_bytes + 127) / 128 * 128;
-  const size_t out_bytes = g.uses_output ? g.out_bytes : 0;
+  const size_t out_bytes = stage_out ? g.out_bytes : 0;
   {
     std::lock_guard<std::mutex> lock(staging_mu_);
     if (staging_ == nullptr) staging_ = new StagingPool([e = engine_.get()] { e->wake_if_sleeping(); });
@@ -712,21 +718,21 @@ Status Communicator::prepare_stream_op(OpKind kind, const CollArgs& args, void* 
   call->pool = staging_;
   BRAID_RETURN_IF_ERROR(staging_->take(*cu, context.context(), out_at + out_bytes, &call->block));
   char* data = call->block->data;
-  // The host op runs over the block: the input at 0, the output after it,
-  // laid out as in the user's buffers (all_to_allv's displacements hold).
+  // A staged input sits at 0, a staged output after it, laid out as in the
+  // user's buffers (all_to_allv's displacements hold).
   CollArgs s = args;
-  s.sendbuf = g.uses_input ? data : nullptr;
-  s.recvbuf = g.uses_output ? data + out_at : nullptr;
+  if (stage_in) s.sendbuf = data;
+  if (stage_out) s.recvbuf = data + out_at;
   *staged_args = s;
-  if (in_bytes > 0) call->inputs.push_back({0, in_bytes, args.sendbuf});
-  if (out_bytes > 0 && kind == OpKind::kAllToAllv) {
+  if (stage_in) call->inputs.push_back({0, in_bytes, args.sendbuf});
+  if (stage_out && kind == OpKind::kAllToAllv) {
     // Only the blocks received: the bytes between them are the caller's.
     const size_t n = static_cast<size_t>(nranks_), esize = dtype_size(args.dtype);
     for (size_t p = 0; p < n; ++p) {
       const size_t at = args.layout[3 * n + p] * esize, bytes = args.layout[2 * n + p] * esize;
       if (bytes > 0) call->outputs.push_back({out_at + at, bytes, static_cast<char*>(args.recvbuf) + at});
     }
-  } else if (out_bytes > 0) {
+  } else if (stage_out) {
     call->outputs.push_back({out_at, out_bytes, args.recvbuf});
   }
   return Status::ok();

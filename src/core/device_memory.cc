@@ -84,4 +84,14 @@ Status check_host_memory_slow(const void* p, const char* what) {
   return Status::ok();
 }
 
+bool is_device_memory(const void* p) {
+  PointerGetAttribute query = driver_query();
+  if (query == nullptr || p == nullptr) return false;
+  unsigned type = 0, managed = 0;
+  const auto addr = reinterpret_cast<unsigned long long>(p);
+  if (query(&type, kAttrMemoryType, addr) != 0 || type != kMemoryTypeDevice) return false;
+  query(&managed, kAttrIsManaged, addr);
+  return managed == 0;
+}
+
 }  // namespace braid

@@ -18,6 +18,9 @@ namespace braid {
 extern BRAID_FAST_TLS __thread const void* t_host_seen[2];  // __thread: no C++ TLS wrapper call
 extern std::atomic<bool> g_cuda_driver_loaded;
 
+// True for memory of a CUDA device the host cannot read (not managed).
+bool is_device_memory(const void* p);
+
 // The query behind check_host_memory.
 Status check_host_memory_slow(const void* p, const char* what);
 

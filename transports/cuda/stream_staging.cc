@@ -17,6 +17,7 @@ constexpr size_t kHeaderBytes = (sizeof(StagingBlock) + 127) / 128 * 128;
 constexpr size_t kMinBlockBytes = 64 * 1024;
 
 size_t block_capacity(size_t bytes) {
+  if (bytes == 0) return 0;  // flags only: every buffer is host memory
   size_t c = kMinBlockBytes;
   while (c < bytes) c *= 2;
   return c;
