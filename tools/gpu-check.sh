@@ -9,8 +9,9 @@
 # kernels/cpu (every dtype x op, any alignment) and against the device's copy
 # bandwidth; stream-ordered collectives on device memory with several ranks
 # on the one GPU (host staging, tests/cuda_stream_test); the C API refusing
-# device buffers in host-ordered calls. CUDA IPC between ranks is not built
-# yet, so there is no device-to-device all_reduce row.
+# device buffers in host-ordered calls; and the all_reduce of 4 ranks on the
+# GPU through host staging beside the copy bandwidth (cuda_stream_bench).
+# CUDA IPC between ranks is not built yet.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build-gpu}
@@ -28,7 +29,7 @@ if [ ! -f "$BUILD_DIR/build.ninja" ]; then
     -DCMAKE_CUDA_ARCHITECTURES=native -DBRAID_BUILD_EXAMPLES=OFF >"$OUT/configure.log" 2>&1 ||
     { tail -40 "$OUT/configure.log"; echo "gpu-check: configure failed" >&2; exit 1; }
 fi
-cmake --build "$BUILD_DIR" -j "$(nproc)" --target cuda_kernels_test cuda_stream_test cuda_kernel_bench >"$OUT/build.log" 2>&1 ||
+cmake --build "$BUILD_DIR" -j "$(nproc)" --target cuda_kernels_test cuda_stream_test cuda_kernel_bench cuda_stream_bench >"$OUT/build.log" 2>&1 ||
   { tail -60 "$OUT/build.log"; echo "gpu-check: build failed" >&2; exit 1; }
 echo "gpu-check: built in $(($(date +%s) - start)) s"
 test_status=0
@@ -44,5 +45,8 @@ if [ "$test_status" -ne 0 ] || [ "$skipped" -ne 0 ]; then
 fi
 bench_status=0
 "$BUILD_DIR/bench/cuda_kernel_bench" --bytes 1G --iters 20 | tee "$OUT/kernel_bench.txt" || bench_status=$?
+# Stream-ordered all_reduce, 4 ranks on the one GPU (host staging today).
+BRAID_SOCKET_IFNAME=${BRAID_SOCKET_IFNAME:-lo} "$BUILD_DIR/bench/cuda_stream_bench" --ranks 4 -b 1M -e 256M -f 4 -n 5 |
+  tee "$OUT/stream_bench.txt" || bench_status=$?
 echo "gpu-check: done in $(($(date +%s) - start)) s"
 exit "$bench_status"
