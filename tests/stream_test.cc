@@ -294,6 +294,31 @@ TEST(StreamOrdered, ADeadPeerIsAnErrorAndLeavesNoStreamWaiting) {
   ASSERT_TRUE(result.ok()) << result.describe();
 }
 
+TEST(StreamOrdered, AStreamThatNeverGetsThereTimesOutAndDestroyReturns) {
+  run_ranks(
+      2, {{"BRAID_TIMEOUT", "1"}},
+      [](braid_comm_t comm, int rank, int) {
+        const FakeCuda& cu = fake_cuda();
+        braid_comm_t sub = nullptr;
+        BRAID_ASSERT_OK(braid_comm_split(comm, 0, rank, &sub));
+        void* s = cu.stream_create();
+        Buffer<float> x(true, 1000, 1.0f);
+        cu.stream_hold(s, 1);  // the stream never reaches the call while braid waits
+        braid_request_t req = nullptr;
+        BRAID_ASSERT_OK(
+            braid_iall_reduce(x.data(), x.data(), x.size(), BRAID_FLOAT32, BRAID_SUM, sub, s, &req));
+        EXPECT_EQ(braid_wait(&req), BRAID_ERR_TIMEOUT);
+        const std::string m = braid_get_last_error();
+        EXPECT_NE(m.find("waiting for its CUDA stream to reach it"), std::string::npos) << m;
+        // Returns although the stream still holds the staging block (kept, with a warning).
+        BRAID_EXPECT_OK(braid_comm_destroy(sub));
+        cu.stream_hold(s, 0);
+        cu.stream_synchronize(s);  // the failed op released it: the stream drains (outputs undefined)
+        cu.stream_destroy(s);
+      },
+      60);
+}
+
 TEST(StreamOrdered, BadStreamsAndDeviceBuffersWithoutAStreamAreNamed) {
   run_ranks(1, {}, [](braid_comm_t comm, int, int) {
     const FakeCuda& cu = fake_cuda();

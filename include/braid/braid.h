@@ -19,7 +19,8 @@
  *   later work on the stream sees its results. The blocking form returns
  *   without waiting; braid_wait on the `i` form waits until the results are
  *   in place. An error found later fails the request, or is reported by
- *   braid_comm_get_async_error; the stream is never left waiting.
+ *   braid_comm_get_async_error; the stream is never left waiting, and the
+ *   failed call's outputs are undefined.
  *   This build moves stream-ordered data through pinned host memory (host
  *   staging); device-to-device paths (CUDA IPC) are not built yet.
  */
