@@ -427,10 +427,6 @@ void fill_call_tag(CallTag& t, OpKind kind, uint64_t seq, const CollArgs& a) {
     t.root = a.root;
 }
 
-}  // namespace
-
-namespace {
-
 // The bytes an op reads from sendbuf and writes to recvbuf on this rank, and
 // where its input sits when it is in place.
 struct Regions {
@@ -550,8 +546,6 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
   }
   const Regions g = regions_of(kind, a, rank_, nranks_);
   const size_t in_bytes = g.in_bytes, out_bytes = g.out_bytes;
-  const bool uses_input = g.uses_input, uses_output = g.uses_output;
-  const char* canonical_in = g.canonical_in;
   op->bytes = std::max(in_bytes, out_bytes);
   if (a.count == 0 && kind != OpKind::kAllToAllv) {
     op->algo = "none";
@@ -560,11 +554,11 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
     op->task = []() -> Task { co_return; }();
     return checked(std::move(op));
   }
-  if (uses_input && uses_output) {
+  if (g.uses_input && g.uses_output) {
     const char* in = static_cast<const char*>(a.sendbuf);
     const char* out = static_cast<const char*>(a.recvbuf);
     bool overlap = in < out + out_bytes && out < in + in_bytes;
-    if (overlap && in != canonical_in) {
+    if (overlap && in != g.canonical_in) {
       op->input_copy.assign(in, in + in_bytes);
       a.sendbuf = op->input_copy.data();
     }

@@ -56,26 +56,29 @@ PointerGetAttribute driver_query() {
 BRAID_FAST_TLS __thread const void* t_host_seen[2];
 std::atomic<bool> g_cuda_driver_loaded{false};
 
+// Device memory the host cannot read (managed memory it can). Host memory
+// the driver never saw fails the query: that is the answer "host". So does
+// every pointer before cuInit, when no device memory exists.
+bool device_memory(PointerGetAttribute query, const void* p) {
+  const auto addr = reinterpret_cast<unsigned long long>(p);
+  unsigned type = 0, managed = 0;
+  if (query(&type, kAttrMemoryType, addr) != 0 || type != kMemoryTypeDevice) return false;
+  query(&managed, kAttrIsManaged, addr);
+  return managed == 0;
+}
+
 Status check_host_memory_slow(const void* p, const char* what) {
   if (p == nullptr) return Status::ok();
   if (PointerGetAttribute query = driver_query()) {
-    unsigned type = 0;
-    // Host memory the driver never saw fails the query: that is the answer
-    // "host". So does every pointer before cuInit, when no device memory exists.
-    if (query(&type, kAttrMemoryType, reinterpret_cast<unsigned long long>(p)) == 0 &&
-        type == kMemoryTypeDevice) {
-      unsigned managed = 0;
-      query(&managed, kAttrIsManaged, reinterpret_cast<unsigned long long>(p));
-      if (managed == 0) {
-        int device = -1;
-        query(&device, kAttrDeviceOrdinal, reinterpret_cast<unsigned long long>(p));
-        char addr[32];
-        std::snprintf(addr, sizeof(addr), "%p", p);
-        return Status::unsupported(std::string(what) + " (" + addr + ") is memory of CUDA device " +
-                                   std::to_string(device) +
-                                   ": a host-ordered call (stream NULL) takes host memory (ordinary, pinned "
-                                   "or managed); pass the CUDA stream to order it on for device buffers");
-      }
+    if (device_memory(query, p)) {
+      int device = -1;
+      query(&device, kAttrDeviceOrdinal, reinterpret_cast<unsigned long long>(p));
+      char addr[32];
+      std::snprintf(addr, sizeof(addr), "%p", p);
+      return Status::unsupported(std::string(what) + " (" + addr + ") is memory of CUDA device " +
+                                 std::to_string(device) +
+                                 ": a host-ordered call (stream NULL) takes host memory (ordinary, pinned "
+                                 "or managed); pass the CUDA stream to order it on for device buffers");
     }
     return Status::ok();  // not remembered: see t_host_seen
   }
@@ -86,12 +89,7 @@ Status check_host_memory_slow(const void* p, const char* what) {
 
 bool is_device_memory(const void* p) {
   PointerGetAttribute query = driver_query();
-  if (query == nullptr || p == nullptr) return false;
-  unsigned type = 0, managed = 0;
-  const auto addr = reinterpret_cast<unsigned long long>(p);
-  if (query(&type, kAttrMemoryType, addr) != 0 || type != kMemoryTypeDevice) return false;
-  query(&managed, kAttrIsManaged, addr);
-  return managed == 0;
+  return query != nullptr && p != nullptr && device_memory(query, p);
 }
 
 }  // namespace braid

@@ -12,10 +12,9 @@ CudaDriver g_driver;
 bool g_loaded = false;  // under g_mu until set, then read-only
 
 template <class Fn>
-bool find(void* lib, const char* name, Fn* out, std::string* missing) {
+void find(void* lib, const char* name, Fn* out, std::string* missing) {
   *out = reinterpret_cast<Fn>(dlsym(lib, name));
   if (*out == nullptr) *missing += std::string(missing->empty() ? "" : ", ") + name;
-  return *out != nullptr;
 }
 
 }  // namespace

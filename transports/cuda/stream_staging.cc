@@ -63,7 +63,6 @@ Status StagingPool::take(const CudaDriver& cu, CUcontext ctx, size_t bytes, Stag
       (void)cu.mem_free_host(p);
       return cu.error("cuMemHostGetDevicePointer of the staging memory", r);
     }
-    all_.push_back(b);
   }
   b->release.store(0, std::memory_order_relaxed);
   b->staged.store(0, std::memory_order_relaxed);

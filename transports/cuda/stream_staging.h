@@ -85,7 +85,7 @@ class StagingPool {
   std::mutex mu_;
   std::function<void()> wake_;  // null once shut down
   const CudaDriver* cu_ = nullptr;
-  std::vector<StagingBlock*> all_, free_;
+  std::vector<StagingBlock*> free_;
   size_t lent_ = 0;       // taken and not back
   size_t abandoned_ = 0;  // lent for good (see abandon)
   ~StagingPool() = default;
