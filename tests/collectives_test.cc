@@ -282,6 +282,58 @@ TEST_P(Transports, MessagesBetweenTwoRanksMatchInOrder) {
   });
 }
 
+// Packed shm slots: a sender far ahead of its receiver, with sizes that pack
+// several to a slot, close a packed slot early (a large message after small
+// ones) and fill it exactly. First, rounds of two 9000-byte messages and ten
+// 16-byte ones: with 2 slots the small ones land where a large payload lay,
+// and that payload holds the very numbers they carry (for each count of
+// messages sent before, 0 to 15), so a stale payload taken for a message
+// header would be caught. Then a mix of sizes while the receiver sleeps.
+TEST_P(Transports, SmallAndLargeMessagesRunAheadOfASlowReceiver) {
+  Env env = transport_env(GetParam());
+  env.push_back({"BRAID_SHM_SLOTS", "2"});
+  run_ranks(2, env, [](braid_comm_t comm, int rank, int) {
+    struct Message {
+      size_t bytes;
+      uint64_t base;  // word w of the payload is base + (w + 5) / 8
+    };
+    std::vector<Message> plan;
+    const int kRounds = 64, kPerRound = 12;
+    for (int r = 0; r < kRounds; ++r) {
+      // A header at byte 64k of a slot lies on word 8k - 5 of a payload that
+      // began at byte 40, and there the k-th message after the next slot's
+      // first one would carry number kPerRound * r + 3 + k (+ earlier traffic).
+      const uint64_t base = static_cast<uint64_t>(kPerRound * r + 3 + r % 16);
+      plan.push_back({9000, base});
+      plan.push_back({9000, base});
+      for (int i = 2; i < kPerRound; ++i) plan.push_back({16, static_cast<uint64_t>(r)});
+    }
+    const size_t kSizes[] = {0, 8, 24, 25, 40, 100, 600, 984, 985, 1500, 9000, 300000, 16, 16, 16};
+    for (int m = 0; m < 300; ++m) plan.push_back({kSizes[m % std::size(kSizes)], static_cast<uint64_t>(m)});
+    auto payload = [](const Message& msg) {
+      std::vector<uint8_t> buf(msg.bytes);
+      for (size_t i = 0; i < buf.size(); ++i) {
+        const uint64_t word = msg.base + (i / 8 + 5) / 8;
+        buf[i] = static_cast<uint8_t>(word >> (8 * (i % 8)));
+      }
+      return buf;
+    };
+    for (size_t m = 0; m < plan.size(); ++m) {
+      const std::vector<uint8_t> want = payload(plan[m]);
+      if (rank == 0) {
+        // The receiver then waits where this message goes, on the old payload.
+        if (m < plan.size() - 300 && m % kPerRound == 3) usleep(200);
+        BRAID_ASSERT_OK(braid_send(want.data(), want.size(), BRAID_UINT8, 1, comm, nullptr));
+      } else {
+        if (m == static_cast<size_t>(kRounds * kPerRound)) usleep(100 * 1000);  // the sender fills every slot
+        std::vector<uint8_t> got(want.size(), 0xEE);
+        BRAID_ASSERT_OK(braid_recv(got.data(), got.size(), BRAID_UINT8, 0, comm, nullptr));
+        ASSERT_EQ(got, want) << "message " << m << " of " << want.size() << " bytes";
+      }
+    }
+  });
+}
+
 TEST_P(Transports, PendingReceiveDoesNotBlockCollectives) {
   run_ranks(2, transport_env(GetParam()), [](braid_comm_t comm, int rank, int) {
     int64_t msg = rank == 1 ? 42 : 0;

@@ -81,7 +81,7 @@ void stream_messages(int nsockets, int slots) {
       if (sent % 2 == 0) {
         if (!p.a->send_from(src.data(), size[sent], t)) break;
       } else {
-        void* s = p.a->send_slot();
+        void* s = p.a->send_slot(size[sent]);
         if (s == nullptr) break;
         std::memcpy(s, src.data(), size[sent]);
         p.a->commit_send(size[sent], t);

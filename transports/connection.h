@@ -1,7 +1,7 @@
 // A Connection moves messages one way each between this rank and one peer,
 // through a bounded set of slots (flow control is "no free slot"). Every
 // algorithm is written over this interface, so it runs over every transport:
-//   sender:   send_slot() -> fill up to slot_bytes() -> commit_send(n, tag)
+//   sender:   send_slot(n) -> fill n <= slot_bytes() bytes -> commit_send(n, tag)
 //   receiver: recv_ready(&data, &n) -> recv_tag() -> read or reduce from data
 //             -> release_recv()
 // A slot may live in the peer's memory (shm), so a reduction can write its
@@ -46,8 +46,11 @@ class Connection {
   virtual const char* kind() const = 0;  // "shm", "tcp"
   virtual size_t slot_bytes() const = 0;
 
-  // A free slot to fill, or nullptr while every slot is in flight.
-  virtual void* send_slot() = 0;
+  // Room for a message of `bytes` (<= slot_bytes()), or nullptr while every
+  // slot is in flight. Asking again before the commit returns the same room;
+  // the commit must pass the same size. (The size lets shm pack small
+  // messages several to a slot.)
+  virtual void* send_slot(size_t bytes) = 0;
   virtual void commit_send(size_t bytes, const CallTag& tag) = 0;
 
   // The oldest message that arrived and is not released yet, and the tag it
@@ -113,7 +116,7 @@ class Connection {
 };
 
 inline bool Connection::send_from(const void* src, size_t bytes, const CallTag& tag) {
-  void* slot = send_slot();
+  void* slot = send_slot(bytes);
   if (slot == nullptr) return false;
   if (bytes) std::memcpy(slot, src, bytes);
   commit_send(bytes, tag);

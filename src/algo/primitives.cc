@@ -24,11 +24,12 @@ bool recv_check(void* ctx) {
 
 struct SendWait {
   Connection* conn;
+  size_t bytes;
   void* slot = nullptr;
 };
 bool send_check(void* ctx) {
   auto* w = static_cast<SendWait*>(ctx);
-  w->slot = w->conn->send_slot();
+  w->slot = w->conn->send_slot(w->bytes);
   return w->slot != nullptr;
 }
 
@@ -59,7 +60,8 @@ bool into_check(void* ctx) {
   return w->got != Connection::Received::kNotYet;
 }
 bool slot_free(void* ctx) {
-  return static_cast<Connection*>(ctx)->send_slot() != nullptr;
+  auto* w = static_cast<SendWait*>(ctx);
+  return w->conn->send_slot(w->bytes) != nullptr;
 }
 
 Until wait_recv(RecvWait* w, int from) {
@@ -68,8 +70,8 @@ Until wait_recv(RecvWait* w, int from) {
 Until wait_into(IntoWait* w, int from) {
   return Until{WaitPoint{into_check, w, from, "for a message from", {w->conn, nullptr}, {POLLIN, 0}}};
 }
-Until wait_slot(Connection* c, int to) {
-  return Until{WaitPoint{slot_free, c, to, "for a free slot toward", {c, nullptr}, {POLLOUT, 0}}};
+Until wait_slot(SendWait* w, int to) {
+  return Until{WaitPoint{slot_free, w, to, "for a free slot toward", {w->conn, nullptr}, {POLLOUT, 0}}};
 }
 Until wait_both(BothWait* w, int from) {
   return Until{WaitPoint{
@@ -147,7 +149,8 @@ namespace {
 Task send_piece_waiting(const Channel& ch, int to, const void* src, size_t bytes) {
   Connection* c = ch.to(to);
   const CallTag& tag = current_op()->tag;
-  while (!send_counted(c, src, bytes, tag)) co_await wait_slot(c, ch.global(to));
+  SendWait w{c, bytes};
+  while (!send_counted(c, src, bytes, tag)) co_await wait_slot(&w, ch.global(to));
 }
 
 Task recv_piece_waiting(const Channel& ch, int from, void* dst, size_t bytes) {
@@ -203,7 +206,7 @@ Step recv_reduce_copy(const Channel& ch, int from, void* dst, const void* local,
 
 Task recv_reduce_send(const Channel& ch, int from, int to, const void* local, size_t bytes,
                       braid_dtype_t dtype, braid_redop_t op) {
-  BothWait w{{ch.to(from)}, {ch.to(to)}};
+  BothWait w{{ch.to(from)}, {ch.to(to), bytes}};
   if (!both_check(&w)) co_await wait_both(&w, ch.global(from));
   if (!usable(w.r.conn, w.r.bytes, bytes)) {
     FailOp fail = unusable(ch, from, w.r.conn, w.r.bytes, bytes);  // named: see checked_call
@@ -272,8 +275,8 @@ Task exchange(const Channel& ch, int to, const void* src, size_t send_bytes, int
   size_t sent = 0, received = 0;
   struct Both {
     IntoWait r;
-    Connection* s;
-  } w{{ch.to(from), nullptr, 0, &tag}, out};
+    SendWait s;
+  } w{{ch.to(from), nullptr, 0, &tag}, {out, 0}};
   auto aim = [&] {  // the receive of piece `received`
     size_t off = received * piece;
     w.r.dst = d + off;
@@ -293,6 +296,7 @@ Task exchange(const Channel& ch, int to, const void* src, size_t send_bytes, int
     }
     if (sent < nsend) {
       size_t off = sent * piece, len = std::min(piece, send_bytes - off);
+      w.s.bytes = len;  // what the waits below ask room for
       if (send_counted(out, s + off, len, tag)) {
         ++sent;
         moved = true;
@@ -303,7 +307,7 @@ Task exchange(const Channel& ch, int to, const void* src, size_t send_bytes, int
     if (received < nrecv && sent < nsend) {
       co_await Until{WaitPoint{[](void* ctx) {
                                  auto* b = static_cast<Both*>(ctx);
-                                 return into_check(&b->r) || slot_free(b->s);
+                                 return into_check(&b->r) || slot_free(&b->s);
                                },
                                &w,
                                ch.global(from),
@@ -313,7 +317,7 @@ Task exchange(const Channel& ch, int to, const void* src, size_t send_bytes, int
     } else if (received < nrecv) {
       co_await wait_into(&w.r, ch.global(from));
     } else {
-      co_await wait_slot(out, ch.global(to));
+      co_await wait_slot(&w.s, ch.global(to));
     }
   }
 }

@@ -21,7 +21,7 @@ class SelfConnection : public Connection {
 
   const char* kind() const override { return "self"; }
   size_t slot_bytes() const override { return slot_bytes_; }
-  void* send_slot() override {
+  void* send_slot(size_t) override {
     return sent_ - released_ >= nslots_ ? nullptr : &buf_[(sent_ % nslots_) * slot_bytes_];
   }
   void commit_send(size_t bytes, const CallTag& tag) override {

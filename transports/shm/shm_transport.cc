@@ -42,18 +42,41 @@ struct alignas(kCacheLine) FifoControl {
   std::atomic<uint64_t> consumed;  // messages the receiver released
 };
 
-// Each slot starts on a cache line and its payload follows the header at
+// Each message starts on a cache line and its payload follows the header at
 // once, so a message of up to 24 bytes travels in the header's line: one
 // miss for the receiver instead of two.
 struct SlotHeader {
-  std::atomic<uint64_t> seq;  // message number + 1 once the payload is valid
+  // Message number + 1 once the payload is valid; kSkip | (message number
+  // + 1) where the sender closed a packed slot and that message is in the
+  // next slot.
+  std::atomic<uint64_t> seq;
   uint64_t bytes;
   CallTag tag;
 };
 static_assert(sizeof(SlotHeader) == 40, "payloads stay 8-byte aligned and share the header's line");
+constexpr uint64_t kSkip = 1ull << 63;
 
 size_t round_up(size_t x, size_t a) {
   return (x + a - 1) / a * a;
+}
+
+// Small messages are packed back to back into the first kPackArea bytes of a
+// slot, so a sender can run far ahead of a receiver that is not scheduled
+// (ranks outnumber cores) with a few slots: 4 slots hold 256 messages of up
+// to 24 bytes. The area is small so that a run of small calls cycles through
+// a few cache-resident pages, not through megabytes of slots.
+constexpr size_t kPackArea = 4096;
+constexpr size_t kPackMaxStride = 1024;  // larger messages take a slot each
+size_t stride_of(size_t bytes) {
+  return round_up(sizeof(SlotHeader) + bytes, kCacheLine);
+}
+bool packable(size_t stride) {
+  return stride <= kPackMaxStride;
+}
+// Whether a slot filled to `offset` can take no more messages (not even an
+// empty one): both sides then move to the next slot without a skip mark.
+bool pack_area_full(size_t offset) {
+  return offset + kCacheLine > kPackArea;
 }
 
 struct Layout {
@@ -118,37 +141,68 @@ class ShmConnection : public Connection {
     return slot_bytes_;
   }
 
-  void* send_slot() override {
-    // The receiver's count lives on a line it writes at every release: read
-    // it only when the count seen last says the fifo is full, not per send.
-    if (sent_ - consumed_seen_ >= slots_) {
-      consumed_seen_ = control(send_)->consumed.load(std::memory_order_acquire);
-      if (sent_ - consumed_seen_ >= slots_) return nullptr;
+  // A message goes after the previous one in the open slot when both are
+  // small and it fits the pack area; else it starts the next slot, which
+  // needs the receiver to have released one (flow control counts slots).
+  void* send_slot(size_t bytes) override {
+    const size_t stride = stride_of(bytes);
+    if (open_ && packable(stride) && fill_ + stride <= kPackArea) {
+      next_in_open_ = true;
+      return header(send_, taken_ - 1, fill_) + 1;
     }
-    return payload(send_, sent_ % slots_);
+    if (open_) close_open_slot();
+    // The receiver's count lives on a line it writes at every slot release:
+    // read it only when the count seen last says the fifo is full.
+    if (taken_ - consumed_seen_ >= slots_) {
+      consumed_seen_ = control(send_)->consumed.load(std::memory_order_acquire);
+      if (taken_ - consumed_seen_ >= slots_) return nullptr;
+    }
+    next_in_open_ = false;
+    return header(send_, taken_, 0) + 1;
   }
   void commit_send(size_t bytes, const CallTag& tag) override {
-    SlotHeader* s = slot(send_, sent_ % slots_);
-    s->bytes = bytes;
-    s->tag = tag;
-    s->seq.store(sent_ + 1, std::memory_order_release);
-    ++sent_;
+    const size_t stride = stride_of(bytes);
+    SlotHeader* h;
+    if (next_in_open_) {
+      h = header(send_, taken_ - 1, fill_);
+      fill_ += stride;
+    } else {
+      h = header(send_, taken_++, 0);
+      fill_ = stride;
+      open_ = packable(stride);
+    }
+    if (open_ && pack_area_full(fill_)) open_ = false;
+    // The receiver looks for the next message where this one ends, a spot
+    // that may hold an old payload's bytes: clear its number first.
+    if (open_) header(send_, taken_ - 1, fill_)->seq.store(0, std::memory_order_relaxed);
+    h->bytes = bytes;
+    h->tag = tag;
+    h->seq.store(++sent_, std::memory_order_release);
     theirs_->bell.ring(true);
   }
   bool recv_ready(const void** data, size_t* bytes) override {
-    SlotHeader* s = slot(recv_, received_ % slots_);
-    if (s->seq.load(std::memory_order_acquire) != received_ + 1) return false;
-    *data = payload(recv_, received_ % slots_);
-    *bytes = s->bytes;
+    SlotHeader* h = header(recv_, at_slot_, at_);
+    uint64_t seq = h->seq.load(std::memory_order_acquire);
+    if (seq == (kSkip | (received_ + 1))) {
+      release_slot();
+      h = header(recv_, at_slot_, 0);
+      seq = h->seq.load(std::memory_order_acquire);
+    }
+    if (seq != received_ + 1) return false;
+    *data = h + 1;
+    *bytes = h->bytes;
     return true;
   }
   const CallTag& recv_tag() const override {
-    return slot(recv_, received_ % slots_)->tag;
+    return header(recv_, at_slot_, at_)->tag;
   }
   void release_recv() override {
+    const size_t stride = stride_of(header(recv_, at_slot_, at_)->bytes);
     ++received_;
-    control(recv_)->consumed.store(received_, std::memory_order_release);
-    theirs_->bell.ring(true);
+    at_ += stride;
+    // Releases inside a packed slot tell the sender nothing: it waits only
+    // for whole slots.
+    if (!packable(stride) || pack_area_full(at_)) release_slot();
   }
   Status progress() override {
     return Status::ok();
@@ -199,6 +253,19 @@ class ShmConnection : public Connection {
   }
 
  private:
+  // The open slot takes no more messages: the next one starts the next
+  // slot, which the receiver learns from a skip mark where it would look.
+  void close_open_slot() {
+    open_ = false;
+    header(send_, taken_ - 1, fill_)->seq.store(kSkip | (sent_ + 1), std::memory_order_release);
+    theirs_->bell.ring(true);  // a receiver asleep on the closed slot moves on and frees it
+  }
+  void release_slot() {
+    ++at_slot_;
+    at_ = 0;
+    control(recv_)->consumed.store(at_slot_, std::memory_order_release);
+    theirs_->bell.ring(true);
+  }
   bool peer_exited() const {
     if (peer_pidfd_ >= 0) {
       pollfd p{peer_pidfd_, POLLIN, 0};
@@ -209,11 +276,11 @@ class ShmConnection : public Connection {
   FifoControl* control(char* fifo) const {
     return reinterpret_cast<FifoControl*>(fifo);
   }
-  SlotHeader* slot(char* fifo, uint64_t i) const {
-    return reinterpret_cast<SlotHeader*>(fifo + sizeof(FifoControl) + i * layout_.slot_stride);
-  }
-  char* payload(char* fifo, uint64_t i) const {
-    return reinterpret_cast<char*>(slot(fifo, i)) + sizeof(SlotHeader);
+  // The message header at `offset` in the fifo's slot number `n` (counted
+  // from the start, so modulo the slot count).
+  SlotHeader* header(char* fifo, uint64_t n, size_t offset) const {
+    return reinterpret_cast<SlotHeader*>(fifo + sizeof(FifoControl) + (n % slots_) * layout_.slot_stride +
+                                         offset);
   }
 
   Layout layout_;
@@ -223,9 +290,18 @@ class ShmConnection : public Connection {
   SegmentHeader* theirs_;
   char* recv_ = nullptr;
   char* send_ = nullptr;
+  // Sender: messages sent, slots taken, whether the last one taken is open
+  // for packing and how far it is filled, where the next send_slot put it.
   uint64_t sent_ = 0;
-  uint64_t consumed_seen_ = 0;  // the receiver's release count, as last read
+  uint64_t taken_ = 0;
+  bool open_ = false;
+  size_t fill_ = 0;
+  bool next_in_open_ = false;
+  uint64_t consumed_seen_ = 0;  // the receiver's slot release count, as last read
+  // Receiver: messages released, and the slot and offset of the next one.
   uint64_t received_ = 0;
+  uint64_t at_slot_ = 0;
+  size_t at_ = 0;
   int peer_;
   int peer_pid_ = 0;
   int peer_pidfd_ = -1;

@@ -68,7 +68,7 @@ class TcpConnection : public Connection {
   }
   bool wants_write() const override { return written_ < committed_; }
 
-  void* send_slot() override { return slot_free() ? send_at(committed_) : nullptr; }
+  void* send_slot(size_t) override { return slot_free() ? send_at(committed_) : nullptr; }
   void commit_send(size_t bytes, const CallTag& tag) override {
     queue(bytes, tag);
     (void)progress();  // start writing now: latency matters more than batching here
