@@ -3,7 +3,8 @@
 // Each rank owns one segment holding its doorbell, a failure flag, and one
 // receive FIFO per (channel, local peer). A sender writes straight into the
 // receiver's FIFO slots, so a message is copied once (or reduced once) on
-// its way. Segments are unlinked as soon as every local peer has mapped them,
+// its way; small messages are packed several to a slot, so a sender can run
+// far ahead of a receiver that is not scheduled. Segments are unlinked as soon as every local peer has mapped them,
 // so nothing is left in /dev/shm even if a process dies later.
 #pragma once
 
