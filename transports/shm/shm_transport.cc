@@ -39,7 +39,7 @@ struct alignas(kCacheLine) SegmentHeader {
 };
 
 struct alignas(kCacheLine) FifoControl {
-  std::atomic<uint64_t> consumed;  // messages the receiver released
+  std::atomic<uint64_t> consumed;  // slots the receiver released
 };
 
 // Each message starts on a cache line and its payload follows the header at
