@@ -1,8 +1,9 @@
 // Stream-ordered operations on real device memory and real CUDA streams:
-// several forked ranks sharing GPU 0 (NCCL refuses that; braid stages
-// through the host). Skips with a message where no GPU is usable; the GPU
-// run is tools/gpu-check.sh. tests/stream_test covers the same contract
-// everywhere through a fake driver.
+// several forked ranks sharing GPU 0 (NCCL refuses that), once through CUDA
+// IPC (device to device, with kernels/cuda) and once through host staging.
+// Skips with a message where no GPU is usable; the GPU run is
+// tools/gpu-check.sh. tests/stream_test and tests/cuda_ipc_test cover the
+// same contracts everywhere through a fake driver.
 #include <braid/braid.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -38,9 +39,34 @@ bool gpu_usable() {
 
 #define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
 
-TEST(CudaStreams, AllReduceOnDeviceMemoryWithFourRanksOnOneGpu) {
+// Each test runs on both paths; ipc says which one must have carried it.
+class CudaStreams : public ::testing::TestWithParam<bool> {
+ protected:
+  Env env() const {
+    if (GetParam()) return {{"BRAID_CUDA_KERNELS", BRAID_CUDA_KERNELS_LIB}};
+    return {{"BRAID_CUDA_IPC", "0"}};
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Paths, CudaStreams, ::testing::Values(true, false),
+                         [](const auto& info) { return info.param ? "CudaIpc" : "HostStaging"; });
+
+// Bytes read from peers' device memory: the whole data on the IPC path, none
+// through host staging.
+void expect_path(braid_comm_t comm, bool ipc, uint64_t at_least) {
+  uint64_t bytes = 0;
+  BRAID_ASSERT_OK(braid_comm_transport_bytes(comm, "cuda_ipc", &bytes));
+  if (ipc) {
+    EXPECT_GE(bytes, at_least);
+  } else {
+    EXPECT_EQ(bytes, 0u);
+  }
+}
+
+TEST_P(CudaStreams, AllReduceOnDeviceMemoryWithFourRanksOnOneGpu) {
   SKIP_WITHOUT_GPU();
-  run_ranks(4, {}, [](braid_comm_t comm, int rank, int nranks) {
+  const bool ipc = GetParam();
+  run_ranks(4, env(), [ipc](braid_comm_t comm, int rank, int nranks) {
     CUDA_OK(cudaSetDevice(0));
     cudaStream_t s;
     CUDA_OK(cudaStreamCreate(&s));
@@ -61,13 +87,15 @@ TEST(CudaStreams, AllReduceOnDeviceMemoryWithFourRanksOnOneGpu) {
       CUDA_OK(cudaFree(in_d));
       CUDA_OK(cudaFree(out_d));
     }
+    expect_path(comm, ipc, (size_t{1} << 24) * sizeof(float));
     CUDA_OK(cudaStreamDestroy(s));
   });
 }
 
-TEST(CudaStreams, GatherScatterAndRequestsOnDeviceMemory) {
+TEST_P(CudaStreams, EveryCollectiveAndRequestsOnDeviceMemory) {
   SKIP_WITHOUT_GPU();
-  run_ranks(3, {}, [](braid_comm_t comm, int rank, int n) {
+  const bool ipc = GetParam();
+  run_ranks(3, env(), [ipc](braid_comm_t comm, int rank, int n) {
     CUDA_OK(cudaSetDevice(0));
     cudaStream_t s;
     CUDA_OK(cudaStreamCreate(&s));
@@ -83,6 +111,17 @@ TEST(CudaStreams, GatherScatterAndRequestsOnDeviceMemory) {
     braid_request_t req = nullptr;
     BRAID_ASSERT_OK(braid_ibroadcast(mine_d, b_d, c, BRAID_INT32, 2, comm, s, &req));
     BRAID_ASSERT_OK(braid_wait(&req));
+    // reduce to rank 1, and reduce_scatter (max) of the gathered blocks,
+    // which every rank holds alike.
+    int32_t *red_d = nullptr, *rs_d = nullptr;
+    CUDA_OK(cudaMalloc(&red_d, c * sizeof(int32_t)));
+    CUDA_OK(cudaMalloc(&rs_d, c * sizeof(int32_t)));
+    CUDA_OK(cudaMemsetAsync(red_d, 0xff, c * sizeof(int32_t), s));
+    BRAID_ASSERT_OK(braid_reduce(mine_d, red_d, c, BRAID_INT32, BRAID_SUM, 1, comm, s));
+    BRAID_ASSERT_OK(braid_reduce_scatter(all_d, rs_d, c, BRAID_INT32, BRAID_MAX, comm, s));
+    std::vector<int32_t> red(c), rs(c);
+    CUDA_OK(cudaMemcpyAsync(red.data(), red_d, c * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+    CUDA_OK(cudaMemcpyAsync(rs.data(), rs_d, c * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
     // Device memory in a host-ordered call: refused with a message.
     EXPECT_EQ(braid_all_reduce(mine_d, mine_d, c, BRAID_INT32, BRAID_SUM, comm, nullptr),
               BRAID_ERR_UNSUPPORTED);
@@ -91,7 +130,16 @@ TEST(CudaStreams, GatherScatterAndRequestsOnDeviceMemory) {
     CUDA_OK(cudaStreamSynchronize(s));
     for (int p = 0; p < n; ++p)
       for (size_t i = 0; i < c; ++i) ASSERT_EQ(all[p * c + i], static_cast<int32_t>(p * 1000003 + i));
-    for (size_t i = 0; i < c; ++i) ASSERT_EQ(bcast[i], static_cast<int32_t>(2 * 1000003 + i));
+    for (size_t i = 0; i < c; ++i) {
+      ASSERT_EQ(bcast[i], static_cast<int32_t>(2 * 1000003 + i));
+      int32_t sum = 0;
+      for (int p = 0; p < n; ++p) sum += static_cast<int32_t>(p * 1000003 + i);
+      ASSERT_EQ(red[i], rank == 1 ? sum : -1);
+      ASSERT_EQ(rs[i], static_cast<int32_t>(rank * 1000003 + i));  // every rank holds the same blocks
+    }
+    expect_path(comm, ipc, c * sizeof(int32_t));
+    CUDA_OK(cudaFree(red_d));
+    CUDA_OK(cudaFree(rs_d));
     CUDA_OK(cudaFree(mine_d));
     CUDA_OK(cudaFree(all_d));
     CUDA_OK(cudaFree(b_d));

@@ -7,9 +7,17 @@
 // - streams are threads that run what is enqueued on them in order: copies,
 //   host functions and waits on a 32-bit word, as the driver's calls that
 //   braid's stream-ordered operations use (transports/cuda). Copies move
-//   host memory; "device buffers" are ordinary memory here.
+//   host memory; "device buffers" are ordinary memory here;
+// - cuMemAlloc gives memory other processes can map through the IPC calls,
+//   as the driver's does: a memfd mapped shared, opened by another process
+//   through /proc/<pid>/fd. A header page before the data counts the
+//   processes that map it, so that freeing memory a peer still maps (which
+//   CUDA leaves undefined) is counted as a violation the tests can assert on.
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -19,7 +27,10 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <new>
+#include <random>
 #include <set>
+#include <string>
 #include <thread>
 
 namespace {
@@ -57,9 +68,19 @@ class FakeStream {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
   }
+  bool idle() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return queue_.empty() && !busy_;
+  }
 
  private:
   void run() {
+    // FAKE_CUDA_JITTER_US=N: each item starts up to N us late, so that
+    // streams of different ranks interleave in changing orders.
+    const char* jitter_env = std::getenv("FAKE_CUDA_JITTER_US");
+    const int jitter = jitter_env != nullptr ? std::atoi(jitter_env) : 0;
+    std::minstd_rand rng(static_cast<unsigned>(getpid()) * 7919u +
+                         static_cast<unsigned>(reinterpret_cast<uintptr_t>(this)));
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
       cv_.wait(lock, [&] { return stop_ || (!held_ && !queue_.empty()); });
@@ -68,6 +89,7 @@ class FakeStream {
       queue_.pop_front();
       busy_ = true;
       lock.unlock();
+      if (jitter > 0) usleep(static_cast<useconds_t>(rng() % static_cast<unsigned>(jitter)));
       work();
       lock.lock();
       busy_ = false;
@@ -99,6 +121,38 @@ bool in_device_block(uintptr_t p) {
 FakeStream* find_stream(void* s) {
   std::lock_guard<std::mutex> lock(g_streams_mu);
   return g_streams.count(s) != 0 ? static_cast<FakeStream*>(s) : nullptr;
+}
+
+// cuMemAlloc's memory: [header page][data], a memfd mapped shared.
+constexpr size_t kHeaderPage = 4096;
+struct SharedHeader {
+  std::atomic<int> mappers;  // processes with an open IPC mapping of it
+};
+struct Mapping {
+  char* base;  // the header page
+  size_t bytes;
+  int fd;  // the owner's memfd (-1 in an importer)
+};
+std::map<uintptr_t, Mapping> g_allocs;   // cuMemAlloc: data start -> mapping
+std::map<uintptr_t, Mapping> g_imports;  // cuIpcOpenMemHandle: data start -> mapping
+int g_violations = 0;                    // cuMemFree while another process maps it
+int g_fail_ipc_open = 0;                 // fake_cuda_fail_ipc_open
+
+// What cuIpcGetMemHandle hands out (the driver's is 64 opaque bytes).
+struct FakeIpcHandle {
+  uint32_t magic;
+  int32_t pid;
+  int32_t fd;
+  uint32_t pad;
+  uint64_t bytes;
+  char rest[40];
+};
+static_assert(sizeof(FakeIpcHandle) == 64);
+constexpr uint32_t kHandleMagic = 0x1bcda7a5;
+
+char* map_shared(int fd, size_t bytes) {
+  void* p = mmap(nullptr, kHeaderPage + bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  return p == MAP_FAILED ? nullptr : static_cast<char*>(p);
 }
 
 }  // namespace
@@ -223,8 +277,149 @@ FAKE_API int cuStreamWaitValue32_v2(void* stream, unsigned long long addr, uint3
   return kSuccess;
 }
 
+FAKE_API int cuMemAlloc_v2(unsigned long long* dptr, size_t bytes) {
+  if (dptr == nullptr || bytes == 0) return kInvalidValue;
+  const int fd = memfd_create("fake_cuda_device", 0);
+  if (fd < 0) return 2;
+  if (ftruncate(fd, static_cast<off_t>(kHeaderPage + bytes)) != 0) {
+    close(fd);
+    return 2;  // CUDA_ERROR_OUT_OF_MEMORY
+  }
+  char* base = map_shared(fd, bytes);
+  if (base == nullptr) {
+    close(fd);
+    return 2;
+  }
+  new (base) SharedHeader{0};
+  const uintptr_t data = reinterpret_cast<uintptr_t>(base + kHeaderPage);
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  g_allocs[data] = {base, bytes, fd};
+  g_device[data] = bytes;
+  *dptr = data;
+  return kSuccess;
+}
+
+FAKE_API int cuMemFree_v2(unsigned long long dptr) {
+  Mapping m;
+  {
+    std::lock_guard<std::mutex> lock(g_streams_mu);
+    auto it = g_allocs.find(dptr);
+    if (it == g_allocs.end()) return kInvalidValue;
+    m = it->second;
+    g_allocs.erase(it);
+    g_device.erase(dptr);
+    if (reinterpret_cast<SharedHeader*>(m.base)->mappers.load() != 0) ++g_violations;
+  }
+  munmap(m.base, kHeaderPage + m.bytes);
+  close(m.fd);
+  return kSuccess;
+}
+
+FAKE_API int cuIpcGetMemHandle(FakeIpcHandle* handle, unsigned long long dptr) {
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  auto it = g_allocs.find(dptr);  // the start of a cuMemAlloc block only, as the driver wants
+  if (it == g_allocs.end()) return kInvalidValue;
+  *handle =
+      FakeIpcHandle{kHandleMagic, static_cast<int32_t>(getpid()), it->second.fd, 0, it->second.bytes, {}};
+  return kSuccess;
+}
+
+FAKE_API int cuIpcOpenMemHandle_v2(unsigned long long* dptr, FakeIpcHandle handle, unsigned flags) {
+  if (flags != 1 || handle.magic != kHandleMagic) return kInvalidValue;
+  if (handle.pid == getpid()) return 201;  // CUDA_ERROR_INVALID_CONTEXT: a process's own memory
+  {
+    std::lock_guard<std::mutex> lock(g_streams_mu);
+    if (g_fail_ipc_open) return 205;  // CUDA_ERROR_MAP_FAILED
+  }
+  const std::string path = "/proc/" + std::to_string(handle.pid) + "/fd/" + std::to_string(handle.fd);
+  const int fd = open(path.c_str(), O_RDWR);
+  if (fd < 0) return 205;
+  char* base = map_shared(fd, handle.bytes);
+  close(fd);
+  if (base == nullptr) return 205;
+  reinterpret_cast<SharedHeader*>(base)->mappers.fetch_add(1);
+  const uintptr_t data = reinterpret_cast<uintptr_t>(base + kHeaderPage);
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  g_imports[data] = {base, handle.bytes, -1};
+  g_device[data] = handle.bytes;
+  *dptr = data;
+  return kSuccess;
+}
+
+FAKE_API int cuIpcCloseMemHandle(unsigned long long dptr) {
+  Mapping m;
+  {
+    std::lock_guard<std::mutex> lock(g_streams_mu);
+    auto it = g_imports.find(dptr);
+    if (it == g_imports.end()) return kInvalidValue;
+    m = it->second;
+    g_imports.erase(it);
+    g_device.erase(dptr);
+  }
+  reinterpret_cast<SharedHeader*>(m.base)->mappers.fetch_sub(1);
+  munmap(m.base, kHeaderPage + m.bytes);
+  return kSuccess;
+}
+
+FAKE_API int cuStreamCreate(void** stream, unsigned) {
+  *stream = fake_cuda_stream_create();
+  return kSuccess;
+}
+
+// The driver lets queued work finish after a destroy: so does this.
+FAKE_API int cuStreamDestroy_v2(void* stream) {
+  FakeStream* s = find_stream(stream);
+  if (s == nullptr) return kInvalidHandle;
+  s->synchronize();
+  fake_cuda_stream_destroy(stream);
+  return kSuccess;
+}
+
+FAKE_API int cuStreamQuery(void* stream) {
+  FakeStream* s = find_stream(stream);
+  if (s == nullptr) return kInvalidHandle;
+  return s->idle() ? kSuccess : 600;  // CUDA_ERROR_NOT_READY
+}
+
+FAKE_API int cuCtxGetDevice(int* device) {
+  *device = 3;  // the device fake "device memory" belongs to
+  return kSuccess;
+}
+
+// For tests: device memory this process allocated and still holds, the
+// peers' windows it maps, frees of memory another process still mapped.
+FAKE_API int fake_cuda_live_allocs() {
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  return static_cast<int>(g_allocs.size());
+}
+
+FAKE_API int fake_cuda_live_imports() {
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  return static_cast<int>(g_imports.size());
+}
+
+FAKE_API int fake_cuda_violations() {
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  return g_violations;
+}
+
+// While on, cuIpcOpenMemHandle fails (a peer's memory cannot be mapped here).
+FAKE_API void fake_cuda_fail_ipc_open(int on) {
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  g_fail_ipc_open = on;
+}
+
 FAKE_API int cuGetErrorString(int error, const char** text) {
-  *text = error == kInvalidHandle ? "invalid resource handle" : "fake driver error";
+  switch (error) {
+    case kInvalidHandle:
+      *text = "invalid resource handle";
+      break;
+    case 205:
+      *text = "mapping of buffer object failed";
+      break;
+    default:
+      *text = "fake driver error";
+  }
   return kSuccess;
 }
 

@@ -12,82 +12,20 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "tests/fake_cuda.h"
 #include "tests/rank_test.h"
 
 namespace braid::test {
 namespace {
 
-// The fake driver's calls, loaded once per rank process (before braid looks
-// for libcuda.so.1, which it finds by that soname).
-struct FakeCuda {
-  void* (*stream_create)();
-  void (*stream_destroy)(void*);
-  void (*stream_hold)(void*, int);
-  void (*stream_synchronize)(void*);
-  int (*pinned_blocks)();
-  int (*copies)();
-  void (*set_device_range)(const void*, size_t);
-  int (*launch_host_func)(void*, void (*)(void*), void*);
-  void* (*malloc)(size_t);
-  void (*free)(void*);
-};
-
-const FakeCuda& fake_cuda() {
-  static FakeCuda f = [] {
-    void* lib = dlopen(BRAID_FAKE_LIBCUDA, RTLD_NOW | RTLD_GLOBAL);
-    if (lib == nullptr) {
-      ADD_FAILURE() << dlerror();
-      _exit(3);
-    }
-    FakeCuda c{};
-    c.stream_create = reinterpret_cast<void* (*)()>(dlsym(lib, "fake_cuda_stream_create"));
-    c.stream_destroy = reinterpret_cast<void (*)(void*)>(dlsym(lib, "fake_cuda_stream_destroy"));
-    c.stream_hold = reinterpret_cast<void (*)(void*, int)>(dlsym(lib, "fake_cuda_stream_hold"));
-    c.stream_synchronize = reinterpret_cast<void (*)(void*)>(dlsym(lib, "fake_cuda_stream_synchronize"));
-    c.pinned_blocks = reinterpret_cast<int (*)()>(dlsym(lib, "fake_cuda_pinned_blocks"));
-    c.copies = reinterpret_cast<int (*)()>(dlsym(lib, "fake_cuda_copies"));
-    c.set_device_range =
-        reinterpret_cast<void (*)(const void*, size_t)>(dlsym(lib, "fake_cuda_set_device_range"));
-    c.launch_host_func =
-        reinterpret_cast<int (*)(void*, void (*)(void*), void*)>(dlsym(lib, "cuLaunchHostFunc"));
-    c.malloc = reinterpret_cast<void* (*)(size_t)>(dlsym(lib, "fake_cuda_malloc"));
-    c.free = reinterpret_cast<void (*)(void*)>(dlsym(lib, "fake_cuda_free"));
-    return c;
-  }();
-  return f;
-}
-
-// A buffer in the fake driver's "device memory" (braid stages it through
-// pinned blocks), or in ordinary host memory (braid uses it in place).
-template <class T>
-class Buffer {
- public:
-  Buffer(bool device, size_t n, T fill) : device_(device), n_(n) {
-    p_ = device ? static_cast<T*>(fake_cuda().malloc(n * sizeof(T))) : new T[n];
-    std::fill(p_, p_ + n, fill);
-  }
-  ~Buffer() {
-    if (device_) {
-      fake_cuda().free(p_);
-    } else {
-      delete[] p_;
-    }
-  }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  T* data() { return p_; }
-  size_t size() const { return n_; }
-  T& operator[](size_t i) { return p_[i]; }
-
- private:
-  bool device_;
-  size_t n_;
-  T* p_;
-};
+// These tests are about host staging: the one-host communicators they make
+// would otherwise try CUDA IPC first (tests/cuda_ipc_test.cc covers that).
+const int kHostStagingOnly = setenv("BRAID_CUDA_IPC", "0", 1);
 
 // A "kernel" on the stream: fills v with rank-dependent values when the
 // stream gets there.

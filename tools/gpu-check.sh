@@ -8,10 +8,10 @@
 # What it covers today: the reduction kernels of kernels/cuda against
 # kernels/cpu (every dtype x op, any alignment) and against the device's copy
 # bandwidth; stream-ordered collectives on device memory with several ranks
-# on the one GPU (host staging, tests/cuda_stream_test); the C API refusing
+# on the one GPU, through CUDA IPC (device to device, reductions on the GPU)
+# and through host staging (tests/cuda_stream_test); the C API refusing
 # device buffers in host-ordered calls; and the all_reduce of 4 ranks on the
-# GPU through host staging beside the copy bandwidth (cuda_stream_bench).
-# CUDA IPC between ranks is not built yet.
+# GPU on both paths beside the copy bandwidth (cuda_stream_bench).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build-gpu}
@@ -45,7 +45,7 @@ if [ "$test_status" -ne 0 ] || [ "$skipped" -ne 0 ]; then
 fi
 bench_status=0
 "$BUILD_DIR/bench/cuda_kernel_bench" --bytes 1G --iters 20 | tee "$OUT/kernel_bench.txt" || bench_status=$?
-# Stream-ordered all_reduce, 4 ranks on the one GPU (host staging today).
+# Stream-ordered all_reduce, 4 ranks on the one GPU: CUDA IPC, then host staging.
 BRAID_SOCKET_IFNAME=${BRAID_SOCKET_IFNAME:-lo} "$BUILD_DIR/bench/cuda_stream_bench" --ranks 4 -b 1M -e 256M -f 4 -n 5 |
   tee "$OUT/stream_bench.txt" || bench_status=$?
 echo "gpu-check: done in $(($(date +%s) - start)) s"

@@ -31,10 +31,12 @@ struct CallTag {
   int32_t root = -1;                // -1 where the call has none
   uint8_t kind = 0;                 // OpKind
   uint8_t dtype = 0xff, op = 0xff;  // 0xff where the call has none
-  uint8_t reserved[5] = {};
+  uint8_t path = 0;                 // kHostPath, or kDevicePath (device memory through CUDA IPC)
+  uint8_t reserved[4] = {};
+  static constexpr uint8_t kHostPath = 0, kDevicePath = 1;
   bool operator==(const CallTag& o) const {
     return count == o.count && seq == o.seq && root == o.root && kind == o.kind && dtype == o.dtype &&
-           op == o.op;
+           op == o.op && path == o.path;
   }
 };
 static_assert(sizeof(CallTag) == 24, "CallTag travels in slot and frame headers");

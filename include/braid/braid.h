@@ -21,8 +21,15 @@
  *   in place. An error found later fails the request, or is reported by
  *   braid_comm_get_async_error; the stream is never left waiting, and the
  *   failed call's outputs are undefined.
- *   This build moves stream-ordered data through pinned host memory (host
- *   staging); device-to-device paths (CUDA IPC) are not built yet.
+ *   all_reduce, broadcast, reduce, all_gather and reduce_scatter on device
+ *   buffers, on a communicator whose ranks are all on one host, move their
+ *   data device to device through CUDA IPC (NVLink, PCIe, or one GPU's
+ *   memory when ranks share a GPU); the first such call sets that up with
+ *   every rank (it blocks until all ranks made it). Every rank must then pass
+ *   device memory, or every rank host memory, to the same call
+ *   (BRAID_ERR_MISMATCH otherwise). Other calls, calls across hosts, and
+ *   jobs where a rank cannot map another's memory (the log says why) move
+ *   device data through pinned host memory (host staging).
  */
 #ifndef BRAID_BRAID_H_
 #define BRAID_BRAID_H_
@@ -145,8 +152,9 @@ braid_result_t braid_comm_set_timeout(braid_comm_t comm, double seconds);
 braid_result_t braid_comm_dump(braid_comm_t comm);
 /* Payload bytes this rank has moved to its peers on comm through one
  * transport, "shm", "tcp" or "self": sent, or read straight from a peer's
- * memory. Shows which transport carries which traffic (e.g. that ranks of one
- * host talk over shm and hosts over tcp). */
+ * memory; "cuda_ipc": read from peers' device memory. Shows which transport
+ * carries which traffic (e.g. that ranks of one host talk over shm and hosts
+ * over tcp). */
 braid_result_t braid_comm_transport_bytes(braid_comm_t comm, const char* transport, uint64_t* bytes);
 
 /* ---- requests ---- */

@@ -7,14 +7,11 @@
 #include <vector>
 
 #include "kernels/cpu/reduce_kernels.h"
+#include "src/algo/split.h"
 #include "src/core/dtype.h"
 
 namespace braid {
 namespace {
-
-inline int mod(int a, int n) {
-  return ((a % n) + n) % n;
-}
 
 void copy_if_distinct(void* dst, const void* src, size_t bytes) {
   if (dst != src && bytes) std::memmove(dst, src, bytes);
@@ -23,14 +20,6 @@ void copy_if_distinct(void* dst, const void* src, size_t bytes) {
 void finish_avg(const CollArgs& a, void* data, size_t count, int nranks) {
   if (a.op == BRAID_AVG) kernels::divide(a.dtype, data, count, nranks);
 }
-
-// Splits [0, total) into n near-equal parts; part k is [begin(k), begin(k+1)).
-struct Split {
-  size_t total, n, part;
-  Split(size_t t, size_t parts) : total(t), n(parts), part((t + parts - 1) / parts) {}
-  size_t begin(size_t k) const { return std::min(total, k * part); }
-  size_t size(size_t k) const { return begin(k + 1) - begin(k); }
-};
 
 }  // namespace
 
@@ -478,6 +467,11 @@ Task hierarchical_reduce(const Channel& all, const Channel& host, const Channel&
   if (is_root) finish_avg(a, a.recvbuf, a.count, all.nranks);
 }
 
+Task sync_all(const Channel& ch) {
+  const int n = ch.nranks, r = ch.rank;
+  for (int s = 1; s < n; ++s) co_await exchange(ch, mod(r + s, n), nullptr, 0, mod(r - s, n), nullptr, 0);
+}
+
 // ---- algorithms that read peers' buffers directly (shm: process_vm_readv) ----
 
 namespace {
@@ -495,13 +489,6 @@ Task exchange_buffers(const Channel& ch, const CollArgs& a, std::vector<PeerBuff
   for (int s = 1; s < n; ++s)
     co_await exchange(ch, mod(r + s, n), &mine, sizeof(mine), mod(r - s, n), &(*all)[mod(r - s, n)],
                       sizeof(PeerBuffers));
-}
-
-// Returns once every rank has reached the same point (empty messages with
-// every peer): phases that read peers' buffers are ordered by it.
-Task sync_all(const Channel& ch) {
-  const int n = ch.nranks, r = ch.rank;
-  for (int s = 1; s < n; ++s) co_await exchange(ch, mod(r + s, n), nullptr, 0, mod(r - s, n), nullptr, 0);
 }
 
 Task read_from(const Channel& ch, int peer, void* dst, uint64_t remote, size_t bytes) {

@@ -31,6 +31,10 @@ struct CollArgs {
   int* source = nullptr;  // receive from any source: where the sender's rank goes
 };
 
+// Returns once every rank of the channel has reached the same point (empty
+// messages with every peer): phases that read peers' buffers are ordered by it.
+Task sync_all(const Channel& ch);
+
 // Every connection of the channel can read peers' memory.
 bool channel_reads_peers(const Channel& ch);
 

@@ -9,10 +9,12 @@
 #include <mutex>
 #include <numeric>
 
+#include "src/algo/ipc_collectives.h"
 #include "src/core/device_memory.h"
 #include "src/core/dtype.h"
 #include "src/core/logging.h"
 #include "src/topo/topology.h"
+#include "transports/cuda/ipc_window.h"
 #include "transports/cuda/stream_staging.h"
 #include "transports/self/self_connection.h"
 #include "transports/shm/shm_transport.h"
@@ -36,6 +38,9 @@ struct PeerInfo {
   uint64_t algo;     // BRAID_ALGO, encoded
   uint64_t direct_max_bytes;
   uint64_t peer_read_min_bytes;
+  uint64_t cuda_chunk_bytes;
+  int32_t cuda_ipc;
+  int32_t pad;
   topo::RankPlacement placement;
 };
 
@@ -62,6 +67,8 @@ Status host_topology(std::shared_ptr<const topo::HostTopology>* out) {
 }
 
 constexpr int kNumChannels = 2;  // 0: collectives, 1: point-to-point
+// How long destroy waits for the peers to unmap this rank's CUDA IPC window.
+constexpr double kIpcTeardownSeconds = 10.0;
 
 Status check_same(const std::vector<PeerInfo>& infos, const char* var, auto field) {
   for (size_t r = 1; r < infos.size(); ++r) {
@@ -110,6 +117,8 @@ Status Communicator::setup_transports() {
   mine.algo = config_.algo.encode();
   mine.direct_max_bytes = config_.direct_max_bytes;
   mine.peer_read_min_bytes = config_.peer_read_min_bytes;
+  mine.cuda_chunk_bytes = config_.cuda_chunk_bytes;
+  mine.cuda_ipc = config_.cuda_ipc ? 1 : 0;
   std::vector<uint8_t> raw;
   BRAID_RETURN_IF_ERROR(bootstrap_->all_gather(&mine, sizeof(mine), &raw, deadline));
   std::vector<PeerInfo> infos(nranks_);
@@ -129,12 +138,18 @@ Status Communicator::setup_transports() {
       check_same(infos, "BRAID_DIRECT_MAX_BYTES", [](const PeerInfo& p) { return p.direct_max_bytes; }));
   BRAID_RETURN_IF_ERROR(check_same(infos, "BRAID_PEER_READ_MIN_BYTES",
                                    [](const PeerInfo& p) { return p.peer_read_min_bytes; }));
+  // Every rank must take CUDA IPC or host staging for the same call.
+  BRAID_RETURN_IF_ERROR(check_same(infos, "BRAID_CUDA_IPC", [](const PeerInfo& p) { return p.cuda_ipc; }));
+  BRAID_RETURN_IF_ERROR(
+      check_same(infos, "BRAID_CUDA_CHUNK_BYTES", [](const PeerInfo& p) { return p.cuda_chunk_bytes; }));
 
   std::vector<int> host_group, tcp_peers;
+  one_machine_ = true;
   for (int r = 0; r < nranks_; ++r) {
     infos[r].host[sizeof(infos[r].host) - 1] = '\0';
     hosts_.push_back(infos[r].host);
     placements_.push_back(infos[r].placement);
+    if (hosts_[r] != hosts_[0] || infos[r].machine != infos[0].machine) one_machine_ = false;
   }
   for (int r = 0; r < nranks_; ++r) {
     bool same_host = hosts_[r] == hosts_[rank_];
@@ -263,7 +278,9 @@ void Communicator::build_schedules(const std::vector<PeerInfo>& infos) {
 }
 
 Communicator::~Communicator() {
-  // Before the engine goes: the stream's host functions wake it.
+  // Before the engine goes: the streams' host functions wake it, and the
+  // IPC teardown is an op of its own.
+  disconnect_ipc();
   if (staging_ != nullptr) staging_->shut_down(engine_->timeout_s(), rank_);
   engine_.reset();  // stops the progress thread before transports go away
   tcp_.reset();
@@ -336,10 +353,14 @@ const char* Communicator::transport_to(int peer) const {
 }
 
 Status Communicator::transport_bytes(const char* transport, uint64_t* bytes) const {
-  if (transport == nullptr) return Status::invalid_argument("transport is NULL (shm, tcp or self)");
+  if (transport == nullptr) return Status::invalid_argument("transport is NULL (shm, tcp, self or cuda_ipc)");
   const std::string kind = transport;
+  if (kind == "cuda_ipc") {
+    *bytes = ipc_bytes_.load(std::memory_order_relaxed);
+    return Status::ok();
+  }
   if (kind != "shm" && kind != "tcp" && kind != "self")
-    return Status::invalid_argument("transport '" + kind + "' is not one of shm, tcp, self");
+    return Status::invalid_argument("transport '" + kind + "' is not one of shm, tcp, self, cuda_ipc");
   uint64_t total = 0;
   for (const Channel* ch : {&coll_channel_, &p2p_channel_})
     for (const Connection* c : ch->conns)
@@ -694,15 +715,7 @@ Status Communicator::prepare_stream_op(OpKind kind, const CollArgs& args, void* 
   BRAID_RETURN_IF_ERROR(cuda_driver(&cu));
   StreamContext context(*cu, stream);
   BRAID_RETURN_IF_ERROR(context.status());
-  // Device buffers are staged through the block; host buffers the op uses
-  // where they are, once the stream reached it (the driver would copy
-  // between host buffers at once, out of stream order).
   const Regions g = regions_of(kind, args, rank_, nranks_);
-  const bool stage_in = g.uses_input && g.in_bytes > 0 && is_device_memory(args.sendbuf);
-  const bool stage_out = g.uses_output && g.out_bytes > 0 && is_device_memory(args.recvbuf);
-  const size_t in_bytes = stage_in ? g.in_bytes : 0;
-  const size_t out_at = (in_bytes + 127) / 128 * 128;
-  const size_t out_bytes = stage_out ? g.out_bytes : 0;
   {
     std::lock_guard<std::mutex> lock(staging_mu_);
     if (staging_ == nullptr) staging_ = new StagingPool([e = engine_.get()] { e->wake_if_sleeping(); });
@@ -710,6 +723,32 @@ Status Communicator::prepare_stream_op(OpKind kind, const CollArgs& args, void* 
   call->cu = cu;
   call->stream = stream;
   call->pool = staging_;
+  if (ipc_candidate(kind)) {
+    std::lock_guard<std::mutex> lock(ipc_mu_);
+    if (ipc_state_ == IpcState::kUntried) BRAID_RETURN_IF_ERROR(connect_ipc(*cu, context.context()));
+    // Every buffer this rank passes is memory of the window's device (the
+    // kernels write outputs in place). A rank that decides otherwise than
+    // its peers is caught by the tag's path (BRAID_ERR_MISMATCH).
+    auto on_window_device = [&](bool used, size_t bytes, const void* p) {
+      return !used || bytes == 0 || device_memory_ordinal(p) == ipc_->device();
+    };
+    if (ipc_state_ == IpcState::kUsable && ipc_->context() == context.context() &&
+        on_window_device(g.uses_input, g.in_bytes, args.sendbuf) &&
+        on_window_device(g.uses_output, g.out_bytes, args.recvbuf)) {
+      // Only the stream's flags: it waits while the op runs over the window.
+      call->device_ipc = true;
+      *staged_args = args;
+      return staging_->take(*cu, context.context(), 0, &call->block);
+    }
+  }
+  // Device buffers are staged through the block; host buffers the op uses
+  // where they are, once the stream reached it (the driver would copy
+  // between host buffers at once, out of stream order).
+  const bool stage_in = g.uses_input && g.in_bytes > 0 && is_device_memory(args.sendbuf);
+  const bool stage_out = g.uses_output && g.out_bytes > 0 && is_device_memory(args.recvbuf);
+  const size_t in_bytes = stage_in ? g.in_bytes : 0;
+  const size_t out_at = (in_bytes + 127) / 128 * 128;
+  const size_t out_bytes = stage_out ? g.out_bytes : 0;
   BRAID_RETURN_IF_ERROR(staging_->take(*cu, context.context(), out_at + out_bytes, &call->block));
   char* data = call->block->data;
   // A staged input sits at 0, a staged output after it, laid out as in the
@@ -736,7 +775,8 @@ std::shared_ptr<Op> Communicator::make_stream_op(OpKind kind, const CollArgs& st
                                                  const StagedCall& call) {
   // Driven by the progress thread or whichever caller waits: the call
   // itself returns at once, like an i-operation.
-  std::shared_ptr<Op> op = make_op(kind, staged_args, /*async=*/true);
+  std::shared_ptr<Op> op =
+      call.device_ipc ? make_ipc_op(kind, staged_args) : make_op(kind, staged_args, true);
   StagingBlock* b = call.block;
   if (kind == OpKind::kRecvAny) {
     op->bind = [b, bind = std::move(op->bind)](int peer) { return stream_staged(b, bind(peer)); };
@@ -752,6 +792,113 @@ std::shared_ptr<Op> Communicator::checked(std::shared_ptr<Op> op) {
   if (!config_.check_calls) return op;
   op->task = checked_call(coll_channel_, op->tag, std::move(op->task));
   return op;
+}
+
+bool Communicator::ipc_candidate(OpKind kind) const {
+  if (!config_.cuda_ipc || !one_machine_ || nranks_ < 2) return false;
+  switch (kind) {
+    case OpKind::kAllReduce:
+    case OpKind::kBroadcast:
+    case OpKind::kReduce:
+    case OpKind::kAllGather:
+    case OpKind::kReduceScatter:
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::shared_ptr<Op> Communicator::make_ipc_setup_op(const char* name, uint8_t tag_kind) {
+  std::shared_ptr<Op> op = new_op();
+  op->name = name;
+  op->algo = "cuda_ipc";
+  op->async = true;
+  op->lane = LaneKind::kCollective;
+  op->seq = engine_->next_collective_seq();
+  op->tag.kind = tag_kind;
+  op->tag.seq = static_cast<uint32_t>(op->seq);
+  return op;
+}
+
+Status Communicator::connect_ipc(const CudaDriver& cu, void* ctx) {
+  std::shared_ptr<Op> op = make_ipc_setup_op("cuda_ipc_setup", kIpcConnectTag);
+  std::string why;
+  IpcSetup setup{&cu, ctx, config_.cuda_chunk_bytes, [e = engine_.get()] { e->wake_if_sleeping(); },
+                 &ipc_bytes_};
+  op->task = ipc_connect(coll_channel_, setup, &ipc_, &why);
+  engine_->post(op);
+  BRAID_RETURN_IF_ERROR(engine_->wait(*op).with_context("setting up CUDA IPC between the ranks"));
+  if (ipc_ != nullptr) {
+    ipc_state_ = IpcState::kUsable;
+    BRAID_INFO("CUDA", rank_, "device collectives over CUDA IPC: a window of 2 x %s on CUDA device %d",
+               bytes_text(ipc_->region_bytes()).c_str(), ipc_->device());
+    return Status::ok();
+  }
+  ipc_state_ = IpcState::kUnusable;
+  // Once per communicator, from one rank: every rank has the same reason.
+  if (rank_ == 0)
+    BRAID_WARN("CUDA", rank_,
+               "device collectives go through pinned host memory (host staging), not CUDA IPC: %s "
+               "(BRAID_CUDA_IPC=0 skips trying)",
+               why.c_str());
+  return Status::ok();
+}
+
+std::shared_ptr<Op> Communicator::make_ipc_op(OpKind kind, const CollArgs& args) {
+  std::shared_ptr<Op> op = new_op();
+  op->name = op_kind_name(kind);
+  op->algo = "cuda_ipc";
+  op->async = true;
+  op->lane = LaneKind::kCollective;
+  op->seq = engine_->next_collective_seq();
+  fill_call_tag(op->tag, kind, op->seq, args);
+  op->tag.path = CallTag::kDevicePath;
+  const Regions g = regions_of(kind, args, rank_, nranks_);
+  op->bytes = std::max(g.in_bytes, g.out_bytes);
+  if (args.count == 0) {
+    op->algo = "none";
+    op->task = []() -> Task { co_return; }();
+    return checked(std::move(op));
+  }
+  CollArgs a = args;
+  const char* in = static_cast<const char*>(a.sendbuf);
+  const char* out = static_cast<const char*>(a.recvbuf);
+  const bool bad_overlap = g.uses_input && g.uses_output && in != g.canonical_in && in < out + g.out_bytes &&
+                           out < in + g.in_bytes;
+  IpcWindow& w = *ipc_;
+  const Channel& ch = coll_channel_;
+  Task (*run)(const Channel&, IpcWindow&, CollArgs) = nullptr;
+  switch (kind) {
+    case OpKind::kAllReduce:
+      run = ipc_all_reduce;
+      break;
+    case OpKind::kBroadcast:
+      run = ipc_broadcast;
+      break;
+    case OpKind::kReduce:
+      run = ipc_reduce;
+      break;
+    case OpKind::kAllGather:
+      run = ipc_all_gather;
+      break;
+    default:
+      run = ipc_reduce_scatter;
+      break;
+  }
+  op->task = bad_overlap ? ipc_with_input_copy(ch, w, a, g.in_bytes, run) : run(ch, w, a);
+  return checked(std::move(op));
+}
+
+void Communicator::disconnect_ipc() {
+  std::lock_guard<std::mutex> lock(ipc_mu_);
+  if (ipc_ == nullptr) return;
+  std::shared_ptr<Op> op = make_ipc_setup_op("cuda_ipc_teardown", kIpcDisconnectTag);
+  // Destroy is local: peers that do not destroy theirs soon leave this
+  // rank's window allocated (the teardown says so), not this call hanging.
+  engine_->set_timeout_s(std::min(engine_->timeout_s(), kIpcTeardownSeconds));
+  op->task = ipc_disconnect(coll_channel_, std::move(ipc_));
+  engine_->post(op);
+  (void)engine_->wait(*op);
 }
 
 }  // namespace braid

@@ -3,6 +3,7 @@
 // operations. The C API is a thin layer over this class.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -22,6 +23,8 @@ struct PeerInfo;
 class TcpTransport;
 class StagingPool;
 struct StagedCall;
+class IpcWindow;
+struct CudaDriver;
 
 class Communicator {
  public:
@@ -49,6 +52,10 @@ class Communicator {
   // A stream-ordered call (transports/cuda/stream_staging.h), in two steps:
   // the staging it needs (a block taken, copies listed, the stream's context
   // current on this thread), then, once that is enqueued, the op to post.
+  // A collective whose buffers are all device memory, on a communicator of
+  // one host whose ranks mapped each other's CUDA IPC windows (the first
+  // such call sets that up), moves its data device to device: nothing is
+  // staged, and the op runs over the window (src/algo/ipc_collectives.h).
   Status prepare_stream_op(OpKind kind, const CollArgs& args, void* stream, StagedCall* call,
                            CollArgs* staged_args);
   std::shared_ptr<Op> make_stream_op(OpKind kind, const CollArgs& staged_args, const StagedCall& call);
@@ -64,6 +71,15 @@ class Communicator {
   void log_summary() const;
   // With BRAID_CHECK_CALLS, runs the op's task behind a comparison of calls.
   std::shared_ptr<Op> checked(std::shared_ptr<Op> op);
+  // CUDA IPC (see prepare_stream_op): whether `kind` could take it here, the
+  // collective setup (blocking, at the first such call; ipc_mu_ held), the
+  // op over the window, and the teardown at destroy.
+  bool ipc_candidate(OpKind kind) const;
+  Status connect_ipc(const CudaDriver& cu, void* ctx);
+  // The op of the setup or the teardown: a collective of its own.
+  std::shared_ptr<Op> make_ipc_setup_op(const char* name, uint8_t tag_kind);
+  std::shared_ptr<Op> make_ipc_op(OpKind kind, const CollArgs& args);
+  void disconnect_ipc();
 
   int rank_ = 0;
   int nranks_ = 1;
@@ -91,6 +107,12 @@ class Communicator {
   std::unique_ptr<Engine> engine_;
   std::mutex staging_mu_;
   StagingPool* staging_ = nullptr;  // made by the first stream-ordered call; ended by shut_down
+  bool one_machine_ = false;        // every rank on this host and machine
+  enum class IpcState { kUntried, kUsable, kUnusable };
+  std::mutex ipc_mu_;
+  IpcState ipc_state_ = IpcState::kUntried;
+  std::unique_ptr<IpcWindow> ipc_;
+  std::atomic<uint64_t> ipc_bytes_{0};  // read from peers' windows (transport_bytes "cuda_ipc")
   std::mutex error_mu_;
   std::string last_error_;
   uint64_t p2p_send_seq_ = 0;

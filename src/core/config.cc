@@ -146,6 +146,13 @@ Status Config::from_env(Config* out) {
   long check = 0;
   BRAID_RETURN_IF_ERROR(env_int("BRAID_CHECK_CALLS", 0, 1, &check, &present));
   c.check_calls = check != 0;
+  long ipc = 1;
+  BRAID_RETURN_IF_ERROR(env_int("BRAID_CUDA_IPC", 0, 1, &ipc, &present));
+  c.cuda_ipc = ipc != 0;
+  BRAID_RETURN_IF_ERROR(
+      env_size("BRAID_CUDA_CHUNK_BYTES", 64u << 10, size_t{16} << 30, &c.cuda_chunk_bytes, &present));
+  // Whole 256-byte lines: slices of a chunk stay aligned for the kernels.
+  c.cuda_chunk_bytes = c.cuda_chunk_bytes / 256 * 256;
   *out = c;
   return Status::ok();
 }

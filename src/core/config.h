@@ -32,6 +32,8 @@ struct Config {
   size_t trace_max_events = 4u << 20;                  // BRAID_TRACE_MAX_EVENTS
   bool dump_on_signal = true;                          // BRAID_DUMP_SIGNAL=0: no SIGUSR1 handler
   bool check_calls = false;                            // BRAID_CHECK_CALLS=1: compare every call
+  bool cuda_ipc = true;                                // BRAID_CUDA_IPC=0: device data through host staging
+  size_t cuda_chunk_bytes = 32u << 20;                 // BRAID_CUDA_CHUNK_BYTES: each half of the IPC window
 
   static Status from_env(Config* out);
 };

@@ -92,4 +92,12 @@ bool is_device_memory(const void* p) {
   return query != nullptr && p != nullptr && device_memory(query, p);
 }
 
+int device_memory_ordinal(const void* p) {
+  PointerGetAttribute query = driver_query();
+  if (query == nullptr || p == nullptr || !device_memory(query, p)) return -1;
+  int device = -1;
+  if (query(&device, kAttrDeviceOrdinal, reinterpret_cast<unsigned long long>(p)) != 0) return -1;
+  return device;
+}
+
 }  // namespace braid

@@ -20,6 +20,9 @@ extern std::atomic<bool> g_cuda_driver_loaded;
 
 // True for memory of a CUDA device the host cannot read (not managed).
 bool is_device_memory(const void* p);
+// The ordinal of the CUDA device whose memory `p` is (as is_device_memory
+// says), else -1.
+int device_memory_ordinal(const void* p);
 
 // The query behind check_host_memory.
 Status check_host_memory_slow(const void* p, const char* what);

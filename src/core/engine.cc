@@ -54,6 +54,8 @@ std::string describe_call(const CallTag& t) {
   const auto kind = static_cast<OpKind>(t.kind);
   if (kind == OpKind::kSend) return "send/recv";
   if (t.kind == kCallCheckTag) return "the call check of #" + std::to_string(t.seq) + " (BRAID_CHECK_CALLS)";
+  if (t.kind == kIpcConnectTag) return "the CUDA IPC setup #" + std::to_string(t.seq);
+  if (t.kind == kIpcDisconnectTag) return "the CUDA IPC teardown #" + std::to_string(t.seq);
   std::string s = std::string(op_kind_name(kind)) + " #" + std::to_string(t.seq);
   std::string args;
   auto add = [&](const std::string& x) { args += (args.empty() ? "" : ", ") + x; };
@@ -61,6 +63,7 @@ std::string describe_call(const CallTag& t) {
   if (t.dtype != 0xff) add(braid_dtype_name(static_cast<braid_dtype_t>(t.dtype)));
   if (t.op != 0xff) add(braid_redop_name(static_cast<braid_redop_t>(t.op)));
   if (t.root >= 0) add("root " + std::to_string(t.root));
+  if (t.path == CallTag::kDevicePath) add("device memory through CUDA IPC");
   return args.empty() ? s : s + " (" + args + ")";
 }
 

@@ -52,6 +52,9 @@ const char* op_kind_name(OpKind kind);
 // The tag BRAID_CHECK_CALLS's exchange of tags travels under (any OpKind
 // otherwise).
 constexpr uint8_t kCallCheckTag = 0xfe;
+// The tags of setting up and tearing down device collectives through CUDA
+// IPC (src/algo/ipc_collectives.h), which run as collectives of their own.
+constexpr uint8_t kIpcConnectTag = 0xfd, kIpcDisconnectTag = 0xfc;
 // "all_reduce #5 (count 1024, float32, sum)": what a tag says was called.
 std::string describe_call(const CallTag& tag);
 // A message from `peer` was sent by another call than this rank's.

@@ -14,7 +14,7 @@ bool g_loaded = false;  // under g_mu until set, then read-only
 template <class Fn>
 void find(void* lib, const char* name, Fn* out, std::string* missing) {
   *out = reinterpret_cast<Fn>(dlsym(lib, name));
-  if (*out == nullptr) *missing += std::string(missing->empty() ? "" : ", ") + name;
+  if (*out == nullptr && missing != nullptr) *missing += std::string(missing->empty() ? "" : ", ") + name;
 }
 
 }  // namespace
@@ -49,6 +49,16 @@ Status cuda_driver(const CudaDriver** out) {
     find(lib, "cuCtxPushCurrent_v2", &d.ctx_push_current, &missing);
     find(lib, "cuCtxPopCurrent_v2", &d.ctx_pop_current, &missing);
     find(lib, "cuGetErrorString", &d.get_error_string, &missing);
+    // Optional: device collectives through CUDA IPC use them (has_ipc()).
+    find(lib, "cuMemAlloc_v2", &d.mem_alloc, nullptr);
+    find(lib, "cuMemFree_v2", &d.mem_free, nullptr);
+    find(lib, "cuIpcGetMemHandle", &d.ipc_get_mem_handle, nullptr);
+    find(lib, "cuIpcOpenMemHandle_v2", &d.ipc_open_mem_handle, nullptr);
+    find(lib, "cuIpcCloseMemHandle", &d.ipc_close_mem_handle, nullptr);
+    find(lib, "cuStreamCreate", &d.stream_create, nullptr);
+    find(lib, "cuStreamDestroy_v2", &d.stream_destroy, nullptr);
+    find(lib, "cuStreamQuery", &d.stream_query, nullptr);
+    find(lib, "cuCtxGetDevice", &d.ctx_get_device, nullptr);
     if (!missing.empty())
       return Status::unsupported("the CUDA driver in this process lacks " + missing +
                                  " (stream-ordered operations need a driver of CUDA 12 or later)");
@@ -60,12 +70,22 @@ Status cuda_driver(const CudaDriver** out) {
 }
 
 StreamContext::StreamContext(const CudaDriver& cu, CUstream stream) : cu_(cu) {
-  if (CUresult r = cu.stream_get_ctx(stream, &ctx_); r != 0) {
+  CUcontext ctx = nullptr;
+  if (CUresult r = cu.stream_get_ctx(stream, &ctx); r != 0) {
     status_ = cu.error("cuStreamGetCtx (is the stream a live CUDA stream?)", r);
     return;
   }
-  if (CUresult r = cu.ctx_push_current(ctx_); r != 0) {
-    status_ = cu.error("cuCtxPushCurrent", r);
+  push(ctx);
+}
+
+StreamContext::StreamContext(const CudaDriver& cu, Known known) : cu_(cu) {
+  push(known.ctx);
+}
+
+void StreamContext::push(CUcontext ctx) {
+  ctx_ = ctx;
+  if (CUresult r = cu_.ctx_push_current(ctx_); r != 0) {
+    status_ = cu_.error("cuCtxPushCurrent", r);
     return;
   }
   pushed_ = true;

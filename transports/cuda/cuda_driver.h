@@ -19,6 +19,11 @@ using CUstream = void*;
 using CUcontext = void*;
 using CUdeviceptr = unsigned long long;
 using CUhostFn = void (*)(void* user_data);
+using CUdevice = int;
+// CUipcMemHandle: 64 opaque bytes, passed by value.
+struct CuIpcMemHandle {
+  char reserved[64];
+};
 
 struct CudaDriver {
   CUresult (*mem_host_alloc)(void** p, size_t bytes, unsigned flags);
@@ -32,13 +37,33 @@ struct CudaDriver {
   CUresult (*ctx_pop_current)(CUcontext* ctx);
   CUresult (*get_error_string)(CUresult error, const char** text);
 
+  // For device collectives through CUDA IPC (transports/cuda/ipc_window.h).
+  // Looked up with the rest but optional: null where the driver lacks one,
+  // and has_ipc() says whether all are there.
+  CUresult (*mem_alloc)(CUdeviceptr* p, size_t bytes);
+  CUresult (*mem_free)(CUdeviceptr p);
+  CUresult (*ipc_get_mem_handle)(CuIpcMemHandle* handle, CUdeviceptr p);
+  CUresult (*ipc_open_mem_handle)(CUdeviceptr* p, CuIpcMemHandle handle, unsigned flags);
+  CUresult (*ipc_close_mem_handle)(CUdeviceptr p);
+  CUresult (*stream_create)(CUstream* stream, unsigned flags);
+  CUresult (*stream_destroy)(CUstream stream);
+  CUresult (*stream_query)(CUstream stream);
+  CUresult (*ctx_get_device)(CUdevice* device);
+  bool has_ipc() const {
+    return mem_alloc && mem_free && ipc_get_mem_handle && ipc_open_mem_handle && ipc_close_mem_handle &&
+           stream_create && stream_destroy && stream_query && ctx_get_device;
+  }
+
   // "cuMemcpyAsync failed: CUDA_ERROR_INVALID_VALUE (invalid argument)".
   Status error(const char* call, CUresult r) const;
 };
 
-constexpr unsigned kMemHostAllocPortable = 0x01;   // CU_MEMHOSTALLOC_PORTABLE
-constexpr unsigned kMemHostAllocDeviceMap = 0x02;  // CU_MEMHOSTALLOC_DEVICEMAP
-constexpr unsigned kStreamWaitValueGeq = 0x0;      // CU_STREAM_WAIT_VALUE_GEQ
+constexpr unsigned kMemHostAllocPortable = 0x01;    // CU_MEMHOSTALLOC_PORTABLE
+constexpr unsigned kMemHostAllocDeviceMap = 0x02;   // CU_MEMHOSTALLOC_DEVICEMAP
+constexpr unsigned kStreamWaitValueGeq = 0x0;       // CU_STREAM_WAIT_VALUE_GEQ
+constexpr unsigned kStreamNonBlocking = 0x1;        // CU_STREAM_NON_BLOCKING
+constexpr unsigned kIpcLazyEnablePeerAccess = 0x1;  // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+constexpr CUresult kCudaErrorNotReady = 600;        // CUDA_ERROR_NOT_READY
 
 // The driver's entry points, or an unsupported-error saying why there are
 // none (no libcuda in the process, or one without a needed call).
@@ -49,6 +74,11 @@ Status cuda_driver(const CudaDriver** out);
 class StreamContext {
  public:
   StreamContext(const CudaDriver& cu, CUstream stream);
+  // A context known already (one braid made something in).
+  struct Known {
+    CUcontext ctx;
+  };
+  StreamContext(const CudaDriver& cu, Known known);
   ~StreamContext();
   StreamContext(const StreamContext&) = delete;
   StreamContext& operator=(const StreamContext&) = delete;
@@ -56,6 +86,7 @@ class StreamContext {
   CUcontext context() const { return ctx_; }
 
  private:
+  void push(CUcontext ctx);
   const CudaDriver& cu_;
   CUcontext ctx_ = nullptr;
   bool pushed_ = false;

@@ -107,6 +107,9 @@ struct StagedCall {
   StagingBlock* block = nullptr;
   std::vector<StagedCopy> inputs, outputs;
   bool enqueued_any = false;  // the stream may touch the block
+  // The op moves the data device to device through CUDA IPC: the block only
+  // carries the stream's flags (nothing is copied through it).
+  bool device_ipc = false;
 };
 
 // Steps 1 and 2, then 3 to 5 (each makes the stream's context current). Split so that

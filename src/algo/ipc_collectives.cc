@@ -1,0 +1,210 @@
+#include "src/algo/ipc_collectives.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "src/algo/split.h"
+#include "src/core/dtype.h"
+
+namespace braid {
+namespace {
+
+// Slices of a chunk start 256 bytes apart at least, so that the kernels'
+// 16-byte loads and stores line up wherever the buffers do.
+constexpr size_t kSliceAlignBytes = 256;
+
+Task fail_with(Status st) {
+  FailOp fail{std::move(st)};
+  co_await fail;
+}
+
+// Done at once when an enqueue succeeded; otherwise fails the op.
+Step enqueued(Status st) {
+  if (st) return Step();
+  return Step(fail_with(std::move(st)));
+}
+
+// The end of a phase: this rank's stream ran what was enqueued, then every
+// rank got that far.
+Task phase_end(const Channel& ch, IpcWindow& w) {
+  co_await enqueued(w.post_mark());
+  co_await Until{w.settled_wait()};
+  co_await sync_all(ch);
+}
+
+// Every member's region at `offset` of its input: the sources of a reduction,
+// in member order on every rank (so results are the same everywhere).
+std::vector<const void*> inputs_at(const Channel& ch, const IpcWindow& w, size_t offset) {
+  std::vector<const void*> srcs(ch.nranks);
+  for (int p = 0; p < ch.nranks; ++p) srcs[p] = w.input(p) + offset;
+  return srcs;
+}
+
+Task reduce_and_finish(IpcWindow& w, const CollArgs& a, const std::vector<const void*>& srcs, void* dst,
+                       size_t count, int nranks) {
+  co_await enqueued(w.reduce(a.dtype, a.op, srcs, dst, count));
+  if (a.op == BRAID_AVG) co_await enqueued(w.divide(a.dtype, dst, count, nranks));
+}
+
+}  // namespace
+
+Task ipc_connect(const Channel& ch, IpcSetup setup, std::unique_ptr<IpcWindow>* out, std::string* why) {
+  const int n = ch.nranks, r = ch.rank;
+  std::unique_ptr<IpcWindow> w;
+  IpcWindowRecord mine;
+  if (Status made =
+          IpcWindow::make(*setup.cu, setup.ctx, setup.region_bytes, n, r, setup.wake, setup.moved, &w);
+      made) {
+    mine = w->record();
+  } else {
+    mine.set_failure("rank " + std::to_string(r) + ": " + made.message());
+  }
+  std::vector<IpcWindowRecord> all(n);
+  all[r] = mine;
+  for (int s = 1; s < n; ++s)
+    co_await exchange(ch, mod(r + s, n), &mine, sizeof(mine), mod(r - s, n), &all[mod(r - s, n)],
+                      sizeof(IpcWindowRecord));
+  // The verdict: whether this rank has a window and mapped every peer's.
+  IpcWindowRecord verdict = mine;
+  for (int p = 0; p < n && verdict.ok; ++p) {
+    if (p == r) continue;
+    if (!all[p].ok) {
+      all[p].why[sizeof(all[p].why) - 1] = '\0';
+      verdict.set_failure(all[p].why);
+    } else {
+      if (Status st = w->map_peer(p, all[p]); !st)
+        verdict.set_failure("rank " + std::to_string(r) + " could not map rank " + std::to_string(p) +
+                            "'s device window: " + st.message());
+    }
+  }
+  std::vector<IpcWindowRecord> verdicts(n);
+  verdicts[r] = verdict;
+  for (int s = 1; s < n; ++s)
+    co_await exchange(ch, mod(r + s, n), &verdict, sizeof(verdict), mod(r - s, n), &verdicts[mod(r - s, n)],
+                      sizeof(IpcWindowRecord));
+  for (const IpcWindowRecord& v : verdicts) {
+    if (v.ok) continue;
+    // Every rank gives up in step: unmap, then free once nobody maps ours.
+    if (w) w->unmap_peers();
+    co_await sync_all(ch);
+    if (w) w->peers_unmapped();
+    *why = std::string(v.why, strnlen(v.why, sizeof(v.why)));
+    co_return;
+  }
+  *out = std::move(w);
+}
+
+Task ipc_disconnect(const Channel& ch, std::unique_ptr<IpcWindow> w) {
+  co_await enqueued(w->post_mark());
+  co_await Until{w->settled_wait()};
+  w->unmap_peers();
+  co_await sync_all(ch);
+  w->peers_unmapped();
+}
+
+Task ipc_all_reduce(const Channel& ch, IpcWindow& w, CollArgs a) {
+  const int n = ch.nranks, r = ch.rank;
+  const size_t esize = dtype_size(a.dtype);
+  const char* in = static_cast<const char*>(a.sendbuf);
+  char* out = static_cast<char*>(a.recvbuf);
+  const size_t chunk = w.region_bytes() / esize;
+  for (size_t off = 0; off < a.count; off += chunk) {
+    const size_t len = std::min(chunk, a.count - off);
+    const Split slice(len, static_cast<size_t>(n), std::max<size_t>(1, kSliceAlignBytes / esize));
+    co_await enqueued(w.copy(w.input(r), in + off * esize, len * esize));
+    co_await phase_end(ch, w);
+    // Our slice, reduced from every window into ours; then every slice
+    // from its owner's window into the output.
+    const size_t b = slice.begin(static_cast<size_t>(r)) * esize;
+    co_await reduce_and_finish(w, a, inputs_at(ch, w, b), w.output(r) + b, slice.size(static_cast<size_t>(r)),
+                               n);
+    co_await phase_end(ch, w);
+    for (int s = 0; s < n; ++s) {
+      const int p = mod(r + s, n);
+      const size_t at = slice.begin(static_cast<size_t>(p)) * esize;
+      co_await enqueued(
+          w.copy(out + off * esize + at, w.output(p) + at, slice.size(static_cast<size_t>(p)) * esize));
+    }
+  }
+  co_await phase_end(ch, w);
+}
+
+Task ipc_broadcast(const Channel& ch, IpcWindow& w, CollArgs a) {
+  const int r = ch.rank;
+  const size_t esize = dtype_size(a.dtype);
+  const char* in = static_cast<const char*>(a.sendbuf);
+  char* out = static_cast<char*>(a.recvbuf);
+  const size_t chunk = w.region_bytes() / esize;
+  for (size_t off = 0; off < a.count; off += chunk) {
+    const size_t bytes = std::min(chunk, a.count - off) * esize;
+    if (r == a.root) {
+      co_await enqueued(w.copy(w.input(r), in + off * esize, bytes));
+      co_await enqueued(w.copy(out + off * esize, in + off * esize, bytes));
+    }
+    co_await phase_end(ch, w);
+    if (r != a.root) co_await enqueued(w.copy(out + off * esize, w.input(a.root), bytes));
+    co_await phase_end(ch, w);
+  }
+}
+
+Task ipc_reduce(const Channel& ch, IpcWindow& w, CollArgs a) {
+  const int r = ch.rank;
+  const size_t esize = dtype_size(a.dtype);
+  const char* in = static_cast<const char*>(a.sendbuf);
+  char* out = static_cast<char*>(a.recvbuf);
+  const size_t chunk = w.region_bytes() / esize;
+  for (size_t off = 0; off < a.count; off += chunk) {
+    const size_t len = std::min(chunk, a.count - off);
+    co_await enqueued(w.copy(w.input(r), in + off * esize, len * esize));
+    co_await phase_end(ch, w);
+    if (r == a.root) co_await reduce_and_finish(w, a, inputs_at(ch, w, 0), out + off * esize, len, ch.nranks);
+    co_await phase_end(ch, w);
+  }
+}
+
+Task ipc_all_gather(const Channel& ch, IpcWindow& w, CollArgs a) {
+  const int n = ch.nranks, r = ch.rank;
+  const size_t esize = dtype_size(a.dtype), block = a.count * esize;
+  const char* in = static_cast<const char*>(a.sendbuf);
+  char* out = static_cast<char*>(a.recvbuf);
+  const size_t chunk = w.region_bytes() / esize;
+  for (size_t off = 0; off < a.count; off += chunk) {
+    const size_t bytes = std::min(chunk, a.count - off) * esize;
+    co_await enqueued(w.copy(w.input(r), in + off * esize, bytes));
+    co_await phase_end(ch, w);
+    for (int s = 0; s < n; ++s) {
+      const int p = mod(r + s, n);
+      co_await enqueued(w.copy(out + p * block + off * esize, w.input(p), bytes));
+    }
+    co_await phase_end(ch, w);
+  }
+}
+
+Task ipc_reduce_scatter(const Channel& ch, IpcWindow& w, CollArgs a) {
+  const int n = ch.nranks, r = ch.rank;
+  const size_t esize = dtype_size(a.dtype), block = a.count * esize;
+  const char* in = static_cast<const char*>(a.sendbuf);
+  char* out = static_cast<char*>(a.recvbuf);
+  // The window holds one piece of every rank's block per chunk.
+  const size_t chunk = std::max<size_t>(1, w.region_bytes() / (static_cast<size_t>(n) * esize));
+  for (size_t off = 0; off < a.count; off += chunk) {
+    const size_t len = std::min(chunk, a.count - off), bytes = len * esize;
+    for (int p = 0; p < n; ++p)
+      co_await enqueued(w.copy(w.input(r) + p * bytes, in + p * block + off * esize, bytes));
+    co_await phase_end(ch, w);
+    co_await reduce_and_finish(w, a, inputs_at(ch, w, r * bytes), out + off * esize, len, n);
+    co_await phase_end(ch, w);
+  }
+}
+
+Task ipc_with_input_copy(const Channel& ch, IpcWindow& w, CollArgs a, size_t in_bytes,
+                         Task (*run)(const Channel&, IpcWindow&, CollArgs)) {
+  char* copy = nullptr;
+  co_await enqueued(w.scratch(in_bytes, &copy));
+  co_await enqueued(w.copy(copy, a.sendbuf, in_bytes));
+  a.sendbuf = copy;
+  co_await run(ch, w, a);
+}
+
+}  // namespace braid

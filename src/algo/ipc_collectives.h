@@ -1,0 +1,54 @@
+// Stream-ordered collectives on device memory between the ranks of one host,
+// through CUDA IPC windows (transports/cuda/ipc_window.h): copies and
+// reduction kernels on each rank's internal stream move the data between
+// device buffers and the windows every rank maps; empty messages on the
+// channel order the phases, as in the peer-read algorithms over shm.
+//
+// Each collective runs in chunks of the window's region size, and every
+// chunk in two phases, each ending when every rank's stream settled and the
+// ranks synchronised: (1) the input is copied into this rank's window;
+// (2) the work that reads peers' windows (reduce a slice, copy blocks).
+// So a rank overwrites its window only once every peer is done reading it,
+// and when an op completes no peer reads this rank's window any more.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "src/algo/collectives.h"
+#include "transports/cuda/ipc_window.h"
+
+namespace braid {
+
+struct IpcSetup {
+  const CudaDriver* cu = nullptr;
+  CUcontext ctx = nullptr;
+  size_t region_bytes = 0;
+  std::function<void()> wake;              // wakes the engine (CUDA's callback thread calls it)
+  std::atomic<uint64_t>* moved = nullptr;  // bytes read from peers' windows
+};
+
+// Collective over `ch` (every rank of a communicator on one host): every
+// rank makes its window and maps every other's. If any rank cannot, every
+// rank ends with *out null and `why` naming the first such rank and the
+// cause (device collectives then go through host staging); the windows made
+// are unmapped and freed in step.
+Task ipc_connect(const Channel& ch, IpcSetup setup, std::unique_ptr<IpcWindow>* out, std::string* why);
+// Collective: unmaps the peers' windows and frees this rank's once no peer
+// maps it any more (the window is kept allocated if a peer never answers).
+Task ipc_disconnect(const Channel& ch, std::unique_ptr<IpcWindow> w);
+
+// Buffers are device memory of the window's context (sendbuf and recvbuf as
+// the C API lays them out; the input never overlaps the output except in the
+// canonical in-place layouts).
+Task ipc_all_reduce(const Channel& ch, IpcWindow& w, CollArgs a);
+Task ipc_broadcast(const Channel& ch, IpcWindow& w, CollArgs a);
+Task ipc_reduce(const Channel& ch, IpcWindow& w, CollArgs a);
+Task ipc_all_gather(const Channel& ch, IpcWindow& w, CollArgs a);
+Task ipc_reduce_scatter(const Channel& ch, IpcWindow& w, CollArgs a);
+// `run` over a copy of the input (in_bytes of it) in the window's scratch:
+// for an input that overlaps the output other than in place.
+Task ipc_with_input_copy(const Channel& ch, IpcWindow& w, CollArgs a, size_t in_bytes,
+                         Task (*run)(const Channel&, IpcWindow&, CollArgs));
+
+}  // namespace braid

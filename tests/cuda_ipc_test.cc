@@ -1,0 +1,347 @@
+// Device collectives through CUDA IPC (transports/cuda/ipc_window.h,
+// src/algo/ipc_collectives.h) across real forked ranks, through the fake
+// driver (tests/fake_libcuda.cc: device memory other processes map through
+// the IPC calls, streams that are threads) and a fake kernel library
+// (tests/fake_cuda_kernels.cc: kernels/cpu's math on those streams). The
+// data really crosses processes through the mapped windows, so a phase
+// that is not ordered shows as wrong results; FAKE_CUDA_JITTER_US shuffles
+// the streams' timing to make such races likely. What is checked: exact
+// results of every collective that takes the path, in several chunks and
+// in place; stream order; the windows mapped at the first call and
+// unmapped and freed in step at destroy (never freed while a peer maps
+// them); the fallback to host staging when a rank cannot map a window;
+// mismatched paths; a dead peer.
+#include <braid/braid.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "tests/fake_cuda.h"
+#include "tests/rank_test.h"
+
+namespace braid::test {
+namespace {
+
+// Small windows, so that a few thousand elements take several chunks, and
+// jittered streams.
+Env ipc_env(Env extra = {}) {
+  Env e = {{"BRAID_CUDA_KERNELS", BRAID_FAKE_CUDA_KERNELS},
+           {"BRAID_CUDA_CHUNK_BYTES", "64K"},
+           {"FAKE_CUDA_JITTER_US", "30"}};
+  e.insert(e.end(), extra.begin(), extra.end());
+  return e;
+}
+
+int32_t val(int rank, size_t i) {
+  return static_cast<int32_t>((rank + 1) * 1000 + static_cast<int>(i % 997));
+}
+
+// All five collectives that take CUDA IPC, on device buffers, checked
+// element by element; counts from 1 element to several 64 KiB chunks.
+void run_every_collective(braid_comm_t comm, int rank, int n, void* s) {
+  const FakeCuda& cu = fake_cuda();
+  for (size_t c : {size_t{1}, size_t{5}, size_t{1000}, size_t{40000}}) {
+    SCOPED_TRACE("count " + std::to_string(c));
+    Buffer<int32_t> in(true, c * n, 0), out(true, c * n, -1), inplace(true, c * n, 0);
+    for (size_t i = 0; i < c * n; ++i) in[i] = inplace[i] = val(rank, i);
+    // all_reduce out of place (sum) and in place (max), then reduce to the
+    // last rank, broadcast from rank 1, all_gather and reduce_scatter:
+    // enqueued back to back on the one stream.
+    BRAID_ASSERT_OK(braid_all_reduce(in.data(), out.data(), c, BRAID_INT32, BRAID_SUM, comm, s));
+    BRAID_ASSERT_OK(braid_all_reduce(inplace.data(), inplace.data(), c, BRAID_INT32, BRAID_MAX, comm, s));
+    Buffer<int32_t> red(true, c, -1), bc(true, c, -1), ag(true, c * n, -1), rs(true, c, -1);
+    BRAID_ASSERT_OK(braid_reduce(in.data(), red.data(), c, BRAID_INT32, BRAID_PROD, n - 1, comm, s));
+    BRAID_ASSERT_OK(braid_broadcast(in.data(), bc.data(), c, BRAID_INT32, 1, comm, s));
+    BRAID_ASSERT_OK(braid_all_gather(in.data(), ag.data(), c, BRAID_INT32, comm, s));
+    BRAID_ASSERT_OK(braid_reduce_scatter(in.data(), rs.data(), c, BRAID_INT32, BRAID_SUM, comm, s));
+    cu.stream_synchronize(s);
+    for (size_t i = 0; i < c; ++i) {
+      int32_t sum = 0, prod = 1, rsum = 0;
+      for (int p = 0; p < n; ++p) {
+        sum += val(p, i);
+        prod *= val(p, i);
+        rsum += val(p, rank * c + i);
+      }
+      ASSERT_EQ(out[i], sum) << "all_reduce at " << i;
+      ASSERT_EQ(inplace[i], val(n - 1, i)) << "in-place all_reduce at " << i;
+      ASSERT_EQ(red[i], rank == n - 1 ? prod : -1) << "reduce at " << i;
+      ASSERT_EQ(bc[i], val(1, i)) << "broadcast at " << i;
+      ASSERT_EQ(rs[i], rsum) << "reduce_scatter at " << i;
+      for (int p = 0; p < n; ++p)
+        ASSERT_EQ(ag[p * c + i], val(p, i)) << "all_gather from " << p << " at " << i;
+    }
+    // The canonical in-place layouts of all_gather and reduce_scatter.
+    Buffer<int32_t> agi(true, c * n, -1), rsi(true, c * n, 0);
+    for (size_t i = 0; i < c; ++i) agi[rank * c + i] = val(rank, i);
+    for (size_t i = 0; i < c * n; ++i) rsi[i] = val(rank, i);
+    BRAID_ASSERT_OK(braid_all_gather(agi.data() + rank * c, agi.data(), c, BRAID_INT32, comm, s));
+    BRAID_ASSERT_OK(
+        braid_reduce_scatter(rsi.data(), rsi.data() + rank * c, c, BRAID_INT32, BRAID_SUM, comm, s));
+    cu.stream_synchronize(s);
+    for (size_t i = 0; i < c; ++i) {
+      int32_t rsum = 0;
+      for (int p = 0; p < n; ++p) rsum += val(p, rank * c + i);
+      ASSERT_EQ(rsi[rank * c + i], rsum) << "in-place reduce_scatter at " << i;
+      for (int p = 0; p < n; ++p) ASSERT_EQ(agi[p * c + i], val(p, i)) << "in-place all_gather at " << i;
+    }
+  }
+}
+
+TEST(CudaIpc, EveryCollectiveIsExactAcrossChunks) {
+  for (int n : {2, 3, 4}) {
+    SCOPED_TRACE(std::to_string(n) + " ranks");
+    run_ranks(n, ipc_env(), [](braid_comm_t comm, int rank, int nranks) {
+      const FakeCuda& cu = fake_cuda();
+      void* s = cu.stream_create();
+      run_every_collective(comm, rank, nranks, s);
+      // Every peer's window is mapped here, and the data came through them.
+      EXPECT_EQ(cu.live_imports(), nranks - 1);
+      uint64_t ipc_bytes = 0;
+      BRAID_ASSERT_OK(braid_comm_transport_bytes(comm, "cuda_ipc", &ipc_bytes));
+      EXPECT_GT(ipc_bytes, uint64_t{40000} * sizeof(int32_t));
+      cu.stream_destroy(s);
+    });
+  }
+}
+
+TEST(CudaIpc, FloatingTypesAndAverage) {
+  run_ranks(3, ipc_env(), [](braid_comm_t comm, int rank, int n) {
+    const FakeCuda& cu = fake_cuda();
+    void* s = cu.stream_create();
+    const size_t c = 30001;  // several chunks of float64
+    Buffer<double> d(true, c, 0.0);
+    Buffer<float> f(true, c, 0.0f);
+    Buffer<uint16_t> b(true, c, 0);  // bfloat16
+    for (size_t i = 0; i < c; ++i) {
+      d[i] = (rank + 1) * 0.5 + static_cast<double>(i);
+      f[i] = static_cast<float>((rank + 1) * (i % 7));
+      b[i] = 0x3f80;  // 1.0
+    }
+    BRAID_ASSERT_OK(braid_all_reduce(d.data(), d.data(), c, BRAID_FLOAT64, BRAID_AVG, comm, s));
+    BRAID_ASSERT_OK(braid_all_reduce(f.data(), f.data(), c, BRAID_FLOAT32, BRAID_MIN, comm, s));
+    BRAID_ASSERT_OK(braid_all_reduce(b.data(), b.data(), c, BRAID_BFLOAT16, BRAID_SUM, comm, s));
+    cu.stream_synchronize(s);
+    double mean_offset = 0;
+    for (int p = 0; p < n; ++p) mean_offset += (p + 1) * 0.5;
+    mean_offset /= n;
+    for (size_t i = 0; i < c; ++i) {
+      ASSERT_EQ(d[i], (static_cast<double>(i) * n + mean_offset * n) / n) << i;
+      ASSERT_EQ(f[i], static_cast<float>(i % 7)) << i;
+      ASSERT_EQ(b[i], 0x4040) << i;  // 3.0
+    }
+    cu.stream_destroy(s);
+  });
+}
+
+// Nine ranks: more sources than one kernel takes (8), so slices are folded.
+TEST(CudaIpc, MoreRanksThanAKernelTakesSources) {
+  run_ranks(
+      9, ipc_env({{"FAKE_CUDA_JITTER_US", "0"}}),
+      [](braid_comm_t comm, int rank, int n) {
+        const FakeCuda& cu = fake_cuda();
+        void* s = cu.stream_create();
+        const size_t c = 2000;
+        Buffer<int32_t> x(true, c, 0);
+        for (size_t i = 0; i < c; ++i) x[i] = val(rank, i);
+        BRAID_ASSERT_OK(braid_all_reduce(x.data(), x.data(), c, BRAID_INT32, BRAID_SUM, comm, s));
+        Buffer<int32_t> rs(true, 3, -1), in(true, 3 * n, 0);
+        for (size_t i = 0; i < 3 * static_cast<size_t>(n); ++i) in[i] = val(rank, i);
+        BRAID_ASSERT_OK(braid_reduce_scatter(in.data(), rs.data(), 3, BRAID_INT32, BRAID_SUM, comm, s));
+        cu.stream_synchronize(s);
+        for (size_t i = 0; i < c; ++i) {
+          int32_t sum = 0;
+          for (int p = 0; p < n; ++p) sum += val(p, i);
+          ASSERT_EQ(x[i], sum) << i;
+        }
+        for (size_t i = 0; i < 3; ++i) {
+          int32_t sum = 0;
+          for (int p = 0; p < n; ++p) sum += val(p, rank * 3 + i);
+          ASSERT_EQ(rs[i], sum) << i;
+        }
+        cu.stream_destroy(s);
+      },
+      300);
+}
+
+// A "kernel" on the stream: writes rank-dependent values when the stream
+// gets there.
+struct Fill {
+  Buffer<int32_t>* v;
+  int rank;
+  static void run(void* p) {
+    auto* f = static_cast<Fill*>(p);
+    for (size_t i = 0; i < f->v->size(); ++i) (*f->v)[i] = val(f->rank, i);
+  }
+};
+
+TEST(CudaIpc, TheCallReturnsAtOnceAndKeepsStreamOrder) {
+  run_ranks(3, ipc_env(), [](braid_comm_t comm, int rank, int n) {
+    const FakeCuda& cu = fake_cuda();
+    void* s = cu.stream_create();
+    // The first call sets the windows up (blocking, once); later ones only enqueue.
+    Buffer<int32_t> warm(true, 1, 1);
+    BRAID_ASSERT_OK(braid_all_reduce(warm.data(), warm.data(), 1, BRAID_INT32, BRAID_SUM, comm, s));
+    cu.stream_synchronize(s);
+    const size_t c = 50000;
+    Buffer<int32_t> in(true, c, -1), out(true, c, -2);
+    Fill fill{&in, rank};
+    cu.stream_hold(s, 1);
+    ASSERT_EQ(cu.launch_host_func(s, &Fill::run, &fill), 0);
+    braid_request_t req = nullptr;
+    BRAID_ASSERT_OK(braid_iall_reduce(in.data(), out.data(), c, BRAID_INT32, BRAID_SUM, comm, s, &req));
+    // Returned with the stream held: nothing read, nothing written.
+    EXPECT_EQ(in[0], -1);
+    EXPECT_EQ(out[0], -2);
+    cu.stream_hold(s, 0);
+    // braid_wait covers the results (no stream synchronisation).
+    BRAID_ASSERT_OK(braid_wait(&req));
+    for (size_t i = 0; i < c; ++i) {
+      int32_t sum = 0;
+      for (int p = 0; p < n; ++p) sum += val(p, i);
+      ASSERT_EQ(out[i], sum) << i;
+    }
+    cu.stream_synchronize(s);
+    cu.stream_destroy(s);
+  });
+}
+
+// An input that overlaps its output other than in place is copied aside first.
+TEST(CudaIpc, OverlappingBuffersAreStillExact) {
+  run_ranks(2, ipc_env(), [](braid_comm_t comm, int rank, int n) {
+    const FakeCuda& cu = fake_cuda();
+    void* s = cu.stream_create();
+    const size_t c = 20000;
+    Buffer<int32_t> x(true, c + 3, 0);
+    for (size_t i = 0; i < c + 3; ++i) x[i] = val(rank, i);
+    // recvbuf three elements ahead of sendbuf: writing chunk k overwrites
+    // input of chunk k+1 unless the input was copied first.
+    BRAID_ASSERT_OK(braid_all_reduce(x.data(), x.data() + 3, c, BRAID_INT32, BRAID_SUM, comm, s));
+    cu.stream_synchronize(s);
+    for (size_t i = 0; i < c; ++i) {
+      int32_t sum = 0;
+      for (int p = 0; p < n; ++p) sum += val(p, i);
+      ASSERT_EQ(x[i + 3], sum) << i;
+    }
+    cu.stream_destroy(s);
+  });
+}
+
+// Communicators made by split, destroyed in the body: the windows are
+// unmapped and freed in step, never while another rank maps them.
+TEST(CudaIpc, DestroyUnmapsAndFreesEveryWindow) {
+  run_ranks(3, ipc_env(), [](braid_comm_t comm, int rank, int n) {
+    const FakeCuda& cu = fake_cuda();
+    void* s = cu.stream_create();
+    for (int round = 0; round < 2; ++round) {
+      braid_comm_t sub = nullptr;
+      BRAID_ASSERT_OK(braid_comm_split(comm, 0, rank, &sub));
+      Buffer<int32_t> x(true, 100, rank + 1);
+      BRAID_ASSERT_OK(braid_all_reduce(x.data(), x.data(), x.size(), BRAID_INT32, BRAID_SUM, sub, s));
+      cu.stream_synchronize(s);
+      EXPECT_EQ(x[99], n * (n + 1) / 2);
+      EXPECT_EQ(cu.live_allocs(), 1);  // this rank's window
+      EXPECT_EQ(cu.live_imports(), n - 1);
+      BRAID_ASSERT_OK(braid_comm_destroy(sub));
+      EXPECT_EQ(cu.live_allocs(), 0);
+      EXPECT_EQ(cu.live_imports(), 0);
+      EXPECT_EQ(cu.violations(), 0);
+    }
+    cu.stream_destroy(s);
+  });
+}
+
+// One rank cannot map the others' windows: every rank learns it at the
+// first call and every call goes through host staging, exact all the same;
+// the windows made are given back.
+TEST(CudaIpc, ARankThatCannotMapFallsBackToHostStagingEverywhere) {
+  run_ranks(3, ipc_env(), [](braid_comm_t comm, int rank, int n) {
+    const FakeCuda& cu = fake_cuda();
+    if (rank == 2) cu.fail_ipc_open(1);
+    void* s = cu.stream_create();
+    run_every_collective(comm, rank, n, s);
+    EXPECT_EQ(cu.live_imports(), 0);
+    EXPECT_EQ(cu.live_allocs(), 0);
+    EXPECT_EQ(cu.violations(), 0);
+    uint64_t ipc_bytes = 1;
+    BRAID_ASSERT_OK(braid_comm_transport_bytes(comm, "cuda_ipc", &ipc_bytes));
+    EXPECT_EQ(ipc_bytes, 0u);
+    cu.stream_destroy(s);
+  });
+}
+
+// So does a job whose kernel library is missing.
+TEST(CudaIpc, NoKernelLibraryMeansHostStaging) {
+  run_ranks(
+      2, ipc_env({{"BRAID_CUDA_KERNELS", "/nonexistent/libbraid_cuda.so.0"}}),
+      [](braid_comm_t comm, int rank, int n) {
+        const FakeCuda& cu = fake_cuda();
+        void* s = cu.stream_create();
+        Buffer<int32_t> x(true, 1000, rank + 1);
+        BRAID_ASSERT_OK(braid_all_reduce(x.data(), x.data(), x.size(), BRAID_INT32, BRAID_SUM, comm, s));
+        cu.stream_synchronize(s);
+        EXPECT_EQ(x[999], n * (n + 1) / 2);
+        EXPECT_EQ(cu.live_imports(), 0);
+        EXPECT_EQ(cu.live_allocs(), 0);
+        cu.stream_destroy(s);
+      });
+}
+
+// Ranks that disagree on the path (host memory on one, device memory on
+// the other) fail with a mismatch that says so, instead of exchanging data
+// that does not line up.
+TEST(CudaIpc, HostMemoryOnOneRankAndDeviceMemoryOnAnotherIsAMismatch) {
+  auto result = launch(2, ipc_env({{"BRAID_TIMEOUT", "20"}}), [](braid_comm_t comm, int rank, int) {
+    const FakeCuda& cu = fake_cuda();
+    void* s = cu.stream_create();
+    Buffer<int32_t> warm(true, 1, 1);
+    BRAID_ASSERT_OK(braid_all_reduce(warm.data(), warm.data(), 1, BRAID_INT32, BRAID_SUM, comm, s));
+    cu.stream_synchronize(s);
+    Buffer<int32_t> x(rank == 0, 1000, 1);
+    braid_request_t req = nullptr;
+    BRAID_ASSERT_OK(braid_iall_reduce(x.data(), x.data(), x.size(), BRAID_INT32, BRAID_SUM, comm, s, &req));
+    EXPECT_EQ(braid_wait(&req), BRAID_ERR_MISMATCH);
+    const std::string m = braid_get_last_error();
+    EXPECT_NE(m.find("device memory through CUDA IPC"), std::string::npos) << m;
+    cu.stream_synchronize(s);  // the failed op released the stream
+    cu.stream_destroy(s);
+  });
+  ASSERT_TRUE(result.ok()) << result.describe();
+}
+
+// A peer that dies after the setup: the op fails naming it, the stream is
+// released, destroy returns, and this rank's window is kept (the dead peer
+// may still map it) rather than freed under it.
+TEST(CudaIpc, ADeadPeerFailsTheOpAndReleasesTheStream) {
+  auto result = launch(
+      2, ipc_env({{"BRAID_TIMEOUT", "5"}}),
+      [](braid_comm_t comm, int rank, int) {
+        const FakeCuda& cu = fake_cuda();
+        void* s = cu.stream_create();
+        braid_comm_t sub = nullptr;
+        BRAID_ASSERT_OK(braid_comm_split(comm, 0, rank, &sub));
+        Buffer<int32_t> x(true, 30000, 1);
+        BRAID_ASSERT_OK(braid_all_reduce(x.data(), x.data(), x.size(), BRAID_INT32, BRAID_SUM, sub, s));
+        cu.stream_synchronize(s);
+        if (rank == 1) _exit(0);
+        braid_request_t req = nullptr;
+        BRAID_ASSERT_OK(
+            braid_iall_reduce(x.data(), x.data(), x.size(), BRAID_INT32, BRAID_SUM, sub, s, &req));
+        EXPECT_NE(braid_wait(&req), BRAID_SUCCESS);
+        const std::string m = braid_get_last_error();
+        EXPECT_NE(m.find("rank 1"), std::string::npos) << m;
+        cu.stream_synchronize(s);
+        BRAID_EXPECT_OK(braid_comm_destroy(sub));
+        EXPECT_EQ(cu.live_imports(), 0);
+        EXPECT_EQ(cu.violations(), 0);
+        cu.stream_destroy(s);
+      },
+      60);
+  ASSERT_TRUE(result.ok()) << result.describe();
+}
+
+}  // namespace
+}  // namespace braid::test
