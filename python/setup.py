@@ -5,10 +5,14 @@
 --no-build-isolation builds against the torch already installed (the
 extension must match its C++ and pybind11 ABI, which torch's
 cpp_extension takes from torch itself). libbraid is built from this
-checkout with CMake and linked in statically.
+checkout with CMake and linked in statically; where nvcc is found, the CUDA
+kernel library (libbraid_cuda) is built too and installed inside the package,
+where libbraid looks for it (CUDA tensors between the ranks of a host move
+device to device with it).
 """
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +33,15 @@ ROOT = HERE.parent
 BRAID_BUILD = Path(os.environ.get("BRAID_TORCH_LIB_BUILD", ROOT / "build-python"))
 
 
+CUDA_KERNELS = "libbraid_cuda.so.0"
+
+
+def cuda_kernels_built():
+    """Whether CMake found nvcc for BRAID_BUILD (its cache says so)."""
+    cache = BRAID_BUILD / "CMakeCache.txt"
+    return cache.exists() and "BRAID_HAVE_CUDA_BUILD:INTERNAL=ON" in cache.read_text()
+
+
 class BuildWithLibbraid(BuildExtension):
     def run(self):
         jobs = str(max(1, min(os.cpu_count() or 1, 8)))
@@ -37,13 +50,16 @@ class BuildWithLibbraid(BuildExtension):
                 "cmake", "-S", str(ROOT), "-B", str(BRAID_BUILD),
                 "-DCMAKE_BUILD_TYPE=Release",
                 "-DBRAID_BUILD_TESTS=OFF", "-DBRAID_BUILD_BENCH=OFF", "-DBRAID_BUILD_TOOLS=OFF",
-                # The extension links libbraid only; the CUDA kernels are a
-                # separate library it does not use yet.
-                "-DBRAID_CUDA=OFF",
+                "-DBRAID_BUILD_EXAMPLES=OFF", "-DBRAID_WITH_TORCH=OFF", "-DBRAID_CUDA=AUTO",
             ]
         )
-        subprocess.check_call(["cmake", "--build", str(BRAID_BUILD), "--target", "braid_static", "-j", jobs])
+        targets = ["braid_static"] + (["braid_cuda"] if cuda_kernels_built() else [])
+        subprocess.check_call(["cmake", "--build", str(BRAID_BUILD), "--target", *targets, "-j", jobs])
         super().run()
+        if cuda_kernels_built():
+            # Beside the extension, where libbraid (linked into it) looks.
+            package_dir = Path(self.get_ext_fullpath("braid_torch._C")).parent
+            shutil.copyfile(BRAID_BUILD / CUDA_KERNELS, package_dir / CUDA_KERNELS)
 
 
 ext = CppExtension(

@@ -12,7 +12,8 @@
  *   (all_gather: sendbuf == recvbuf + rank * count; reduce_scatter:
  *   recvbuf == sendbuf + rank * count).
  * - `stream`: NULL for a host-ordered operation on host memory. A CUDA stream
- *   (a cudaStream_t; not the legacy default stream, which is NULL) makes the
+ *   (a cudaStream_t; the legacy default stream, whose handle is NULL, as
+ *   cudaStreamLegacy, and the per-thread one as cudaStreamPerThread) makes the
  *   operation stream-ordered, with NCCL's semantics: buffers may be device or
  *   host memory, the call enqueues the operation on the stream and returns,
  *   and the operation reads its inputs once the stream's earlier work is done;

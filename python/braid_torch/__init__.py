@@ -1,14 +1,20 @@
 """braid as a torch.distributed backend.
 
-Importing this package registers the backend "braid" for CPU tensors::
+Importing this package registers the backend "braid" for CPU tensors, and
+for CUDA tensors where torch was built with CUDA::
 
     import torch.distributed as dist
     import braid_torch  # noqa: F401  (registers "braid")
     dist.init_process_group("braid")  # env://, tcp:// or file://, as with gloo
 
 Each process group (the default one and every new_group) is one braid
-communicator, joined through the group's store. CUDA tensors are not handled
-yet: pair braid with NCCL as ``init_process_group("cpu:braid,cuda:nccl")``.
+communicator, joined through the group's store, for CPU and CUDA tensors
+alike. Operations on CUDA tensors are stream-ordered, as with NCCL: they are
+enqueued on the current stream and the call returns; ``work.wait()`` makes
+the current stream wait. Between the ranks of one host, all_reduce,
+broadcast, reduce, all_gather and reduce_scatter move device to device
+(CUDA IPC, several ranks may share a GPU); other operations, and jobs across
+hosts, go through pinned host memory.
 """
 
 import torch
@@ -78,4 +84,5 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
 
 
 if not hasattr(dist.Backend, "BRAID"):
-    dist.Backend.register_backend("braid", create_backend, extended_api=True, devices=["cpu"])
+    _devices = ["cpu", "cuda"] if torch.version.cuda is not None else ["cpu"]
+    dist.Backend.register_backend("braid", create_backend, extended_api=True, devices=_devices)

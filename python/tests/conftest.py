@@ -64,3 +64,15 @@ def assert_all_ok(results, what=""):
 @pytest.fixture
 def ranks():
     return launch
+
+
+def assert_state_dicts_close(out, rtol, atol):
+    """braid's trained state (out["braid"]) matches gloo's (out["gloo"])."""
+    import torch
+
+    for name, gloo_value in out["gloo"].items():
+        braid_value = out["braid"][name]
+        if gloo_value.is_floating_point():
+            torch.testing.assert_close(braid_value, gloo_value, rtol=rtol, atol=atol, msg=f"parameter {name}")
+        else:
+            assert torch.equal(braid_value, gloo_value), name

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from conftest import WORKERS, assert_all_ok, free_port, launch
+from conftest import WORKERS, assert_all_ok, assert_state_dicts_close, free_port, launch
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
@@ -54,12 +54,7 @@ def test_ddp_matches_across_ranks_and_matches_gloo(world, tmp_path):
         results = launch("ddp_train", world, backend=backend, env={"DDP_OUT": str(path), "DDP_STEPS": "6"})
         assert_all_ok(results, f"DDP training through {backend}")
         out[backend] = torch.load(path)
-    for name, gloo_value in out["gloo"].items():
-        braid_value = out["braid"][name]
-        if gloo_value.is_floating_point():
-            torch.testing.assert_close(braid_value, gloo_value, rtol=1e-5, atol=1e-6, msg=f"parameter {name}")
-        else:
-            assert torch.equal(braid_value, gloo_value), name
+    assert_state_dicts_close(out, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("scheme", ["tcp", "file"])

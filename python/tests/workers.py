@@ -41,6 +41,15 @@ def expect_raises(fn, *fragments):
     raise AssertionError(f"no error raised; expected one mentioning {fragments}")
 
 
+def expect_same_parameters_everywhere(model, step, rank, world):
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    everyone = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(everyone, flat)
+    for r, other in enumerate(everyone):
+        if not torch.equal(other, flat):
+            raise AssertionError(f"step {step}: rank {r}'s parameters differ from rank {rank}'s")
+
+
 # ---- scenarios ----
 
 
@@ -234,11 +243,11 @@ def bad_input():
     expect_raises(lambda: dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND), "braid", "need an integer")
     expect_raises(lambda: dist.all_reduce(t, op=dist.ReduceOp.AVG), "braid", "AVG needs a floating dtype")
     expect_raises(lambda: dist.all_reduce(torch.ones(2, dtype=torch.int16)), "braid", "cannot reduce dtype")
-    # No GPU here: a meta tensor handed to the backend directly (torch's
-    # dispatcher would route it away) takes the same non-CPU path.
+    # A device braid does not take: a meta tensor handed to the backend
+    # directly (torch's dispatcher would route it away).
     backend = dist.group.WORLD._get_backend(torch.device("cpu"))
     meta = torch.empty(3, device="meta")
-    expect_raises(lambda: backend.allreduce([meta]), "braid", "CPU tensors only", "cpu:braid,cuda:nccl")
+    expect_raises(lambda: backend.allreduce([meta]), "braid", "meta", "CPU and CUDA tensors")
     expect_raises(
         lambda: dist.all_gather_into_tensor(torch.empty(3), torch.ones(2)), "braid", "all_gather_into_tensor"
     )
@@ -331,12 +340,7 @@ def ddp_train():
         loss = F.cross_entropy(model(data[batch]), labels[batch])
         loss.backward()
         opt.step()
-        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-        everyone = [torch.empty_like(flat) for _ in range(world)]
-        dist.all_gather(everyone, flat)
-        for r, other in enumerate(everyone):
-            if not torch.equal(other, flat):
-                raise AssertionError(f"step {step}: rank {r}'s parameters differ from rank {rank}'s")
+        expect_same_parameters_everywhere(model, step, rank, world)
     out = os.environ.get("DDP_OUT")
     if out and rank == 0:
         torch.save({k: v.detach().clone() for k, v in model.module.state_dict().items()}, out)
@@ -397,11 +401,111 @@ def torchrun_env():
     print(json.dumps({"rank": rank, "ok": True}), flush=True)
 
 
+# ---- CUDA tensors (python/tests/test_cuda.py; need a GPU) ----
+
+
+def cuda_device():
+    """Ranks share the GPUs there are, several to a GPU if need be."""
+    return torch.device("cuda", int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
+
+
+def cuda_collectives():
+    """Every operation on CUDA tensors, stream-ordered: results read back
+    after a stream synchronisation (or work.wait() and the future), exact."""
+    rank, world = init()
+    dev = cuda_device()
+    torch.cuda.set_device(dev)
+    r1 = rank + 1
+    total = world * (world + 1) // 2
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        # Several IPC chunks (32 MiB windows) at 20 M elements of float32.
+        for n in (1, 1000, 20_000_000 if dtype == torch.float32 else 5000):
+            t = torch.full((n,), r1, dtype=dtype, device=dev)
+            dist.all_reduce(t)
+            expect_equal(t, torch.full((n,), total, dtype=dtype, device=dev), f"all_reduce {dtype} x {n}")
+    t = torch.arange(12, dtype=torch.float32, device=dev) * r1
+    work = dist.all_reduce(t, op=dist.ReduceOp.AVG, async_op=True)
+    work.wait()  # the current stream waits; the CPU does not
+    got = work.get_future().wait()[0]
+    expect_equal(got, torch.arange(12, dtype=torch.float32, device=dev) * total / world, "async AVG")
+    # A non-contiguous tensor (staged, then copied back on the stream).
+    m = (torch.arange(12, dtype=torch.float32, device=dev).reshape(3, 4) * r1).t()
+    dist.all_reduce(m, op=dist.ReduceOp.MAX)
+    expect_equal(m, (torch.arange(12, dtype=torch.float32, device=dev).reshape(3, 4) * world).t(), "strided")
+    b = torch.full((5,), float(r1), device=dev)
+    dist.broadcast(b, src=world - 1)
+    expect_equal(b, torch.full((5,), float(world), device=dev), "broadcast")
+    red = torch.full((7,), float(r1), device=dev)
+    dist.reduce(red, dst=0, op=dist.ReduceOp.PRODUCT)
+    if rank == 0:
+        expect_equal(red, torch.full((7,), float(torch.prod(torch.arange(1, world + 1))), device=dev), "reduce")
+    outs = [torch.empty(3, device=dev) for _ in range(world)]
+    dist.all_gather(outs, torch.full((3,), float(r1), device=dev))
+    for p, o in enumerate(outs):
+        expect_equal(o, torch.full((3,), float(p + 1), device=dev), f"all_gather from {p}")
+    big = torch.empty(world * 4, device=dev)
+    dist.all_gather_into_tensor(big, torch.full((4,), float(r1), device=dev))
+    expect_equal(big, torch.arange(1, world + 1, device=dev, dtype=torch.float32).repeat_interleave(4), "agit")
+    rs = torch.empty(4, device=dev)
+    dist.reduce_scatter_tensor(rs, torch.arange(world * 4, dtype=torch.float32, device=dev) * r1)
+    expect_equal(rs, torch.arange(rank * 4, rank * 4 + 4, dtype=torch.float32, device=dev) * total, "rs_tensor")
+    a2a = torch.empty(world * 2, device=dev)
+    dist.all_to_all_single(a2a, torch.full((world * 2,), float(r1), device=dev))
+    expect_equal(a2a, torch.arange(1, world + 1, device=dev, dtype=torch.float32).repeat_interleave(2), "a2a")
+    # Point-to-point (host staging): a ring.
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    got = torch.empty(6, device=dev)
+    ops = [dist.P2POp(dist.isend, torch.full((6,), float(r1), device=dev), nxt),
+           dist.P2POp(dist.irecv, got, prv)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    expect_equal(got, torch.full((6,), float(prv + 1), device=dev), "ring")
+    # CPU and CUDA tensors on one group, interleaved.
+    c = torch.full((3,), float(r1))
+    dist.all_reduce(c)
+    expect_equal(c, torch.full((3,), float(total)), "CPU all_reduce between CUDA ones")
+    expect_raises(lambda: dist.recv(torch.empty(1, device=dev)), "braid", "CPU tensors")
+    dist.barrier()
+    torch.cuda.synchronize()
+    dist.destroy_process_group()
+    print(f"rank {rank}: cuda collectives ok", flush=True)
+
+
+def cuda_ddp_train():
+    """DDP on a CUDA model: parameters equal across ranks after every step,
+    written out for the comparison with gloo."""
+    rank, world = init()
+    dev = cuda_device()
+    torch.cuda.set_device(dev)
+    torch.manual_seed(1234)
+    model = nn.parallel.DistributedDataParallel(SmallCNN().to(dev), device_ids=[dev])
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    gen = torch.Generator().manual_seed(99)
+    data = torch.randn(64, 1, 28, 28, generator=gen).to(dev)
+    labels = torch.randint(0, 10, (64,), generator=gen).to(dev)
+    steps = int(os.environ.get("DDP_STEPS", "5"))
+    for step in range(steps):
+        batch = torch.arange(rank * 4, rank * 4 + 4, device=dev) + (step * 4 * world) % 32
+        opt.zero_grad()
+        loss = F.cross_entropy(model(data[batch]), labels[batch])
+        loss.backward()
+        opt.step()
+        expect_same_parameters_everywhere(model, step, rank, world)
+    out = os.environ.get("DDP_OUT")
+    if out and rank == 0:
+        torch.save({k: v.detach().cpu().clone() for k, v in model.module.state_dict().items()}, out)
+    dist.destroy_process_group()
+    print(f"rank {rank}: cuda ddp ok after {steps} steps, loss {loss.item():.4f}", flush=True)
+    if BACKEND == "gloo":
+        sys.stdout.flush()
+        os._exit(0)  # see ddp_train
+
+
 SCENARIOS = {
     f.__name__: f
     for f in (
         collectives, bad_input, dead_peer, hung_peer, absent_from_barrier, ddp_train, torchrun_env, init_methods,
-        pending_recv,
+        pending_recv, cuda_collectives, cuda_ddp_train,
     )
 }
 

@@ -1,6 +1,8 @@
 #include "backend.h"
 
 #include <ATen/Functions.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -20,9 +22,8 @@ std::exception_ptr backend_error(const std::string& message) {
 }
 
 void check_tensor(const at::Tensor& t, const char* op) {
-  TORCH_CHECK(t.device().is_cpu(), "braid: ", op, " got a tensor on ", t.device(),
-              "; this build handles CPU tensors only (the CUDA path is not implemented yet). "
-              "init_process_group(\"cpu:braid,cuda:nccl\") pairs braid with NCCL for CUDA tensors.");
+  TORCH_CHECK(t.device().is_cpu() || t.device().is_cuda(), "braid: ", op, " got a tensor on ", t.device(),
+              "; braid takes CPU and CUDA tensors");
   TORCH_CHECK(t.layout() == c10::kStrided, "braid: ", op, " needs dense (strided) tensors, got layout ",
               t.layout());
 }
@@ -35,6 +36,8 @@ void check_single(const std::vector<at::Tensor>& tensors, const char* op) {
 
 void check_same(const at::Tensor& a, const at::Tensor& b, const char* op, const char* what) {
   check_tensor(b, op);
+  TORCH_CHECK(a.device() == b.device(), "braid: ", op, ": ", what, " is on ", b.device(),
+              " but the input on ", a.device(), " (one device per call)");
   TORCH_CHECK(a.scalar_type() == b.scalar_type(), "braid: ", op, ": ", what, " has dtype ", b.scalar_type(),
               " but the input has ", a.scalar_type());
 }
@@ -235,11 +238,47 @@ void split_layout(const at::Tensor& t, const std::vector<int64_t>& splits, int s
 
 // ---- BraidWork ----
 
-BraidWork::BraidWork(int rank, c10d::OpType type, std::string what, std::vector<at::Tensor> outputs)
+// The current stream of a CUDA device, through the device-generic guard
+// torch registers for CUDA (no CUDA headers or libraries needed here).
+c10::Stream current_stream(c10::Device device) {
+  return c10::impl::VirtualGuardImpl(device.type()).getStream(device);
+}
+
+BraidWork::BraidWork(int rank, c10d::OpType type, std::string what, std::vector<at::Tensor> outputs,
+                     c10::Device device, braid_comm_t comm)
     : c10d::Work(rank, type),
       what_(std::move(what)),
       outputs_(std::move(outputs)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(tensor_list_type())) {}
+      device_(device),
+      comm_(comm),
+      future_(device.is_cuda() ? c10::make_intrusive<c10::ivalue::Future>(tensor_list_type(),
+                                                                          std::vector<c10::Device>{device})
+                               : c10::make_intrusive<c10::ivalue::Future>(tensor_list_type())) {
+  if (device.is_cuda()) {
+    stream = current_stream(device).native_handle();
+    // torch's default stream is the legacy default stream, whose handle is
+    // NULL, which braid reads as host-ordered: name it as CU_STREAM_LEGACY
+    // (cudaStreamLegacy) instead, the same stream to the driver.
+    if (stream == nullptr) stream = reinterpret_cast<braid_stream_t>(0x1);
+  }
+}
+
+void BraidWork::complete_enqueued() {
+  // The copies out go on the stream behind braid's op, in order.
+  if (on_success) on_success();
+  const c10::Stream s = current_stream(device_);
+  event_.emplace(device_.type());
+  event_->record(s);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    completed_ = true;
+    keep_alive.clear();  // freed to the stream's pool: reused behind braid's op only
+    on_success = nullptr;
+  }
+  cv_.notify_all();
+  // A CUDA future: it records the stream's state, and waiters sync with it.
+  future_->markCompleted(c10::IValue(outputs_));
+}
 
 BraidWork::~BraidWork() {
   for (braid_request_t r : requests_) braid_request_free(r);
@@ -328,6 +367,8 @@ void BraidWork::finalize() {
 
 bool BraidWork::isCompleted() {
   std::lock_guard<std::mutex> lock(mutex_);
+  // Stream-ordered: done once the device ran it, as NCCL's works report.
+  if (event_) return completed_ && event_->query();
   return completed_;
 }
 
@@ -337,6 +378,18 @@ bool BraidWork::isSuccess() const {
 }
 
 bool BraidWork::wait(std::chrono::milliseconds timeout) {
+  if (stream != nullptr) {
+    // The caller's current stream waits for the op on the device; the CPU
+    // does not. A failure seen so far breaks the communicator: report it.
+    event_->block(current_stream(device_));
+    braid_result_t async = BRAID_SUCCESS;
+    braid_comm_get_async_error(comm_, &async);
+    if (async != BRAID_SUCCESS)
+      C10_THROW_ERROR(DistBackendError, "braid: " + what_ + ": the communicator failed (" +
+                                            braid_get_error_string(async) +
+                                            "): " + braid_comm_get_last_error(comm_));
+    return true;
+  }
   if (timeout == kNoTimeout) {
     // Drive braid on this thread: the quickest way to the result.
     waiter_.store(true);
@@ -484,15 +537,22 @@ void BraidBackend::shutdown() {
 }
 
 c10::intrusive_ptr<BraidWork> BraidBackend::make_work(c10d::OpType type, const char* op,
-                                                      std::vector<at::Tensor> outputs) {
+                                                      std::vector<at::Tensor> outputs, c10::Device device) {
   TORCH_CHECK(comm_ != nullptr, "braid: ", op, " on a process group that was shut down or aborted");
   if (!c10d::isP2POp(type)) seq_.fetch_add(1);
   return c10::make_intrusive<BraidWork>(rank_, type, std::string(op) + " (" + describe() + ")",
-                                        std::move(outputs));
+                                        std::move(outputs), device, comm_);
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::launch(const c10::intrusive_ptr<BraidWork>& work,
                                                     const StartFn& start, bool grouped, bool blocking) {
+  // Stream-ordered calls return once enqueued: their blocking form is
+  // enough, and nothing is left to track.
+  if (work->stream != nullptr) blocking = true;
+  // braid finds the context of the legacy default stream as the calling
+  // thread's current one: the tensors' device's.
+  c10::OptionalDeviceGuard device_guard;
+  if (work->stream != nullptr) device_guard.reset_device(work->device());
   std::vector<braid_request_t> requests;
   {
     // Blocking calls run under the lock too: they are this rank's next
@@ -514,6 +574,12 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::launch(const c10::intrusive_ptr<Bra
       }
     }
   }
+  if (work->stream != nullptr) {
+    // An i-form some op calls directly: the op completes on its own.
+    for (braid_request_t r : requests) braid_request_free(r);
+    work->complete_enqueued();
+    return work;
+  }
   work->track(std::move(requests), &completions_);  // none when blocking: completes at once
   return work;
 }
@@ -524,7 +590,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::broadcast(std::vector<at::Tensor>& 
                                                        const c10d::BroadcastOptions& opts) {
   check_single(tensors, "broadcast");
   at::Tensor t = tensors[0], buf = staged(t);
-  auto work = make_work(c10d::OpType::BROADCAST, "broadcast", {t});
+  auto work = make_work(c10d::OpType::BROADCAST, "broadcast", {t}, t.device());
   work->keep_alive = {buf};
   if (!buf.is_same(t)) work->on_success = [t, buf]() mutable { t.copy_(buf); };
   const int root = static_cast<int>(opts.rootRank);
@@ -532,8 +598,8 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::broadcast(std::vector<at::Tensor>& 
       work,
       [&](std::vector<braid_request_t>& reqs, bool blocking) {
         braid_request_t r = nullptr;
-        check(braid_ibroadcast(buf.data_ptr(), buf.data_ptr(), nbytes(buf), BRAID_UINT8, root, comm_, nullptr,
-                               &r),
+        check(braid_ibroadcast(buf.data_ptr(), buf.data_ptr(), nbytes(buf), BRAID_UINT8, root, comm_,
+                               work->stream, &r),
               "broadcast");
         reqs.push_back(r);
       },
@@ -547,14 +613,14 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allreduce(std::vector<at::Tensor>& 
   at::Tensor t = tensors[0];
   Reduction red = reduction_for(t, opts.reduceOp, "all_reduce");
   at::Tensor buf = reduction_buffer(t, red);
-  auto work = make_work(c10d::OpType::ALLREDUCE, "all_reduce", {t});
+  auto work = make_work(c10d::OpType::ALLREDUCE, "all_reduce", {t}, t.device());
   work->keep_alive = {buf};
   if (!buf.is_same(t)) work->on_success = [t, buf]() mutable { t.copy_(buf); };
   return launch(
       work,
       [&](std::vector<braid_request_t>& reqs, bool blocking) {
         BRAID_START(all_reduce, "all_reduce", buf.data_ptr(), buf.data_ptr(), buf.numel() * red.per_element,
-                    red.dtype, red.op, comm_, nullptr);
+                    red.dtype, red.op, comm_, work->stream);
       },
       false, !opts.asyncOp);
 }
@@ -612,7 +678,8 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allreduce_coalesced(
   for (auto& t : tensors)
     flat_parts.push_back(red.has_premul ? t.mul(red.premul).reshape(-1) : t.reshape(-1));
   at::Tensor flat = at::cat(flat_parts);
-  auto work = make_work(c10d::OpType::ALLREDUCE_COALESCED, "all_reduce_coalesced", tensors);
+  auto work =
+      make_work(c10d::OpType::ALLREDUCE_COALESCED, "all_reduce_coalesced", tensors, tensors[0].device());
   work->keep_alive = {flat};
   std::vector<at::Tensor> outs = tensors;
   work->on_success = [outs, flat]() mutable { copy_slices(flat, outs); };
@@ -620,7 +687,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allreduce_coalesced(
       work,
       [&](std::vector<braid_request_t>& reqs, bool blocking) {
         BRAID_START(all_reduce, "all_reduce_coalesced", flat.data_ptr(), flat.data_ptr(),
-                    flat.numel() * red.per_element, red.dtype, red.op, comm_, nullptr);
+                    flat.numel() * red.per_element, red.dtype, red.op, comm_, work->stream);
       },
       false, !opts.asyncOp);
 }
@@ -632,14 +699,14 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::reduce(std::vector<at::Tensor>& ten
   Reduction red = reduction_for(t, opts.reduceOp, "reduce");
   at::Tensor buf = reduction_buffer(t, red);
   const int root = static_cast<int>(opts.rootRank);
-  auto work = make_work(c10d::OpType::REDUCE, "reduce", {t});
+  auto work = make_work(c10d::OpType::REDUCE, "reduce", {t}, t.device());
   work->keep_alive = {buf};
   if (!buf.is_same(t) && root == rank_) work->on_success = [t, buf]() mutable { t.copy_(buf); };
   return launch(
       work,
       [&](std::vector<braid_request_t>& reqs, bool blocking) {
         BRAID_START(reduce, "reduce", buf.data_ptr(), buf.data_ptr(), buf.numel() * red.per_element,
-                    red.dtype, red.op, root, comm_, nullptr);
+                    red.dtype, red.op, root, comm_, work->stream);
       },
       false, !opts.asyncOp);
 }
@@ -658,7 +725,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allgather(std::vector<std::vector<a
   }
   const int64_t n = in.numel();
   at::Tensor flat = at::empty({size_ * n}, in.options());
-  auto work = make_work(c10d::OpType::ALLGATHER, "all_gather", outputs[0]);
+  auto work = make_work(c10d::OpType::ALLGATHER, "all_gather", outputs[0], in.device());
   work->keep_alive = {in, flat};
   std::vector<at::Tensor> outs = outputs[0];
   work->on_success = [outs, flat]() mutable { copy_slices(flat, outs); };
@@ -678,14 +745,14 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::_allgather_base(at::Tensor& output,
   TORCH_CHECK(output.numel() == input.numel() * size_, "braid: all_gather_into_tensor: the output has ",
               output.numel(), " elements, expected ", size_, " x ", input.numel());
   at::Tensor in = staged(input), out = staged(output);
-  auto work = make_work(c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output});
+  auto work = make_work(c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output}, input.device());
   work->keep_alive = {in, out};
   if (!out.is_same(output)) work->on_success = [output, out]() mutable { output.copy_(out); };
   return launch(
       work,
       [&](std::vector<braid_request_t>& reqs, bool blocking) {
         BRAID_START(all_gather, "all_gather_into_tensor", in.data_ptr(), out.data_ptr(), nbytes(in),
-                    BRAID_UINT8, comm_, nullptr);
+                    BRAID_UINT8, comm_, work->stream);
       },
       false, !opts.asyncOp);
 }
@@ -713,7 +780,8 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allgather_coalesced(
   at::Tensor flat_out = at::empty({size_ * total}, flat_in.options());
   std::vector<at::Tensor> all_outputs;
   for (auto& list : outputs) all_outputs.insert(all_outputs.end(), list.begin(), list.end());
-  auto work = make_work(c10d::OpType::ALLGATHER_COALESCED, "all_gather_coalesced", all_outputs);
+  auto work =
+      make_work(c10d::OpType::ALLGATHER_COALESCED, "all_gather_coalesced", all_outputs, inputs[0].device());
   work->keep_alive = {flat_in, flat_out};
   // Rank by rank, each rank's tensors in order: the layout of flat_out.
   work->on_success = [all_outputs, flat_out]() mutable { copy_slices(flat_out, all_outputs); };
@@ -721,7 +789,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allgather_coalesced(
       work,
       [&](std::vector<braid_request_t>& reqs, bool blocking) {
         BRAID_START(all_gather, "all_gather_coalesced", flat_in.data_ptr(), flat_out.data_ptr(),
-                    nbytes(flat_in), BRAID_UINT8, comm_, nullptr);
+                    nbytes(flat_in), BRAID_UINT8, comm_, work->stream);
       },
       false, !opts.asyncOp);
 }
@@ -740,7 +808,8 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allgather_into_tensor_coalesced(
     ins.push_back(staged(inputs[i]));
     outs.push_back(staged(outputs[i]));
   }
-  auto work = make_work(c10d::OpType::COALESCED, "all_gather_into_tensor_coalesced", outputs);
+  auto work = make_work(c10d::OpType::COALESCED, "all_gather_into_tensor_coalesced", outputs,
+                        inputs.empty() ? c10::Device(c10::kCPU) : inputs[0].device());
   work->keep_alive = ins;
   work->keep_alive.insert(work->keep_alive.end(), outs.begin(), outs.end());
   std::vector<at::Tensor> targets = outputs;
@@ -753,7 +822,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allgather_into_tensor_coalesced(
       [&](std::vector<braid_request_t>& reqs, bool blocking) {
         for (size_t i = 0; i < ins.size(); ++i) {
           BRAID_START(all_gather, "all_gather_into_tensor_coalesced", ins[i].data_ptr(), outs[i].data_ptr(),
-                      nbytes(ins[i]), BRAID_UINT8, comm_, nullptr);
+                      nbytes(ins[i]), BRAID_UINT8, comm_, work->stream);
         }
       },
       true, !opts.asyncOp);
@@ -783,7 +852,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::gather(std::vector<std::vector<at::
     TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
                 "braid: gather: only the root passes output tensors");
   }
-  auto work = make_work(c10d::OpType::GATHER, "gather", outs);
+  auto work = make_work(c10d::OpType::GATHER, "gather", outs, in.device());
   work->keep_alive = {in};
   if (flat.defined()) {
     work->keep_alive.push_back(flat);
@@ -793,7 +862,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::gather(std::vector<std::vector<at::
       work,
       [&](std::vector<braid_request_t>& reqs, bool blocking) {
         BRAID_START(gather, "gather", in.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr, nbytes(in),
-                    BRAID_UINT8, root, comm_, nullptr);
+                    BRAID_UINT8, root, comm_, work->stream);
       },
       false, !opts.asyncOp);
 }
@@ -822,7 +891,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::scatter(std::vector<at::Tensor>& ou
     TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
                 "braid: scatter: only the root passes input tensors");
   }
-  auto work = make_work(c10d::OpType::SCATTER, "scatter", {target});
+  auto work = make_work(c10d::OpType::SCATTER, "scatter", {target}, target.device());
   work->keep_alive = {out};
   if (flat.defined()) work->keep_alive.push_back(flat);
   if (!out.is_same(target)) work->on_success = [target, out]() mutable { target.copy_(out); };
@@ -830,7 +899,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::scatter(std::vector<at::Tensor>& ou
       work,
       [&](std::vector<braid_request_t>& reqs, bool blocking) {
         BRAID_START(scatter, "scatter", flat.defined() ? flat.data_ptr() : nullptr, out.data_ptr(),
-                    nbytes(out), BRAID_UINT8, root, comm_, nullptr);
+                    nbytes(out), BRAID_UINT8, root, comm_, work->stream);
       },
       false, !opts.asyncOp);
 }
@@ -851,14 +920,14 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::reduce_scatter(std::vector<at::Tens
     parts.push_back(red.has_premul ? t.mul(red.premul).reshape(-1) : t.reshape(-1));
   }
   at::Tensor flat = at::cat(parts), out = staged(target);
-  auto work = make_work(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", {target});
+  auto work = make_work(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", {target}, target.device());
   work->keep_alive = {flat, out};
   if (!out.is_same(target)) work->on_success = [target, out]() mutable { target.copy_(out); };
   return launch(
       work,
       [&](std::vector<braid_request_t>& reqs, bool blocking) {
         BRAID_START(reduce_scatter, "reduce_scatter", flat.data_ptr(), out.data_ptr(),
-                    out.numel() * red.per_element, red.dtype, red.op, comm_, nullptr);
+                    out.numel() * red.per_element, red.dtype, red.op, comm_, work->stream);
       },
       false, !opts.asyncOp);
 }
@@ -887,7 +956,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::reduce_scatter_tensor_coalesced(
     outs.push_back(staged(outputs[i]));
   }
   auto work = make_work(outputs.size() == 1 ? c10d::OpType::_REDUCE_SCATTER_BASE : c10d::OpType::COALESCED,
-                        name, outputs);
+                        name, outputs, outputs[0].device());
   work->keep_alive = ins;
   work->keep_alive.insert(work->keep_alive.end(), outs.begin(), outs.end());
   std::vector<at::Tensor> targets = outputs;
@@ -900,7 +969,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::reduce_scatter_tensor_coalesced(
       [&](std::vector<braid_request_t>& reqs, bool blocking) {
         for (size_t i = 0; i < ins.size(); ++i) {
           BRAID_START(reduce_scatter, name, ins[i].data_ptr(), outs[i].data_ptr(),
-                      outs[i].numel() * reds[i].per_element, reds[i].dtype, reds[i].op, comm_, nullptr);
+                      outs[i].numel() * reds[i].per_element, reds[i].dtype, reds[i].op, comm_, work->stream);
         }
       },
       ins.size() > 1, !opts.asyncOp);
@@ -913,7 +982,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::alltoall_base(at::Tensor& output, a
   check_tensor(input, "all_to_all_single");
   check_same(input, output, "all_to_all_single", "the output");
   at::Tensor in = staged(input), out = staged(output);
-  auto work = make_work(c10d::OpType::ALLTOALL_BASE, "all_to_all_single", {output});
+  auto work = make_work(c10d::OpType::ALLTOALL_BASE, "all_to_all_single", {output}, input.device());
   work->keep_alive = {in, out};
   if (!out.is_same(output)) work->on_success = [output, out]() mutable { output.copy_(out); };
   if (output_split_sizes.empty() && input_split_sizes.empty()) {
@@ -924,7 +993,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::alltoall_base(at::Tensor& output, a
         work,
         [&](std::vector<braid_request_t>& reqs, bool blocking) {
           BRAID_START(all_to_all, "all_to_all_single", in.data_ptr(), out.data_ptr(), nbytes(in) / size_,
-                      BRAID_UINT8, comm_, nullptr);
+                      BRAID_UINT8, comm_, work->stream);
         },
         false, !opts.asyncOp);
   }
@@ -935,7 +1004,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::alltoall_base(at::Tensor& output, a
       work,
       [&](std::vector<braid_request_t>& reqs, bool blocking) {
         BRAID_START(all_to_allv, "all_to_all_single", in.data_ptr(), sc.data(), sd.data(), out.data_ptr(),
-                    rc.data(), rd.data(), BRAID_UINT8, comm_, nullptr);
+                    rc.data(), rd.data(), BRAID_UINT8, comm_, work->stream);
       },
       false, !opts.asyncOp);
 }
@@ -964,7 +1033,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::alltoall(std::vector<at::Tensor>& o
   int64_t out_elems = 0;
   for (auto& o : outputs) out_elems += o.numel();
   at::Tensor flat_out = at::empty({out_elems}, inputs[0].options());
-  auto work = make_work(c10d::OpType::ALLTOALL, "all_to_all", outputs);
+  auto work = make_work(c10d::OpType::ALLTOALL, "all_to_all", outputs, inputs[0].device());
   work->keep_alive = {flat_in, flat_out};
   std::vector<at::Tensor> outs = outputs;
   work->on_success = [outs, flat_out]() mutable { copy_slices(flat_out, outs); };
@@ -972,7 +1041,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::alltoall(std::vector<at::Tensor>& o
       work,
       [&](std::vector<braid_request_t>& reqs, bool blocking) {
         BRAID_START(all_to_allv, "all_to_all", flat_in.data_ptr(), sc.data(), sd.data(), flat_out.data_ptr(),
-                    rc.data(), rd.data(), BRAID_UINT8, comm_, nullptr);
+                    rc.data(), rd.data(), BRAID_UINT8, comm_, work->stream);
       },
       false, !opts.asyncOp);
 }
@@ -980,27 +1049,31 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::alltoall(std::vector<at::Tensor>& o
 c10::intrusive_ptr<c10d::Work> BraidBackend::send(std::vector<at::Tensor>& tensors, int dst_rank, int) {
   check_single(tensors, "send");
   at::Tensor buf = staged(tensors[0]);
-  auto work = make_work(c10d::OpType::SEND, "send", {tensors[0]});
+  auto work = make_work(c10d::OpType::SEND, "send", {tensors[0]}, buf.device());
   work->keep_alive = {buf};
   return launch(work, [&](std::vector<braid_request_t>& reqs, bool blocking) {
-    BRAID_START(send, "send", buf.data_ptr(), nbytes(buf), BRAID_UINT8, dst_rank, comm_, nullptr);
+    BRAID_START(send, "send", buf.data_ptr(), nbytes(buf), BRAID_UINT8, dst_rank, comm_, work->stream);
   });
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::recv(std::vector<at::Tensor>& tensors, int src_rank, int) {
   check_single(tensors, "recv");
   at::Tensor t = tensors[0], buf = staged(t);
-  auto work = make_work(c10d::OpType::RECV, "recv", {t});
+  auto work = make_work(c10d::OpType::RECV, "recv", {t}, t.device());
   work->keep_alive = {buf};
   work->source_rank_ = src_rank;
   if (!buf.is_same(t)) work->on_success = [t, buf]() mutable { t.copy_(buf); };
   return launch(work, [&](std::vector<braid_request_t>& reqs, bool blocking) {
-    BRAID_START(recv, "recv", buf.data_ptr(), nbytes(buf), BRAID_UINT8, src_rank, comm_, nullptr);
+    BRAID_START(recv, "recv", buf.data_ptr(), nbytes(buf), BRAID_UINT8, src_rank, comm_, work->stream);
   });
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::recvAnysource(std::vector<at::Tensor>& tensors, int) {
   check_single(tensors, "recv (any source)");
+  // Its source is known only once it ran, which a stream-ordered work does
+  // not wait for.
+  TORCH_CHECK(tensors[0].device().is_cpu(), "braid: recv from any source takes CPU tensors, got one on ",
+              tensors[0].device(), "; receive from a named rank for CUDA tensors");
   at::Tensor t = tensors[0], buf = staged(t);
   auto work = make_work(c10d::OpType::RECVANYSOURCE, "recv (any source)", {t});
   work->keep_alive = {buf};
@@ -1008,7 +1081,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::recvAnysource(std::vector<at::Tenso
   BraidWork* w = work.get();  // braid writes the sender's rank once it is known
   return launch(work, [&](std::vector<braid_request_t>& reqs, bool blocking) {
     BRAID_START(recv_any, "recv (any source)", buf.data_ptr(), nbytes(buf), BRAID_UINT8, &w->source_rank_,
-                comm_, nullptr);
+                comm_, work->stream);
   });
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <braid/braid.h>
+#include <c10/core/Event.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -18,6 +19,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,9 +28,16 @@ namespace braid_torch {
 
 class CompletionQueue;
 
+// A work on CUDA tensors is stream-ordered (NCCL's semantics): braid
+// enqueues it on the device's current stream, and the work counts as done
+// once enqueued; wait() makes the caller's current stream wait for it, and
+// its Future is a CUDA future whose callbacks see the results in stream
+// order. Errors found later break the communicator: the next call, wait()
+// and getError() report them.
 class BraidWork : public c10d::Work {
  public:
-  BraidWork(int rank, c10d::OpType type, std::string what, std::vector<at::Tensor> outputs);
+  BraidWork(int rank, c10d::OpType type, std::string what, std::vector<at::Tensor> outputs,
+            c10::Device device, braid_comm_t comm);
   ~BraidWork() override;
 
   bool isCompleted() override;
@@ -43,18 +52,28 @@ class BraidWork : public c10d::Work {
   std::vector<at::Tensor> keep_alive;  // inputs and staging buffers in use by braid
   std::function<void()> on_success;    // copies staging buffers into the outputs
   int source_rank_ = -1;
+  // The CUDA stream the work is enqueued on (the current stream of its
+  // device), or null for CPU tensors.
+  braid_stream_t stream = nullptr;
 
   // Takes ownership of the requests and arms their callbacks.
   void track(std::vector<braid_request_t> requests, CompletionQueue* queue);
   // Completes the work once: copy-out, then the Future. Idempotent.
   void finalize();
+  // A stream-ordered work, once braid enqueued it: the copy-out enqueued
+  // behind it, an event recorded, the work and its Future complete.
+  void complete_enqueued();
   void record_error(braid_result_t code, const std::string& message);
   const std::string& what() const { return what_; }
+  c10::Device device() const { return device_; }
 
  private:
   friend class CompletionQueue;
   const std::string what_;  // "all_reduce (group 'default_pg', rank 0 of 2)"
   std::vector<at::Tensor> outputs_;
+  const c10::Device device_;
+  const braid_comm_t comm_;
+  std::optional<c10::Event> event_;  // behind a stream-ordered work on its stream
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::mutex requests_mu_;
   std::vector<braid_request_t> requests_;  // still owned by this work
@@ -158,7 +177,9 @@ class BraidBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> launch(const c10::intrusive_ptr<BraidWork>& work, const StartFn& start,
                                         bool grouped = false, bool blocking = false);
   c10::intrusive_ptr<c10d::Work> sparse_allreduce(at::Tensor t, const c10d::AllreduceOptions& opts);
-  c10::intrusive_ptr<BraidWork> make_work(c10d::OpType type, const char* op, std::vector<at::Tensor> outputs);
+  // `device`: where the op's tensors are (CUDA: the work is stream-ordered).
+  c10::intrusive_ptr<BraidWork> make_work(c10d::OpType type, const char* op, std::vector<at::Tensor> outputs,
+                                          c10::Device device = c10::Device(c10::kCPU));
   std::string describe() const;
   [[noreturn]] void fail_call(const char* op, braid_result_t code) const;
   void check(braid_result_t code, const char* op) const {
