@@ -60,15 +60,16 @@ void run_every_collective(braid_comm_t comm, int rank, int n, void* s) {
     BRAID_ASSERT_OK(braid_reduce_scatter(in.data(), rs.data(), c, BRAID_INT32, BRAID_SUM, comm, s));
     cu.stream_synchronize(s);
     for (size_t i = 0; i < c; ++i) {
-      int32_t sum = 0, prod = 1, rsum = 0;
+      int32_t sum = 0, rsum = 0;
+      uint32_t prod = 1;  // integers wrap, as braid's kernels do (unsigned: defined here)
       for (int p = 0; p < n; ++p) {
         sum += val(p, i);
-        prod *= val(p, i);
+        prod *= static_cast<uint32_t>(val(p, i));
         rsum += val(p, rank * c + i);
       }
       ASSERT_EQ(out[i], sum) << "all_reduce at " << i;
       ASSERT_EQ(inplace[i], val(n - 1, i)) << "in-place all_reduce at " << i;
-      ASSERT_EQ(red[i], rank == n - 1 ? prod : -1) << "reduce at " << i;
+      ASSERT_EQ(red[i], rank == n - 1 ? static_cast<int32_t>(prod) : -1) << "reduce at " << i;
       ASSERT_EQ(bc[i], val(1, i)) << "broadcast at " << i;
       ASSERT_EQ(rs[i], rsum) << "reduce_scatter at " << i;
       for (int p = 0; p < n; ++p)
@@ -106,6 +107,18 @@ TEST(CudaIpc, EveryCollectiveIsExactAcrossChunks) {
       cu.stream_destroy(s);
     });
   }
+}
+
+// BRAID_CHECK_CALLS=1 compares every call before it runs: the IPC path's
+// calls pass it, and results stay exact.
+TEST(CudaIpc, CheckedCallsStayExact) {
+  run_ranks(3, ipc_env({{"BRAID_CHECK_CALLS", "1"}}), [](braid_comm_t comm, int rank, int nranks) {
+    const FakeCuda& cu = fake_cuda();
+    void* s = cu.stream_create();
+    run_every_collective(comm, rank, nranks, s);
+    EXPECT_EQ(cu.live_imports(), nranks - 1);
+    cu.stream_destroy(s);
+  });
 }
 
 TEST(CudaIpc, FloatingTypesAndAverage) {

@@ -785,6 +785,24 @@ std::shared_ptr<Op> Communicator::make_stream_op(OpKind kind, const CollArgs& st
   }
   op->on_complete = &StagingPool::op_completed;
   op->on_complete_ctx = b;
+  if (call.device_ipc) {
+    // Failed half way, the op may have copies left on the internal stream
+    // that write the user's outputs: they run before the user's stream
+    // goes on (on success the stream is idle by then).
+    struct Release {
+      IpcWindow* window;
+      StagingBlock* block;
+      static void run(void* p) {
+        auto* r = static_cast<Release*>(p);
+        (void)r->window->drain_stream();
+        StagingPool::op_completed(r->block);
+      }
+    };
+    auto release = std::make_shared<Release>(Release{ipc_.get(), b});
+    op->on_complete = &Release::run;
+    op->on_complete_ctx = release.get();
+    op->on_complete_state = std::move(release);
+  }
   return op;
 }
 

@@ -84,6 +84,7 @@ class Op {
   // waits forever, and gives up its staging block.
   void (*on_complete)(void* ctx) = nullptr;
   void* on_complete_ctx = nullptr;
+  std::shared_ptr<void> on_complete_state;  // owns on_complete_ctx where the op does
 
   // A receive from any source waits unbound (lane_peer == -1) until some
   // peer's connection in `any_source_conns` holds a message; the engine then

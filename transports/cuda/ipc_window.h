@@ -92,6 +92,10 @@ class IpcWindow {
   // Marks the end of what is enqueued so far; settled() holds once the stream
   // ran it. One mark awaited at a time (the collective lane runs one op).
   Status post_mark();
+  // Waits (bounded) until the internal stream ran everything: a failed op
+  // lets its user stream go on only once no copy of its can still write
+  // into the user's buffers.
+  bool drain_stream();
   WaitPoint settled_wait() {
     return WaitPoint{
         &IpcWindow::is_settled, this, -1, "for its device copies and kernels (CUDA IPC)", {}, {}};
@@ -108,8 +112,6 @@ class IpcWindow {
   static void on_mark(void* marks);
   static bool is_settled(void* window);
   IpcWindow(const CudaDriver& cu, CUcontext ctx, int nranks, int rank);
-  // Waits (bounded) until the internal stream ran everything.
-  bool drain_stream();
   // Adds `bytes` to moved_ when `src` lies in a peer's window.
   void count_if_peer(const void* src, size_t bytes);
 
