@@ -12,6 +12,7 @@
 // them); the fallback to host staging when a rank cannot map a window;
 // mismatched paths; a dead peer.
 #include <braid/braid.h>
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -283,6 +284,46 @@ TEST(CudaIpc, ARankThatCannotMapFallsBackToHostStagingEverywhere) {
     BRAID_ASSERT_OK(braid_comm_transport_bytes(comm, "cuda_ipc", &ipc_bytes));
     EXPECT_EQ(ipc_bytes, 0u);
     cu.stream_destroy(s);
+  });
+}
+
+// A rank whose GPU the others cannot reach (here: not visible to them, as
+// under per-rank CUDA_VISIBLE_DEVICES): no one maps its window, and every
+// call goes through host staging.
+TEST(CudaIpc, AGpuWithoutPeerAccessFallsBackToHostStaging) {
+  run_ranks(3, ipc_env(), [](braid_comm_t comm, int rank, int n) {
+    const FakeCuda& cu = fake_cuda();
+    if (rank == 1) cu.set_pci_bus_id("0000:99:00.0");
+    void* s = cu.stream_create();
+    Buffer<int32_t> x(true, 5000, rank + 1);
+    BRAID_ASSERT_OK(braid_all_reduce(x.data(), x.data(), x.size(), BRAID_INT32, BRAID_SUM, comm, s));
+    cu.stream_synchronize(s);
+    EXPECT_EQ(x[4999], n * (n + 1) / 2);
+    EXPECT_EQ(cu.live_imports(), 0);
+    EXPECT_EQ(cu.live_allocs(), 0);
+    EXPECT_EQ(cu.violations(), 0);
+    cu.stream_destroy(s);
+  });
+}
+
+// The legacy default stream, whose handle is NULL to the runtime, goes in
+// as CU_STREAM_LEGACY (what the torch backend passes for torch's default
+// stream). The kernels were loaded before the first one ran.
+TEST(CudaIpc, TheLegacyDefaultStreamWorks) {
+  run_ranks(2, ipc_env(), [](braid_comm_t comm, int rank, int n) {
+    const FakeCuda& cu = fake_cuda();
+    void* legacy = reinterpret_cast<void*>(0x1);
+    Buffer<int32_t> x(true, 30000, rank + 1);
+    BRAID_ASSERT_OK(braid_all_reduce(x.data(), x.data(), x.size(), BRAID_INT32, BRAID_SUM, comm, legacy));
+    cu.stream_synchronize(legacy);
+    EXPECT_EQ(x[29999], n * (n + 1) / 2);
+    EXPECT_EQ(cu.live_imports(), n - 1);
+    void* kernels = dlopen(BRAID_FAKE_CUDA_KERNELS, RTLD_NOW | RTLD_NOLOAD);
+    ASSERT_NE(kernels, nullptr);
+    auto preloads = reinterpret_cast<int (*)()>(dlsym(kernels, "fake_cuda_kernel_preloads"));
+    ASSERT_NE(preloads, nullptr);
+    EXPECT_EQ(preloads(), 1);
+    dlclose(kernels);
   });
 }
 

@@ -31,6 +31,7 @@ struct FakeCuda {
   int (*live_imports)();
   int (*violations)();
   void (*fail_ipc_open)(int on);
+  void (*set_pci_bus_id)(const char* bus_id);
 };
 
 inline const FakeCuda& fake_cuda() {
@@ -57,6 +58,7 @@ inline const FakeCuda& fake_cuda() {
     c.live_imports = reinterpret_cast<int (*)()>(dlsym(lib, "fake_cuda_live_imports"));
     c.violations = reinterpret_cast<int (*)()>(dlsym(lib, "fake_cuda_violations"));
     c.fail_ipc_open = reinterpret_cast<void (*)(int)>(dlsym(lib, "fake_cuda_fail_ipc_open"));
+    c.set_pci_bus_id = reinterpret_cast<void (*)(const char*)>(dlsym(lib, "fake_cuda_set_pci_bus_id"));
     return c;
   }();
   return f;

@@ -21,6 +21,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -118,10 +119,24 @@ bool in_device_block(uintptr_t p) {
   return p < it->first + it->second;
 }
 
+// CU_STREAM_LEGACY: the legacy default stream, one per process here.
+void* const kLegacyStream = reinterpret_cast<void*>(0x1);
+
 FakeStream* find_stream(void* s) {
+  if (s == kLegacyStream) {
+    static FakeStream* legacy = [] {
+      auto* l = new FakeStream();  // lives as long as the process
+      std::lock_guard<std::mutex> lock(g_streams_mu);
+      g_streams.insert(l);
+      return l;
+    }();
+    return legacy;
+  }
   std::lock_guard<std::mutex> lock(g_streams_mu);
   return g_streams.count(s) != 0 ? static_cast<FakeStream*>(s) : nullptr;
 }
+
+std::string g_bus_id = "0000:03:00.0";  // the PCI bus id of "device 3"
 
 // cuMemAlloc's memory: [header page][data], a memfd mapped shared.
 constexpr size_t kHeaderPage = 4096;
@@ -178,11 +193,11 @@ FAKE_API void fake_cuda_stream_destroy(void* stream) {
 
 // While held, the stream runs nothing: work enqueued stays queued.
 FAKE_API void fake_cuda_stream_hold(void* stream, int on) {
-  static_cast<FakeStream*>(stream)->hold(on != 0);
+  find_stream(stream)->hold(on != 0);
 }
 
 FAKE_API void fake_cuda_stream_synchronize(void* stream) {
-  static_cast<FakeStream*>(stream)->synchronize();
+  find_stream(stream)->synchronize();
 }
 
 // "Device memory": ordinary memory that cuPointerGetAttribute calls device 3's.
@@ -386,6 +401,33 @@ FAKE_API int cuCtxGetDevice(int* device) {
   return kSuccess;
 }
 
+FAKE_API int cuDeviceGetPCIBusId(char* bus_id, int len, int device) {
+  if (device != 3 || len < 13) return kInvalidValue;
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  std::snprintf(bus_id, static_cast<size_t>(len), "%s", g_bus_id.c_str());
+  return kSuccess;
+}
+
+// Only this process's one device is visible.
+FAKE_API int cuDeviceGetByPCIBusId(int* device, const char* bus_id) {
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  if (g_bus_id != bus_id) return 101;  // CUDA_ERROR_INVALID_DEVICE
+  *device = 3;
+  return kSuccess;
+}
+
+FAKE_API int cuDeviceCanAccessPeer(int* can, int, int) {
+  *can = 1;
+  return kSuccess;
+}
+
+// This process's device claims another PCI bus id: its peers, which cannot
+// see that GPU, must not map its memory.
+FAKE_API void fake_cuda_set_pci_bus_id(const char* bus_id) {
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  g_bus_id = bus_id;
+}
+
 // For tests: device memory this process allocated and still holds, the
 // peers' windows it maps, frees of memory another process still mapped.
 FAKE_API int fake_cuda_live_allocs() {
@@ -416,6 +458,9 @@ FAKE_API int cuGetErrorString(int error, const char** text) {
       break;
     case 205:
       *text = "mapping of buffer object failed";
+      break;
+    case 101:
+      *text = "invalid device ordinal";
       break;
     default:
       *text = "fake driver error";

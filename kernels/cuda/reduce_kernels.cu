@@ -199,8 +199,38 @@ Result divide(braid_dtype_t dtype, void* data, size_t count, int divisor, cudaSt
   return r;
 }
 
+// Every kernel instantiation loaded now: with lazy loading (the default
+// since CUDA 12.2) the first launch of each would load its code then, and
+// loading may synchronise the context, which waits on every stream.
+Result preload() {
+  Result r;
+  for (int d = 0; d < BRAID_NUM_DTYPES && r.code == BRAID_SUCCESS; ++d) {
+    const auto dtype = static_cast<braid_dtype_t>(d);
+    m::visit_element(dtype, [&](auto e) {
+      using E = decltype(e);
+      for (int o = 0; o < BRAID_NUM_OPS && r.code == BRAID_SUCCESS; ++o)
+        m::visit_op<E>(static_cast<braid_redop_t>(o), [&](auto op) {
+          cudaFuncAttributes attr{};
+          const cudaError_t err = cudaFuncGetAttributes(&attr, reduce_copy_kernel<E, decltype(op)>);
+          if (err != cudaSuccess) r = cuda_failed("cudaFuncGetAttributes (reduce_copy)", err);
+        });
+      if constexpr (!std::is_integral_v<typename E::Compute>) {
+        cudaFuncAttributes attr{};
+        const cudaError_t err = cudaFuncGetAttributes(&attr, divide_kernel<E>);
+        if (err != cudaSuccess && r.code == BRAID_SUCCESS)
+          r = cuda_failed("cudaFuncGetAttributes (divide)", err);
+      }
+    });
+  }
+  return r;
+}
+
 }  // namespace
 }  // namespace braid::cuda
+
+extern "C" BRAID_CUDA_API braid_result_t braid_cuda_preload(char* error, size_t error_size) {
+  return braid::cuda::report(braid::cuda::preload(), error, error_size);
+}
 
 extern "C" BRAID_CUDA_API braid_result_t braid_cuda_reduce_copy(braid_dtype_t dtype, braid_redop_t op,
                                                                 const void* const* srcs, int nsrcs,

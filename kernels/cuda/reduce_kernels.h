@@ -37,6 +37,11 @@ BRAID_CUDA_API braid_result_t braid_cuda_reduce_copy(braid_dtype_t dtype, braid_
                                                      int ndsts, size_t count, struct CUstream_st* stream,
                                                      char* error, size_t error_size);
 
+/* Loads every kernel into the current context now (the CUDA runtime loads
+ * them lazily otherwise, at the first launch, which may synchronise the
+ * context: a hang where a stream waits on the operation launching it). */
+BRAID_CUDA_API braid_result_t braid_cuda_preload(char* error, size_t error_size);
+
 /* data[i] /= divisor in the compute type, for floating dtypes (the AVG finish). */
 BRAID_CUDA_API braid_result_t braid_cuda_divide(braid_dtype_t dtype, void* data, size_t count, int divisor,
                                                 struct CUstream_st* stream, char* error, size_t error_size);

@@ -27,9 +27,14 @@ Step enqueued(Status st) {
 
 // The end of a phase: this rank's stream ran what was enqueued, then every
 // rank got that far.
-Task phase_end(const Channel& ch, IpcWindow& w) {
+Task settle(IpcWindow& w) {
   co_await enqueued(w.post_mark());
   co_await Until{w.settled_wait()};
+  co_await enqueued(w.stream_error());
+}
+
+Task phase_end(const Channel& ch, IpcWindow& w) {
+  co_await settle(w);
   co_await sync_all(ch);
 }
 
@@ -96,8 +101,7 @@ Task ipc_connect(const Channel& ch, IpcSetup setup, std::unique_ptr<IpcWindow>* 
 }
 
 Task ipc_disconnect(const Channel& ch, std::unique_ptr<IpcWindow> w) {
-  co_await enqueued(w->post_mark());
-  co_await Until{w->settled_wait()};
+  co_await settle(*w);
   w->unmap_peers();
   co_await sync_all(ch);
   w->peers_unmapped();
@@ -198,10 +202,8 @@ Task ipc_reduce_scatter(const Channel& ch, IpcWindow& w, CollArgs a) {
   }
 }
 
-Task ipc_with_input_copy(const Channel& ch, IpcWindow& w, CollArgs a, size_t in_bytes,
+Task ipc_with_input_copy(const Channel& ch, IpcWindow& w, CollArgs a, size_t in_bytes, char* copy,
                          Task (*run)(const Channel&, IpcWindow&, CollArgs)) {
-  char* copy = nullptr;
-  co_await enqueued(w.scratch(in_bytes, &copy));
   co_await enqueued(w.copy(copy, a.sendbuf, in_bytes));
   a.sendbuf = copy;
   co_await run(ch, w, a);

@@ -46,9 +46,10 @@ Task ipc_broadcast(const Channel& ch, IpcWindow& w, CollArgs a);
 Task ipc_reduce(const Channel& ch, IpcWindow& w, CollArgs a);
 Task ipc_all_gather(const Channel& ch, IpcWindow& w, CollArgs a);
 Task ipc_reduce_scatter(const Channel& ch, IpcWindow& w, CollArgs a);
-// `run` over a copy of the input (in_bytes of it) in the window's scratch:
-// for an input that overlaps the output other than in place.
-Task ipc_with_input_copy(const Channel& ch, IpcWindow& w, CollArgs a, size_t in_bytes,
+// `run` over a copy of the input (in_bytes of it) in `copy` (device
+// memory, IpcWindow::scratch): for an input that overlaps the output other
+// than in place.
+Task ipc_with_input_copy(const Channel& ch, IpcWindow& w, CollArgs a, size_t in_bytes, char* copy,
                          Task (*run)(const Channel&, IpcWindow&, CollArgs));
 
 }  // namespace braid

@@ -278,6 +278,9 @@ void Communicator::build_schedules(const std::vector<PeerInfo>& infos) {
 }
 
 Communicator::~Communicator() {
+  // No op may still run over the IPC window when it goes: after an abort,
+  // ops in flight are failed by the driver, which may still be at it.
+  engine_->drain();
   // Before the engine goes: the streams' host functions wake it, and the
   // IPC teardown is an op of its own.
   disconnect_ipc();
@@ -738,6 +741,13 @@ Status Communicator::prepare_stream_op(OpKind kind, const CollArgs& args, void* 
       // Only the stream's flags: it waits while the op runs over the window.
       call->device_ipc = true;
       *staged_args = args;
+      // An input that overlaps its output other than in place is copied
+      // aside first, into scratch allocated now (see IpcWindow::scratch).
+      const char* in = static_cast<const char*>(args.sendbuf);
+      const char* out = static_cast<const char*>(args.recvbuf);
+      if (args.count > 0 && g.uses_input && g.uses_output && in != g.canonical_in && in < out + g.out_bytes &&
+          out < in + g.in_bytes)
+        BRAID_RETURN_IF_ERROR(ipc_->scratch(g.in_bytes, &call->ipc_input_copy));
       return staging_->take(*cu, context.context(), 0, &call->block);
     }
   }
@@ -775,8 +785,8 @@ std::shared_ptr<Op> Communicator::make_stream_op(OpKind kind, const CollArgs& st
                                                  const StagedCall& call) {
   // Driven by the progress thread or whichever caller waits: the call
   // itself returns at once, like an i-operation.
-  std::shared_ptr<Op> op =
-      call.device_ipc ? make_ipc_op(kind, staged_args) : make_op(kind, staged_args, true);
+  std::shared_ptr<Op> op = call.device_ipc ? make_ipc_op(kind, staged_args, call.ipc_input_copy)
+                                           : make_op(kind, staged_args, true);
   StagingBlock* b = call.block;
   if (kind == OpKind::kRecvAny) {
     op->bind = [b, bind = std::move(op->bind)](int peer) { return stream_staged(b, bind(peer)); };
@@ -794,7 +804,11 @@ std::shared_ptr<Op> Communicator::make_stream_op(OpKind kind, const CollArgs& st
       StagingBlock* block;
       static void run(void* p) {
         auto* r = static_cast<Release*>(p);
-        (void)r->window->drain_stream();
+        if (!r->window->drain_stream())
+          BRAID_WARN(
+              "CUDA", r->window->rank(),
+              "a failed CUDA IPC operation's copies did not finish within 10 s; its stream goes on, and "
+              "they may still write into its output buffers");
         StagingPool::op_completed(r->block);
       }
     };
@@ -862,7 +876,7 @@ Status Communicator::connect_ipc(const CudaDriver& cu, void* ctx) {
   return Status::ok();
 }
 
-std::shared_ptr<Op> Communicator::make_ipc_op(OpKind kind, const CollArgs& args) {
+std::shared_ptr<Op> Communicator::make_ipc_op(OpKind kind, const CollArgs& args, char* input_copy) {
   std::shared_ptr<Op> op = new_op();
   op->name = op_kind_name(kind);
   op->algo = "cuda_ipc";
@@ -878,11 +892,6 @@ std::shared_ptr<Op> Communicator::make_ipc_op(OpKind kind, const CollArgs& args)
     op->task = []() -> Task { co_return; }();
     return checked(std::move(op));
   }
-  CollArgs a = args;
-  const char* in = static_cast<const char*>(a.sendbuf);
-  const char* out = static_cast<const char*>(a.recvbuf);
-  const bool bad_overlap = g.uses_input && g.uses_output && in != g.canonical_in && in < out + g.out_bytes &&
-                           out < in + g.in_bytes;
   IpcWindow& w = *ipc_;
   const Channel& ch = coll_channel_;
   Task (*run)(const Channel&, IpcWindow&, CollArgs) = nullptr;
@@ -903,7 +912,8 @@ std::shared_ptr<Op> Communicator::make_ipc_op(OpKind kind, const CollArgs& args)
       run = ipc_reduce_scatter;
       break;
   }
-  op->task = bad_overlap ? ipc_with_input_copy(ch, w, a, g.in_bytes, run) : run(ch, w, a);
+  op->task = input_copy != nullptr ? ipc_with_input_copy(ch, w, args, g.in_bytes, input_copy, run)
+                                   : run(ch, w, args);
   return checked(std::move(op));
 }
 

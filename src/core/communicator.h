@@ -78,7 +78,8 @@ class Communicator {
   Status connect_ipc(const CudaDriver& cu, void* ctx);
   // The op of the setup or the teardown: a collective of its own.
   std::shared_ptr<Op> make_ipc_setup_op(const char* name, uint8_t tag_kind);
-  std::shared_ptr<Op> make_ipc_op(OpKind kind, const CollArgs& args);
+  // input_copy: scratch for an input that overlaps its output (or null).
+  std::shared_ptr<Op> make_ipc_op(OpKind kind, const CollArgs& args, char* input_copy);
   void disconnect_ipc();
 
   int rank_ = 0;

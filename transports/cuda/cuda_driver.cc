@@ -59,6 +59,9 @@ Status cuda_driver(const CudaDriver** out) {
     find(lib, "cuStreamDestroy_v2", &d.stream_destroy, nullptr);
     find(lib, "cuStreamQuery", &d.stream_query, nullptr);
     find(lib, "cuCtxGetDevice", &d.ctx_get_device, nullptr);
+    find(lib, "cuDeviceGetPCIBusId", &d.device_get_pci_bus_id, nullptr);
+    find(lib, "cuDeviceGetByPCIBusId", &d.device_get_by_pci_bus_id, nullptr);
+    find(lib, "cuDeviceCanAccessPeer", &d.device_can_access_peer, nullptr);
     if (!missing.empty())
       return Status::unsupported("the CUDA driver in this process lacks " + missing +
                                  " (stream-ordered operations need a driver of CUDA 12 or later)");

@@ -49,9 +49,13 @@ struct CudaDriver {
   CUresult (*stream_destroy)(CUstream stream);
   CUresult (*stream_query)(CUstream stream);
   CUresult (*ctx_get_device)(CUdevice* device);
+  CUresult (*device_get_pci_bus_id)(char* bus_id, int len, CUdevice device);
+  CUresult (*device_get_by_pci_bus_id)(CUdevice* device, const char* bus_id);
+  CUresult (*device_can_access_peer)(int* can, CUdevice device, CUdevice peer);
   bool has_ipc() const {
     return mem_alloc && mem_free && ipc_get_mem_handle && ipc_open_mem_handle && ipc_close_mem_handle &&
-           stream_create && stream_destroy && stream_query && ctx_get_device;
+           stream_create && stream_destroy && stream_query && ctx_get_device && device_get_pci_bus_id &&
+           device_get_by_pci_bus_id && device_can_access_peer;
   }
 
   // "cuMemcpyAsync failed: CUDA_ERROR_INVALID_VALUE (invalid argument)".

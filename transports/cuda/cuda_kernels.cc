@@ -39,8 +39,10 @@ Status load(CudaKernels* k) {
   }
   k->reduce_copy = reinterpret_cast<decltype(k->reduce_copy)>(dlsym(lib, "braid_cuda_reduce_copy"));
   k->divide = reinterpret_cast<decltype(k->divide)>(dlsym(lib, "braid_cuda_divide"));
-  if (k->reduce_copy == nullptr || k->divide == nullptr)
-    return Status::unsupported("the CUDA kernel library lacks braid_cuda_reduce_copy or braid_cuda_divide");
+  k->preload = reinterpret_cast<decltype(k->preload)>(dlsym(lib, "braid_cuda_preload"));
+  if (k->reduce_copy == nullptr || k->divide == nullptr || k->preload == nullptr)
+    return Status::unsupported(
+        "the CUDA kernel library lacks braid_cuda_reduce_copy, braid_cuda_divide or braid_cuda_preload");
   return Status::ok();
 }
 

@@ -16,12 +16,13 @@ struct CUstream_st;
 namespace braid {
 
 struct CudaKernels {
-  // kernels/cuda/reduce_kernels.h: braid_cuda_reduce_copy, braid_cuda_divide.
+  // kernels/cuda/reduce_kernels.h: braid_cuda_reduce_copy, braid_cuda_divide, braid_cuda_preload.
   braid_result_t (*reduce_copy)(braid_dtype_t dtype, braid_redop_t op, const void* const* srcs, int nsrcs,
                                 void* const* dsts, int ndsts, size_t count, CUstream_st* stream, char* error,
                                 size_t error_size);
   braid_result_t (*divide)(braid_dtype_t dtype, void* data, size_t count, int divisor, CUstream_st* stream,
                            char* error, size_t error_size);
+  braid_result_t (*preload)(char* error, size_t error_size);
   int max_sources = 8;       // BRAID_CUDA_MAX_SOURCES
   int max_destinations = 4;  // BRAID_CUDA_MAX_DESTINATIONS
 };

@@ -42,6 +42,13 @@ Status IpcWindow::make(const CudaDriver& cu, CUcontext ctx, size_t region_bytes,
   StreamContext context(cu, StreamContext::Known{ctx});
   BRAID_RETURN_IF_ERROR(context.status());
   if (CUresult r = cu.ctx_get_device(&w->device_); r != 0) return cu.error("cuCtxGetDevice", r);
+  if (CUresult r = cu.device_get_pci_bus_id(w->bus_id_, sizeof(w->bus_id_), w->device_); r != 0)
+    return cu.error("cuDeviceGetPCIBusId", r);
+  // Every kernel loaded now, not at its first launch inside an op, where
+  // its user's stream already waits (loading may synchronise the context).
+  char error[256] = {};
+  if (braid_result_t r = w->kernels_->preload(error, sizeof(error)); r != BRAID_SUCCESS)
+    return Status(r, std::string("braid_cuda_preload: ") + error);
   if (CUresult r = cu.mem_alloc(&w->own_, 2 * region_bytes); r != 0)
     return cu.error(("cuMemAlloc of the " + bytes_text(2 * region_bytes) +
                      " device window (BRAID_CUDA_CHUNK_BYTES sets each half)")
@@ -70,6 +77,7 @@ IpcWindowRecord IpcWindow::record() {
   r.device = device_;
   r.region_bytes = region_bytes_;
   r.handle = handle_;
+  std::memcpy(r.bus_id, bus_id_, sizeof(r.bus_id));
   // A peer may map it from now on.
   peers_unmapped_ = false;
   return r;
@@ -82,6 +90,23 @@ Status IpcWindow::map_peer(int member, const IpcWindowRecord& theirs) {
                                           " (BRAID_CUDA_CHUNK_BYTES must agree)");
   StreamContext context(cu_, StreamContext::Known{ctx_});
   BRAID_RETURN_IF_ERROR(context.status());
+  const std::string theirs_bus(theirs.bus_id, strnlen(theirs.bus_id, sizeof(theirs.bus_id)));
+  if (theirs_bus != bus_id_) {
+    // Another GPU: the kernels read its memory directly, which needs peer
+    // access (a mapping without it would fault on the first load).
+    CUdevice peer = -1;
+    if (CUresult r = cu_.device_get_by_pci_bus_id(&peer, theirs_bus.c_str()); r != 0)
+      return cu_.error(("cuDeviceGetByPCIBusId of rank " + std::to_string(member) + "'s GPU " + theirs_bus +
+                        " (not visible in this process? CUDA_VISIBLE_DEVICES)")
+                           .c_str(),
+                       r);
+    int can = 0;
+    if (CUresult r = cu_.device_can_access_peer(&can, device_, peer); r != 0)
+      return cu_.error("cuDeviceCanAccessPeer", r);
+    if (!can)
+      return Status::unsupported("this rank's GPU " + std::string(bus_id_) + " has no peer access to rank " +
+                                 std::to_string(member) + "'s GPU " + theirs_bus);
+  }
   CUdeviceptr p = 0;
   if (CUresult r = cu_.ipc_open_mem_handle(&p, theirs.handle, kIpcLazyEnablePeerAccess); r != 0)
     return cu_.error(("cuIpcOpenMemHandle (rank " + std::to_string(member) + " on CUDA device " +
@@ -147,7 +172,8 @@ IpcWindow::~IpcWindow() {
     marks_->wake = nullptr;
     const bool pending = marks_->done.load() < marks_posted_;
     lock.unlock();
-    // A host function still to run would find freed memory: keep it then.
+    // A host function still to run would find freed memory: keep it then
+    // (the stream did not drain; the warning above said so).
     if (!pending) delete marks_;
   }
 }
@@ -213,6 +239,7 @@ Status IpcWindow::divide(braid_dtype_t dtype, void* data, size_t count, int divi
 }
 
 Status IpcWindow::scratch(size_t bytes, char** out) {
+  std::lock_guard<std::mutex> lock(scratch_mu_);
   if (bytes > scratch_bytes_) {
     StreamContext context(cu_, StreamContext::Known{ctx_});
     BRAID_RETURN_IF_ERROR(context.status());
@@ -230,14 +257,24 @@ Status IpcWindow::scratch(size_t bytes, char** out) {
 
 void IpcWindow::on_mark(void* p) {
   auto* m = static_cast<Marks*>(p);
-  m->done.fetch_add(1, std::memory_order_seq_cst);
+  // Under the lock: the window's destructor, which decides under it whether
+  // a host function is still to come, must not free `m` between the two.
   std::lock_guard<std::mutex> lock(m->mu);
+  m->done.fetch_add(1, std::memory_order_seq_cst);
   if (m->wake) m->wake();
 }
 
 bool IpcWindow::is_settled(void* p) {
   auto* w = static_cast<IpcWindow*>(p);
-  return w->marks_->done.load(std::memory_order_acquire) >= w->awaited_;
+  if (w->marks_->done.load(std::memory_order_acquire) >= w->awaited_) return true;
+  // Now and then, whether the stream failed (its host functions then never
+  // run): a query costs a driver call, a check here a few nanoseconds.
+  if (++w->settle_checks_ % 256 != 0) return false;
+  StreamContext context(w->cu_, StreamContext::Known{w->ctx_});
+  const CUresult r = w->cu_.stream_query(w->stream_);
+  if (r == 0 || r == kCudaErrorNotReady) return false;
+  w->stream_error_ = w->cu_.error("braid's internal stream (a device copy or kernel of CUDA IPC)", r);
+  return true;
 }
 
 Status IpcWindow::post_mark() {

@@ -39,7 +39,8 @@ struct IpcWindowRecord {
   uint32_t reserved = 0;
   uint64_t region_bytes = 0;
   CuIpcMemHandle handle{};
-  char why[424] = {};  // when !ok: what went wrong, naming the rank
+  char bus_id[16] = {};  // the GPU's PCI bus id: the same GPU in every process
+  char why[408] = {};    // when !ok: what went wrong, naming the rank
   void set_failure(const std::string& reason);
 };
 static_assert(sizeof(IpcWindowRecord) == 512, "travels as one message");
@@ -64,13 +65,15 @@ class IpcWindow {
 
   // What this rank sends the others; from then on a peer may map the window.
   IpcWindowRecord record();
-  // Maps `member`'s window from the record it sent.
+  // Maps `member`'s window from the record it sent, once its GPU is this
+  // one or one this GPU has peer access to (kernels read the mapping).
   Status map_peer(int member, const IpcWindowRecord& theirs);
   void unmap_peers();
   // Every peer has unmapped this rank's window (a sync after their unmap_peers).
   void peers_unmapped() { peers_unmapped_ = true; }
 
   CUcontext context() const { return ctx_; }
+  int rank() const { return rank_; }
   int device() const { return device_; }
   size_t region_bytes() const { return region_bytes_; }
   // `member`'s regions in this process's address space (this rank's own or a
@@ -88,7 +91,13 @@ class IpcWindow {
   // Device memory of at least `bytes` for this rank's use in one op (the
   // largest asked for so far; kept until the window goes: freeing could
   // wait on streams that wait on braid).
+  // Thread-safe: allocated when the call is made, before its stream waits
+  // on braid (an allocation while a stream waits may serialise the device).
   Status scratch(size_t bytes, char** out);
+  // A copy or kernel of the internal stream failed (a device error): the
+  // host functions behind it never run, so settled() sees it through a
+  // query of the stream, and this names it.
+  const Status& stream_error() const { return stream_error_; }
   // Marks the end of what is enqueued so far; settled() holds once the stream
   // ran it. One mark awaited at a time (the collective lane runs one op).
   Status post_mark();
@@ -123,9 +132,13 @@ class IpcWindow {
   size_t region_bytes_ = 0;
   CUdeviceptr own_ = 0;
   CuIpcMemHandle handle_{};
+  char bus_id_[16] = {};
   CUstream stream_ = nullptr;
+  std::mutex scratch_mu_;             // scratch() is called where calls are made
   std::vector<CUdeviceptr> scratch_;  // the last is the largest
   size_t scratch_bytes_ = 0;
+  Status stream_error_;
+  uint32_t settle_checks_ = 0;
   std::vector<char*> bases_;  // per member
   std::vector<bool> mapped_;  // per member: a peer's window we opened
   bool peers_unmapped_ = false;

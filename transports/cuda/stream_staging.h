@@ -110,6 +110,7 @@ struct StagedCall {
   // The op moves the data device to device through CUDA IPC: the block only
   // carries the stream's flags (nothing is copied through it).
   bool device_ipc = false;
+  char* ipc_input_copy = nullptr;  // scratch for an input that overlaps its output
 };
 
 // Steps 1 and 2, then 3 to 5 (each makes the stream's context current). Split so that

@@ -267,6 +267,12 @@ void BraidWork::complete_enqueued() {
   // The copies out go on the stream behind braid's op, in order.
   if (on_success) on_success();
   const c10::Stream s = current_stream(device_);
+  // Tensors allocated on another stream and freed by the caller now are
+  // not reused before this stream got past the op (as recordStream does).
+  const c10::impl::VirtualGuardImpl impl(device_.type());
+  for (const std::vector<at::Tensor>* list : {&keep_alive, &outputs_})
+    for (const at::Tensor& t : *list)
+      if (t.defined() && t.device() == device_) impl.recordDataPtrOnStream(t.storage().data_ptr(), s);
   event_.emplace(device_.type());
   event_->record(s);
   {
@@ -573,12 +579,14 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::launch(const c10::intrusive_ptr<Bra
         fail_call(work->what().c_str(), code);
       }
     }
-  }
-  if (work->stream != nullptr) {
-    // An i-form some op calls directly: the op completes on its own.
-    for (braid_request_t r : requests) braid_request_free(r);
-    work->complete_enqueued();
-    return work;
+    if (work->stream != nullptr) {
+      // An i-form some op calls directly: the op completes on its own. The
+      // copies out are enqueued under the lock, right behind the op, before
+      // another thread's op on the same stream.
+      for (braid_request_t r : requests) braid_request_free(r);
+      work->complete_enqueued();
+      return work;
+    }
   }
   work->track(std::move(requests), &completions_);  // none when blocking: completes at once
   return work;
