@@ -366,6 +366,43 @@ TEST(CudaIpc, HostMemoryOnOneRankAndDeviceMemoryOnAnotherIsAMismatch) {
   ASSERT_TRUE(result.ok()) << result.describe();
 }
 
+// An abort while an op over the window is in flight (its stream not there
+// yet): the op fails, its stream is released, and the window goes only
+// once the op is settled (the abort's teardown waits for it).
+TEST(CudaIpc, AbortWithAnOpInFlight) {
+  // The timeout bounds how long destroy waits for the held stream's flags
+  // (kept, with a warning).
+  auto result = launch(
+      2, ipc_env({{"BRAID_TIMEOUT", "2"}}),
+      [](braid_comm_t comm, int rank, int) {
+        const FakeCuda& cu = fake_cuda();
+        void* s = cu.stream_create();
+        braid_comm_t sub = nullptr;
+        BRAID_ASSERT_OK(braid_comm_split(comm, 0, rank, &sub));
+        Buffer<int32_t> x(true, 30000, 1);
+        BRAID_ASSERT_OK(braid_all_reduce(x.data(), x.data(), x.size(), BRAID_INT32, BRAID_SUM, sub, s));
+        cu.stream_synchronize(s);
+        cu.stream_hold(s, 1);
+        braid_request_t req = nullptr;
+        BRAID_ASSERT_OK(
+            braid_iall_reduce(x.data(), x.data(), x.size(), BRAID_INT32, BRAID_SUM, sub, s, &req));
+        if (rank == 0) {
+          BRAID_ASSERT_OK(braid_comm_abort(sub));
+          EXPECT_EQ(braid_wait(&req), BRAID_ERR_ABORTED);
+        } else {
+          EXPECT_NE(braid_wait(&req), BRAID_SUCCESS);  // the peer aborted
+          BRAID_EXPECT_OK(braid_comm_destroy(sub));
+        }
+        cu.stream_hold(s, 0);
+        cu.stream_synchronize(s);  // released by the failed op
+        EXPECT_EQ(cu.live_imports(), 0);
+        EXPECT_EQ(cu.violations(), 0);
+        cu.stream_destroy(s);
+      },
+      60);
+  ASSERT_TRUE(result.ok()) << result.describe();
+}
+
 // A peer that dies after the setup: the op fails naming it, the stream is
 // released, destroy returns, and this rank's window is kept (the dead peer
 // may still map it) rather than freed under it.

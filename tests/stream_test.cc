@@ -232,6 +232,29 @@ TEST(StreamOrdered, ADeadPeerIsAnErrorAndLeavesNoStreamWaiting) {
   ASSERT_TRUE(result.ok()) << result.describe();
 }
 
+// BRAID_CHECK_CALLS=1 with a rank whose stream reaches the call late: its
+// peer's call check arrives while the op still waits for the stream, which
+// is no mismatch (the check compares once this rank gets there).
+TEST(StreamOrdered, CheckedCallsWithAStreamThatComesLate) {
+  run_ranks(2, {{"BRAID_CHECK_CALLS", "1"}}, [](braid_comm_t comm, int rank, int nranks) {
+    const FakeCuda& cu = fake_cuda();
+    void* s = cu.stream_create();
+    Buffer<float> x(true, 1000, static_cast<float>(rank + 1));
+    if (rank == 0) cu.stream_hold(s, 1);
+    BRAID_ASSERT_OK(braid_all_reduce(x.data(), x.data(), x.size(), BRAID_FLOAT32, BRAID_SUM, comm, s));
+    if (rank == 0) {
+      usleep(200 * 1000);  // the engine looks at the peer's messages every 20 ms meanwhile
+      cu.stream_hold(s, 0);
+    }
+    cu.stream_synchronize(s);
+    braid_result_t async = BRAID_SUCCESS;
+    BRAID_ASSERT_OK(braid_comm_get_async_error(comm, &async));
+    EXPECT_EQ(async, BRAID_SUCCESS) << braid_comm_get_last_error(comm);
+    EXPECT_EQ(x[999], static_cast<float>(nranks * (nranks + 1) / 2));
+    cu.stream_destroy(s);
+  });
+}
+
 TEST(StreamOrdered, AStreamThatNeverGetsThereTimesOutAndDestroyReturns) {
   run_ranks(
       2, {{"BRAID_TIMEOUT", "1"}},
