@@ -279,8 +279,9 @@ void Communicator::build_schedules(const std::vector<PeerInfo>& infos) {
 
 Communicator::~Communicator() {
   // No op may still run over the IPC window when it goes: after an abort,
-  // ops in flight are failed by the driver, which may still be at it.
-  engine_->drain();
+  // ops in flight are failed by the driver, which may still be at it. (A
+  // communicator whose setup failed has no engine.)
+  if (engine_ != nullptr) engine_->drain();
   // Before the engine goes: the streams' host functions wake it, and the
   // IPC teardown is an op of its own.
   disconnect_ipc();
