@@ -366,6 +366,20 @@ TEST(CudaIpc, HostMemoryOnOneRankAndDeviceMemoryOnAnotherIsAMismatch) {
   ASSERT_TRUE(result.ok()) << result.describe();
 }
 
+// A communicator of the test's own (the launcher destroys `comm`) whose
+// windows a first all_reduce of x set up; null if that failed.
+braid_comm_t connected_split(braid_comm_t comm, int rank, void* s, Buffer<int32_t>& x) {
+  braid_comm_t sub = nullptr;
+  if (braid_comm_split(comm, 0, rank, &sub) != BRAID_SUCCESS ||
+      braid_all_reduce(x.data(), x.data(), x.size(), BRAID_INT32, BRAID_SUM, sub, s) != BRAID_SUCCESS) {
+    ADD_FAILURE() << braid_get_last_error();
+    return nullptr;
+  }
+  fake_cuda().stream_synchronize(s);
+  EXPECT_EQ(fake_cuda().live_imports(), 1);  // the other rank's window
+  return sub;
+}
+
 // An abort while an op over the window is in flight (its stream not there
 // yet): the op fails, its stream is released, and the window goes only
 // once the op is settled (the abort's teardown waits for it).
@@ -377,11 +391,9 @@ TEST(CudaIpc, AbortWithAnOpInFlight) {
       [](braid_comm_t comm, int rank, int) {
         const FakeCuda& cu = fake_cuda();
         void* s = cu.stream_create();
-        braid_comm_t sub = nullptr;
-        BRAID_ASSERT_OK(braid_comm_split(comm, 0, rank, &sub));
         Buffer<int32_t> x(true, 30000, 1);
-        BRAID_ASSERT_OK(braid_all_reduce(x.data(), x.data(), x.size(), BRAID_INT32, BRAID_SUM, sub, s));
-        cu.stream_synchronize(s);
+        braid_comm_t sub = connected_split(comm, rank, s, x);
+        ASSERT_NE(sub, nullptr);
         cu.stream_hold(s, 1);
         braid_request_t req = nullptr;
         BRAID_ASSERT_OK(
@@ -412,11 +424,9 @@ TEST(CudaIpc, ADeadPeerFailsTheOpAndReleasesTheStream) {
       [](braid_comm_t comm, int rank, int) {
         const FakeCuda& cu = fake_cuda();
         void* s = cu.stream_create();
-        braid_comm_t sub = nullptr;
-        BRAID_ASSERT_OK(braid_comm_split(comm, 0, rank, &sub));
         Buffer<int32_t> x(true, 30000, 1);
-        BRAID_ASSERT_OK(braid_all_reduce(x.data(), x.data(), x.size(), BRAID_INT32, BRAID_SUM, sub, s));
-        cu.stream_synchronize(s);
+        braid_comm_t sub = connected_split(comm, rank, s, x);
+        ASSERT_NE(sub, nullptr);
         if (rank == 1) _exit(0);
         braid_request_t req = nullptr;
         BRAID_ASSERT_OK(
