@@ -23,8 +23,6 @@ struct CudaKernels {
   braid_result_t (*divide)(braid_dtype_t dtype, void* data, size_t count, int divisor, CUstream_st* stream,
                            char* error, size_t error_size);
   braid_result_t (*preload)(char* error, size_t error_size);
-  int max_sources = 8;       // BRAID_CUDA_MAX_SOURCES
-  int max_destinations = 4;  // BRAID_CUDA_MAX_DESTINATIONS
 };
 
 // The library's entry points, or an unsupported-error naming where it was

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <thread>
 
+#include "kernels/cuda/reduce_kernels.h"  // BRAID_CUDA_MAX_SOURCES
 #include "src/core/logging.h"
 
 namespace braid {
@@ -210,7 +211,7 @@ Status IpcWindow::reduce(braid_dtype_t dtype, braid_redop_t op, const std::vecto
   auto* stream = static_cast<CUstream_st*>(stream_);
   // The first group of sources into dst, then dst and the next group into
   // dst (a destination may be a source exactly).
-  const size_t first = std::min(srcs.size(), static_cast<size_t>(kernels_->max_sources));
+  const size_t first = std::min(srcs.size(), size_t{BRAID_CUDA_MAX_SOURCES});
   std::vector<const void*> group(srcs.begin(), srcs.begin() + static_cast<ptrdiff_t>(first));
   for (size_t next = first;;) {
     if (braid_result_t r = kernels_->reduce_copy(dtype, op, group.data(), static_cast<int>(group.size()),
@@ -218,7 +219,7 @@ Status IpcWindow::reduce(braid_dtype_t dtype, braid_redop_t op, const std::vecto
         r != BRAID_SUCCESS)
       return Status(r, std::string("braid_cuda_reduce_copy: ") + error);
     if (next == srcs.size()) return Status::ok();
-    const size_t take = std::min(srcs.size() - next, static_cast<size_t>(kernels_->max_sources - 1));
+    const size_t take = std::min(srcs.size() - next, size_t{BRAID_CUDA_MAX_SOURCES - 1});
     group.assign(1, dst);
     group.insert(group.end(), srcs.begin() + static_cast<ptrdiff_t>(next),
                  srcs.begin() + static_cast<ptrdiff_t>(next + take));
