@@ -32,6 +32,7 @@ const braid_perf::CollDesc kDesc = {
     .run = run,
     .mpi = run_mpi,
     .expected = [](const Reference& ref, size_t i) { return ref.input(ref.root(), i); },
+    .mpi_in_place = true,
 };
 
 }  // namespace

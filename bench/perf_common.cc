@@ -772,7 +772,7 @@ void print_line(const char* fmt, ...) {
 
 // Columns: 52 characters of size, count, type, redop, root; 32 of each braid
 // group (out-of-place, in-place); with --compare mpi, 26 of MPI's between them.
-void print_table_header(bool compare_mpi) {
+void print_table_header(bool compare_mpi, bool mpi_in_place) {
   const char* braid_fmt = "  %7s  %6s  %6s %6s";
   const char* mpi_fmt = "  %7s  %6s  %7s";
   char names[256], units[256];
@@ -794,7 +794,7 @@ void print_table_header(bool compare_mpi) {
   titles[0] = '#';
   auto place = [&](size_t at, const char* text) { titles.replace(at, std::strlen(text), text); };
   place(63, "out-of-place");
-  if (compare_mpi) place(89, "mpi out-of-place");
+  if (compare_mpi) place(mpi_in_place ? 92 : 89, mpi_in_place ? "mpi in-place" : "mpi out-of-place");
   place(compare_mpi ? 124 : 98, "in-place");
   print_line("%s", titles.c_str());
   print_line("%s", names);
@@ -949,7 +949,13 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
       int len = 0;
       MPI_Get_library_version(lib, &len);
       lib[std::strcspn(lib, "\n")] = '\0';  // first line only
-      std::printf("# --compare mpi: %s, out of place; ratio = braid busbw / MPI busbw\n", lib);
+      if (desc.mpi_in_place) {
+        std::printf(
+            "# --compare mpi: %s, one buffer as braid in place; ratio = braid in-place busbw / MPI busbw\n",
+            lib);
+      } else {
+        std::printf("# --compare mpi: %s, out of place; ratio = braid busbw / MPI busbw\n", lib);
+      }
     }
     std::printf("#\n# Using devices\n");
     for (int r = 0; r < nranks; ++r) {
@@ -958,7 +964,7 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
     }
     std::printf("#\n");
     if (variants.empty()) {
-      print_table_header(opt.compare_mpi);
+      print_table_header(opt.compare_mpi, desc.mpi_in_place);
     } else {
       std::printf("# %s: out-of-place time (us) of each column, best of %ld rounds taking turns\n",
                   opt.algos.empty() ? "--trace-compare" : "--algos", opt.rounds);
@@ -1018,39 +1024,52 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
             if (!opt.trace_pattern.empty())
               len += std::snprintf(line + len, sizeof line - len, "  %16.3f", best[1] / best[0]);
           }
-          for (bool in_place : {false, true}) {
-            if (!variant_comms.empty()) break;
-            if (in_place && !desc.in_place) {
-              len += std::snprintf(line + len, sizeof line - len, "  %7s  %6s  %6s %6s", "N/A", "N/A", "N/A",
-                                   "N/A");
-              continue;
+          if (variant_comms.empty()) {
+            // Measured out of place, MPI, in place; printed in that order
+            // once the ratio's braid side (out of place, or in place where
+            // MPI has one buffer) is known.
+            std::string braid_cols[2];
+            double busbw_of[2] = {0, 0};
+            double mpi_us = -1;
+            for (bool in_place : {false, true}) {
+              if (in_place && !desc.in_place) {
+                char cols[64];
+                std::snprintf(cols, sizeof cols, "  %7s  %6s  %6s %6s", "N/A", "N/A", "N/A", "N/A");
+                braid_cols[1] = cols;
+                continue;
+              }
+              const Measurement m = measure(ctx, dtype, op, root, count, in_place);
+              const double algbw = algbw_of(size, m.time_us);
+              const double busbw = algbw * desc.busbw_factor(nranks);
+              busbw_of[in_place] = busbw;
+              totals.busbw_sum += busbw;
+              ++totals.busbw_n;
+              if (m.wrong > 0) totals.wrong += m.wrong;
+              totals.out_of_bounds += m.out_of_bounds;
+              row_oob += m.out_of_bounds;
+              const std::string wrong = m.wrong < 0 ? "N/A" : std::to_string(m.wrong);
+              char cols[96];
+              std::snprintf(cols, sizeof cols, "  %s  %6.2f  %6.2f %6s", format_time(m.time_us).c_str(),
+                            algbw, busbw, wrong.c_str());
+              braid_cols[in_place] = cols;
+              if (!in_place && opt.compare_mpi) mpi_us = measure_mpi(ctx, dtype, op, root, count);
             }
-            const Measurement m = measure(ctx, dtype, op, root, count, in_place);
-            const double algbw = algbw_of(size, m.time_us);
-            const double busbw = algbw * desc.busbw_factor(nranks);
-            totals.busbw_sum += busbw;
-            ++totals.busbw_n;
-            if (m.wrong > 0) totals.wrong += m.wrong;
-            totals.out_of_bounds += m.out_of_bounds;
-            row_oob += m.out_of_bounds;
-            const std::string wrong = m.wrong < 0 ? "N/A" : std::to_string(m.wrong);
-            len += std::snprintf(line + len, sizeof line - len, "  %s  %6.2f  %6.2f %6s",
-                                 format_time(m.time_us).c_str(), algbw, busbw, wrong.c_str());
-            if (in_place || !opt.compare_mpi) continue;
-            const double mpi_us = measure_mpi(ctx, dtype, op, root, count);
-            if (mpi_us < 0) {
+            len += std::snprintf(line + len, sizeof line - len, "%s", braid_cols[0].c_str());
+            if (opt.compare_mpi && mpi_us < 0) {
               len += std::snprintf(line + len, sizeof line - len, "  %7s  %6s  %7s", "N/A", "N/A", "N/A");
-              continue;
+            } else if (opt.compare_mpi) {
+              const double mpi_busbw = algbw_of(size, mpi_us) * desc.busbw_factor(nranks);
+              const double busbw = busbw_of[desc.mpi_in_place && desc.in_place];
+              std::string ratio = "N/A";
+              if (busbw > 0 && mpi_busbw > 0) {
+                ratio = format_ratio(busbw / mpi_busbw);
+                totals.log_ratio_sum += std::log(busbw / mpi_busbw);
+                ++totals.ratio_n;
+              }
+              len += std::snprintf(line + len, sizeof line - len, "  %s  %6.2f  %7s",
+                                   format_time(mpi_us).c_str(), mpi_busbw, ratio.c_str());
             }
-            const double mpi_busbw = algbw_of(size, mpi_us) * desc.busbw_factor(nranks);
-            std::string ratio = "N/A";
-            if (busbw > 0 && mpi_busbw > 0) {
-              ratio = format_ratio(busbw / mpi_busbw);
-              totals.log_ratio_sum += std::log(busbw / mpi_busbw);
-              ++totals.ratio_n;
-            }
-            len += std::snprintf(line + len, sizeof line - len, "  %s  %6.2f  %7s",
-                                 format_time(mpi_us).c_str(), mpi_busbw, ratio.c_str());
+            len += std::snprintf(line + len, sizeof line - len, "%s", braid_cols[1].c_str());
           }
           if (rank == 0) {
             std::printf("%s\n", line);

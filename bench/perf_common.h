@@ -142,6 +142,10 @@ struct CollDesc {
   // Expected element `index` of this rank's recv buffer (of the recv region in
   // place). Not called on non-roots when result_on_root_only.
   double (*expected)(const Reference& ref, size_t index);
+  // MPI's call has one buffer (MPI_Bcast), like braid's in-place call: the
+  // ratio compares braid in place, since out of place braid also copies the
+  // root's input to its output, bytes MPI never moves.
+  bool mpi_in_place = false;
 };
 
 // Runs the benchmark and returns the process exit code: 0 when every check

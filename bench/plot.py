@@ -4,7 +4,9 @@
     bench/plot.py --perf all_reduce.txt [--ceiling ceiling.txt] [--torch torch.txt] -o all_reduce.png
 
 --perf   output of a *_perf binary (braid; with --compare mpi also Open MPI's
-         out-of-place columns, drawn as a second line)
+         columns, drawn as a second line against braid's columns of the same
+         kind: out of place, or in place for broadcast, whose MPI call has
+         one buffer)
 --ceiling output of bench/ceiling for the same sizes (all_reduce only)
 --torch  output of bench/torch_compare.py: its rows for the same operation
          give Gloo's (and braid-through-torch's) times
@@ -37,7 +39,7 @@ def parse_perf(path):
     """{'op', 'nranks', 'braid': [(size, us, busbw)], 'mpi': [...]} from a *_perf table.
 
     busbw is recomputed from size and time: the tables round it to 0.01 GB/s."""
-    op, nranks, compare = None, None, False
+    op, nranks, compare, braid_col = None, None, False, 5
     braid, mpi = [], []
     with open(path) as f:
         for line in f:
@@ -46,13 +48,16 @@ def parse_perf(path):
                 op, nranks = m.group(1), int(m.group(2))
             if line.startswith("#") and "mpi out-of-place" in line:
                 compare = True
+            if line.startswith("#") and "mpi in-place" in line:
+                # MPI's call has one buffer (MPI_Bcast): braid in place is its match.
+                compare, braid_col = True, 12
             if line.startswith("#") or not line.strip():
                 continue
             cols = numbers(line)
             if not cols[0].isdigit() or len(cols) < 9:
                 continue
             size = int(cols[0])
-            braid.append((size, float(cols[5])))
+            braid.append((size, float(cols[braid_col])))
             if compare and cols[9] != "N/A":
                 mpi.append((size, float(cols[9])))
     if op is None:
