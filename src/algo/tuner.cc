@@ -26,6 +26,17 @@ constexpr double kPeerReadBytesPerUsOversubscribed = 1700;
 // Posting one more message in the same step (direct sends n-1 at once).
 constexpr double kShmMessageUs = 0.3, kShmMessageUsPerRankPerCore = 1.5;
 constexpr double kTcpMessageUs = 5.0, kTcpMessageUsPerRankPerCore = 6.0;
+// A ring step on one oversubscribed host, against the model's step cost:
+// each of the 2(n-1) steps waits on one neighbour, and the more ranks share
+// a core, the likelier that neighbour is descheduled. Fitted to
+// bench/tune_sweep.py (8 B all_reduce on the VM): a ring step cost 0.43 of
+// a recursive-doubling exchange at 2 ranks per core and 0.64 at 4, where a
+// flat step cost made it 0.5 at both, and 8 ranks picked the ring at 64 KiB
+// where Rabenseifner ran 1.3-1.4x faster (at 128 KiB the two took turns
+// ahead; this puts the switch between). Never below the flat step:
+// at 2 ranks per core that one puts the switch from direct at 32 KiB, as
+// measured.
+constexpr double kRingStepPerRankPerCore = 0.3;
 constexpr double kWholePieceTcpByte = 0.6;  // recursive doubling's exchange against a ring step, per byte
 // Broadcast and reduce pass each piece one way, down a chain or a tree: a
 // hop costs one message's latency, where a ring step above waits on both
@@ -287,8 +298,11 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
           }
           return t;
         }
-        case Algo::kRing:
-          return 2 * (n - 1) * l.alpha_us + 2 * (n - 1) / n * S * l.beta_us_per_byte;
+        case Algo::kRing: {
+          const double step =
+              over && !multi ? std::max(1.0, kRingStepPerRankPerCore * sh.ranks_per_core) : 1.0;
+          return 2 * (n - 1) * step * l.alpha_us + 2 * (n - 1) / n * S * l.beta_us_per_byte;
+        }
         case Algo::kDoubleTree:
           // In theory two thirds of a single tree's inner-node traffic; on
           // the 2-core VM (4 ranks, bench/all_reduce_perf) it ran 1.2-1.8x
