@@ -50,9 +50,10 @@ int32_t val(int rank, size_t i) {
   return static_cast<int32_t>((rank + 1) * 1000 + static_cast<int>(i % 997));
 }
 
-// All five collectives that take CUDA IPC, on device buffers, checked
+// All eight collectives that take CUDA IPC, on device buffers, checked
 // element by element; counts from 1 element to several 64 KiB chunks.
-void run_every_collective(braid_comm_t comm, int rank, int n, void* s) {
+// `through_ipc`: the communicator's windows are up (else host staging).
+void run_every_collective(braid_comm_t comm, int rank, int n, void* s, bool through_ipc = true) {
   const FakeCuda& cu = fake_cuda();
   for (size_t c : {size_t{1}, size_t{5}, size_t{1000}, size_t{40000}}) {
     SCOPED_TRACE("count " + std::to_string(c));
@@ -84,6 +85,51 @@ void run_every_collective(braid_comm_t comm, int rank, int n, void* s) {
       ASSERT_EQ(rs[i], rsum) << "reduce_scatter at " << i;
       for (int p = 0; p < n; ++p)
         ASSERT_EQ(ag[p * c + i], val(p, i)) << "all_gather from " << p << " at " << i;
+    }
+    // gather to rank 0, scatter from the last rank, all_to_all out of place
+    // and in place. Element i of the block rank p sends to rank q is
+    // val(p, q * c + i).
+    Buffer<int32_t> ga(true, c * n, -1), sc(true, c, -1), a2a(true, c * n, -1), a2ai(true, c * n, 0);
+    for (size_t i = 0; i < c * n; ++i) a2ai[i] = val(rank, i);
+    uint64_t ipc_before = 0, ipc_after = 0;
+    BRAID_ASSERT_OK(braid_comm_transport_bytes(comm, "cuda_ipc", &ipc_before));
+    BRAID_ASSERT_OK(braid_gather(in.data(), ga.data(), c, BRAID_INT32, 0, comm, s));
+    BRAID_ASSERT_OK(braid_scatter(in.data(), sc.data(), c, BRAID_INT32, n - 1, comm, s));
+    BRAID_ASSERT_OK(braid_all_to_all(in.data(), a2a.data(), c, BRAID_INT32, comm, s));
+    BRAID_ASSERT_OK(braid_all_to_all(a2ai.data(), a2ai.data(), c, BRAID_INT32, comm, s));
+    cu.stream_synchronize(s);
+    // They went through the windows: each all_to_all alone reads every
+    // peer's block for this rank from the peer's window.
+    BRAID_ASSERT_OK(braid_comm_transport_bytes(comm, "cuda_ipc", &ipc_after));
+    if (through_ipc) {
+      EXPECT_GE(ipc_after - ipc_before, 2 * (n - 1) * c * sizeof(int32_t));
+    }
+    for (size_t i = 0; i < c; ++i) {
+      ASSERT_EQ(sc[i], val(n - 1, rank * c + i)) << "scatter at " << i;
+      for (int p = 0; p < n; ++p) {
+        ASSERT_EQ(ga[p * c + i], rank == 0 ? val(p, i) : -1) << "gather from " << p << " at " << i;
+        ASSERT_EQ(a2a[p * c + i], val(p, rank * c + i)) << "all_to_all from " << p << " at " << i;
+        ASSERT_EQ(a2ai[p * c + i], val(p, rank * c + i)) << "in-place all_to_all from " << p << " at " << i;
+      }
+    }
+    // The canonical in-place layouts of gather and scatter at their roots.
+    Buffer<int32_t> gai(true, c * n, -1), sci(true, c * n, -1);
+    for (size_t i = 0; i < c; ++i) gai[rank * c + i] = val(rank, i);
+    for (size_t i = 0; i < c * n; ++i) sci[i] = val(rank, i);
+    const int groot = n - 1, sroot = 0;
+    BRAID_ASSERT_OK(braid_gather(gai.data() + rank * c, gai.data(), c, BRAID_INT32, groot, comm, s));
+    BRAID_ASSERT_OK(braid_scatter(sci.data(), rank == sroot ? sci.data() + rank * c : sc.data(), c,
+                                  BRAID_INT32, sroot, comm, s));
+    cu.stream_synchronize(s);
+    for (size_t i = 0; i < c; ++i) {
+      if (rank == sroot) {
+        ASSERT_EQ(sci[rank * c + i], val(rank, rank * c + i)) << "in-place scatter at " << i;
+      } else {
+        ASSERT_EQ(sc[i], val(sroot, rank * c + i)) << "scatter at " << i;
+      }
+      if (rank == groot) {
+        for (int p = 0; p < n; ++p) ASSERT_EQ(gai[p * c + i], val(p, i)) << "in-place gather from " << p;
+      }
     }
     // The canonical in-place layouts of all_gather and reduce_scatter.
     Buffer<int32_t> agi(true, c * n, -1), rsi(true, c * n, 0);
@@ -283,7 +329,7 @@ TEST(CudaIpc, ARankThatCannotMapFallsBackToHostStagingEverywhere) {
     const FakeCuda& cu = fake_cuda();
     if (rank == 2) cu.fail_ipc_open(1);
     void* s = cu.stream_create();
-    run_every_collective(comm, rank, n, s);
+    run_every_collective(comm, rank, n, s, false);
     expect_windows_given_back();
     uint64_t ipc_bytes = 1;
     BRAID_ASSERT_OK(braid_comm_transport_bytes(comm, "cuda_ipc", &ipc_bytes));

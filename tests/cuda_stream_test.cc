@@ -137,7 +137,34 @@ TEST_P(CudaStreams, EveryCollectiveAndRequestsOnDeviceMemory) {
       ASSERT_EQ(red[i], rank == 1 ? sum : -1);
       ASSERT_EQ(rs[i], static_cast<int32_t>(rank * 1000003 + i));  // every rank holds the same blocks
     }
+    // gather to rank 0, scatter from rank 2 and all_to_all of the gathered
+    // blocks (every rank holds the same ones, so rank r gets block r, mine,
+    // from everyone).
+    int32_t *ga_d = nullptr, *sc_d = nullptr, *a2a_d = nullptr;
+    CUDA_OK(cudaMalloc(&ga_d, c * n * sizeof(int32_t)));
+    CUDA_OK(cudaMalloc(&sc_d, c * sizeof(int32_t)));
+    CUDA_OK(cudaMalloc(&a2a_d, c * n * sizeof(int32_t)));
+    BRAID_ASSERT_OK(braid_gather(mine_d, ga_d, c, BRAID_INT32, 0, comm, s));
+    BRAID_ASSERT_OK(braid_scatter(all_d, sc_d, c, BRAID_INT32, 2, comm, s));
+    BRAID_ASSERT_OK(braid_all_to_all(all_d, a2a_d, c, BRAID_INT32, comm, s));
+    std::vector<int32_t> ga(c * n), sc(c), a2a(c * n);
+    CUDA_OK(cudaMemcpyAsync(ga.data(), ga_d, c * n * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+    CUDA_OK(cudaMemcpyAsync(sc.data(), sc_d, c * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+    CUDA_OK(cudaMemcpyAsync(a2a.data(), a2a_d, c * n * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+    CUDA_OK(cudaStreamSynchronize(s));
+    for (size_t i = 0; i < c; ++i) {
+      ASSERT_EQ(sc[i], mine[i]) << "scatter";
+      for (int p = 0; p < n; ++p) {
+        if (rank == 0) {
+          ASSERT_EQ(ga[p * c + i], static_cast<int32_t>(p * 1000003 + i)) << "gather";
+        }
+        ASSERT_EQ(a2a[p * c + i], mine[i]) << "all_to_all";
+      }
+    }
     expect_path(comm, ipc, c * sizeof(int32_t));
+    CUDA_OK(cudaFree(ga_d));
+    CUDA_OK(cudaFree(sc_d));
+    CUDA_OK(cudaFree(a2a_d));
     CUDA_OK(cudaFree(red_d));
     CUDA_OK(cudaFree(rs_d));
     CUDA_OK(cudaFree(mine_d));

@@ -452,6 +452,14 @@ def cuda_collectives():
     a2a = torch.empty(world * 2, device=dev)
     dist.all_to_all_single(a2a, torch.full((world * 2,), float(r1), device=dev))
     expect_equal(a2a, torch.arange(1, world + 1, device=dev, dtype=torch.float32).repeat_interleave(2), "a2a")
+    gathered = [torch.empty(3, device=dev) for _ in range(world)] if rank == 0 else None
+    dist.gather(torch.full((3,), float(r1), device=dev), gathered, dst=0)
+    for i, g in enumerate(gathered or []):
+        expect_equal(g, torch.full((3,), float(i + 1), device=dev), "gather")
+    sc = torch.empty(3, device=dev)
+    parts = [torch.full((3,), float(i), device=dev) for i in range(world)] if rank == world - 1 else None
+    dist.scatter(sc, parts, src=world - 1)
+    expect_equal(sc, torch.full((3,), float(rank), device=dev), "scatter")
     # Point-to-point (host staging): a ring.
     nxt, prv = (rank + 1) % world, (rank - 1) % world
     got = torch.empty(6, device=dev)

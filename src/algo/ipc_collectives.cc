@@ -202,6 +202,72 @@ Task ipc_reduce_scatter(const Channel& ch, IpcWindow& w, CollArgs a) {
   }
 }
 
+Task ipc_gather(const Channel& ch, IpcWindow& w, CollArgs a) {
+  const int n = ch.nranks, r = ch.rank;
+  const size_t esize = dtype_size(a.dtype), block = a.count * esize;
+  const char* in = static_cast<const char*>(a.sendbuf);
+  char* out = static_cast<char*>(a.recvbuf);
+  const size_t chunk = w.region_bytes() / esize;
+  for (size_t off = 0; off < a.count; off += chunk) {
+    const size_t bytes = std::min(chunk, a.count - off) * esize;
+    // The root's own block goes straight to its place (nothing in place).
+    if (r == a.root)
+      co_await enqueued(w.copy(out + r * block + off * esize, in + off * esize, bytes));
+    else
+      co_await enqueued(w.copy(w.input(r), in + off * esize, bytes));
+    co_await phase_end(ch, w);
+    if (r == a.root) {
+      for (int s = 1; s < n; ++s) {
+        const int p = mod(r + s, n);
+        co_await enqueued(w.copy(out + p * block + off * esize, w.input(p), bytes));
+      }
+    }
+    co_await phase_end(ch, w);
+  }
+}
+
+Task ipc_scatter(const Channel& ch, IpcWindow& w, CollArgs a) {
+  const int n = ch.nranks, r = ch.rank;
+  const size_t esize = dtype_size(a.dtype), block = a.count * esize;
+  const char* in = static_cast<const char*>(a.sendbuf);
+  char* out = static_cast<char*>(a.recvbuf);
+  // The root's window holds one piece of every rank's block per chunk.
+  const size_t chunk = std::max<size_t>(1, w.region_bytes() / (static_cast<size_t>(n) * esize));
+  for (size_t off = 0; off < a.count; off += chunk) {
+    const size_t bytes = std::min(chunk, a.count - off) * esize;
+    if (r == a.root) {
+      for (int p = 0; p < n; ++p)
+        if (p != r) co_await enqueued(w.copy(w.input(r) + p * bytes, in + p * block + off * esize, bytes));
+      co_await enqueued(w.copy(out + off * esize, in + r * block + off * esize, bytes));
+    }
+    co_await phase_end(ch, w);
+    if (r != a.root) co_await enqueued(w.copy(out + off * esize, w.input(a.root) + r * bytes, bytes));
+    co_await phase_end(ch, w);
+  }
+}
+
+Task ipc_all_to_all(const Channel& ch, IpcWindow& w, CollArgs a) {
+  const int n = ch.nranks, r = ch.rank;
+  const size_t esize = dtype_size(a.dtype), block = a.count * esize;
+  const char* in = static_cast<const char*>(a.sendbuf);
+  char* out = static_cast<char*>(a.recvbuf);
+  // This rank's window holds, per chunk, one piece of the block for every
+  // rank, at that rank's index; its own block is copied across directly.
+  const size_t chunk = std::max<size_t>(1, w.region_bytes() / (static_cast<size_t>(n) * esize));
+  for (size_t off = 0; off < a.count; off += chunk) {
+    const size_t bytes = std::min(chunk, a.count - off) * esize;
+    for (int p = 0; p < n; ++p)
+      if (p != r) co_await enqueued(w.copy(w.input(r) + p * bytes, in + p * block + off * esize, bytes));
+    co_await enqueued(w.copy(out + r * block + off * esize, in + r * block + off * esize, bytes));
+    co_await phase_end(ch, w);
+    for (int s = 1; s < n; ++s) {
+      const int p = mod(r - s, n);
+      co_await enqueued(w.copy(out + p * block + off * esize, w.input(p) + r * bytes, bytes));
+    }
+    co_await phase_end(ch, w);
+  }
+}
+
 Task ipc_with_input_copy(const Channel& ch, IpcWindow& w, CollArgs a, size_t in_bytes, char* copy,
                          Task (*run)(const Channel&, IpcWindow&, CollArgs)) {
   co_await enqueued(w.copy(copy, a.sendbuf, in_bytes));

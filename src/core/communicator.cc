@@ -835,6 +835,9 @@ bool Communicator::ipc_candidate(OpKind kind) const {
     case OpKind::kReduce:
     case OpKind::kAllGather:
     case OpKind::kReduceScatter:
+    case OpKind::kGather:
+    case OpKind::kScatter:
+    case OpKind::kAllToAll:
       return true;
     default:
       return false;
@@ -909,8 +912,17 @@ std::shared_ptr<Op> Communicator::make_ipc_op(OpKind kind, const CollArgs& args,
     case OpKind::kAllGather:
       run = ipc_all_gather;
       break;
-    default:
+    case OpKind::kReduceScatter:
       run = ipc_reduce_scatter;
+      break;
+    case OpKind::kGather:
+      run = ipc_gather;
+      break;
+    case OpKind::kScatter:
+      run = ipc_scatter;
+      break;
+    default:  // kAllToAll: ipc_candidate admits no other kind
+      run = ipc_all_to_all;
       break;
   }
   op->task = input_copy != nullptr ? ipc_with_input_copy(ch, w, args, g.in_bytes, input_copy, run)
