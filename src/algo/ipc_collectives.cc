@@ -52,6 +52,31 @@ Task reduce_and_finish(IpcWindow& w, const CollArgs& a, const std::vector<const 
   if (a.op == BRAID_AVG) co_await enqueued(w.divide(a.dtype, dst, count, nranks));
 }
 
+// Elements per chunk where this rank's window holds a piece of every
+// rank's block.
+size_t piece_chunk(const IpcWindow& w, int nranks, size_t esize) {
+  return std::max<size_t>(1, w.region_bytes() / (static_cast<size_t>(nranks) * esize));
+}
+
+// Bytes [at, at + bytes) of every member's block of `in` (blocks `block`
+// bytes apart) into this rank's window, member p's at p * bytes; the block
+// of member `skip` (-1: none) stays out.
+Task pieces_to_window(const Channel& ch, IpcWindow& w, const char* in, size_t block, size_t at, size_t bytes,
+                      int skip) {
+  for (int p = 0; p < ch.nranks; ++p)
+    if (p != skip) co_await enqueued(w.copy(w.input(ch.rank) + p * bytes, in + p * block + at, bytes));
+}
+
+// Bytes at `src` of every member's window (this rank's own too, with
+// `self`) into that member's block of `out`, at `at`.
+Task windows_to_blocks(const Channel& ch, IpcWindow& w, size_t src, char* out, size_t block, size_t at,
+                       size_t bytes, bool self) {
+  for (int s = self ? 0 : 1; s < ch.nranks; ++s) {
+    const int p = mod(ch.rank + s, ch.nranks);
+    co_await enqueued(w.copy(out + p * block + at, w.input(p) + src, bytes));
+  }
+}
+
 }  // namespace
 
 Task ipc_connect(const Channel& ch, IpcSetup setup, std::unique_ptr<IpcWindow>* out, std::string* why) {
@@ -168,7 +193,7 @@ Task ipc_reduce(const Channel& ch, IpcWindow& w, CollArgs a) {
 }
 
 Task ipc_all_gather(const Channel& ch, IpcWindow& w, CollArgs a) {
-  const int n = ch.nranks, r = ch.rank;
+  const int r = ch.rank;
   const size_t esize = dtype_size(a.dtype), block = a.count * esize;
   const char* in = static_cast<const char*>(a.sendbuf);
   char* out = static_cast<char*>(a.recvbuf);
@@ -177,10 +202,7 @@ Task ipc_all_gather(const Channel& ch, IpcWindow& w, CollArgs a) {
     const size_t bytes = std::min(chunk, a.count - off) * esize;
     co_await enqueued(w.copy(w.input(r), in + off * esize, bytes));
     co_await phase_end(ch, w);
-    for (int s = 0; s < n; ++s) {
-      const int p = mod(r + s, n);
-      co_await enqueued(w.copy(out + p * block + off * esize, w.input(p), bytes));
-    }
+    co_await windows_to_blocks(ch, w, 0, out, block, off * esize, bytes, true);
     co_await phase_end(ch, w);
   }
 }
@@ -190,12 +212,10 @@ Task ipc_reduce_scatter(const Channel& ch, IpcWindow& w, CollArgs a) {
   const size_t esize = dtype_size(a.dtype), block = a.count * esize;
   const char* in = static_cast<const char*>(a.sendbuf);
   char* out = static_cast<char*>(a.recvbuf);
-  // The window holds one piece of every rank's block per chunk.
-  const size_t chunk = std::max<size_t>(1, w.region_bytes() / (static_cast<size_t>(n) * esize));
+  const size_t chunk = piece_chunk(w, n, esize);
   for (size_t off = 0; off < a.count; off += chunk) {
     const size_t len = std::min(chunk, a.count - off), bytes = len * esize;
-    for (int p = 0; p < n; ++p)
-      co_await enqueued(w.copy(w.input(r) + p * bytes, in + p * block + off * esize, bytes));
+    co_await pieces_to_window(ch, w, in, block, off * esize, bytes, -1);
     co_await phase_end(ch, w);
     co_await reduce_and_finish(w, a, inputs_at(ch, w, r * bytes), out + off * esize, len, n);
     co_await phase_end(ch, w);
@@ -203,7 +223,7 @@ Task ipc_reduce_scatter(const Channel& ch, IpcWindow& w, CollArgs a) {
 }
 
 Task ipc_gather(const Channel& ch, IpcWindow& w, CollArgs a) {
-  const int n = ch.nranks, r = ch.rank;
+  const int r = ch.rank;
   const size_t esize = dtype_size(a.dtype), block = a.count * esize;
   const char* in = static_cast<const char*>(a.sendbuf);
   char* out = static_cast<char*>(a.recvbuf);
@@ -216,12 +236,7 @@ Task ipc_gather(const Channel& ch, IpcWindow& w, CollArgs a) {
     else
       co_await enqueued(w.copy(w.input(r), in + off * esize, bytes));
     co_await phase_end(ch, w);
-    if (r == a.root) {
-      for (int s = 1; s < n; ++s) {
-        const int p = mod(r + s, n);
-        co_await enqueued(w.copy(out + p * block + off * esize, w.input(p), bytes));
-      }
-    }
+    if (r == a.root) co_await windows_to_blocks(ch, w, 0, out, block, off * esize, bytes, false);
     co_await phase_end(ch, w);
   }
 }
@@ -231,13 +246,12 @@ Task ipc_scatter(const Channel& ch, IpcWindow& w, CollArgs a) {
   const size_t esize = dtype_size(a.dtype), block = a.count * esize;
   const char* in = static_cast<const char*>(a.sendbuf);
   char* out = static_cast<char*>(a.recvbuf);
-  // The root's window holds one piece of every rank's block per chunk.
-  const size_t chunk = std::max<size_t>(1, w.region_bytes() / (static_cast<size_t>(n) * esize));
+  // The root's window holds a piece of every other rank's block per chunk.
+  const size_t chunk = piece_chunk(w, n, esize);
   for (size_t off = 0; off < a.count; off += chunk) {
     const size_t bytes = std::min(chunk, a.count - off) * esize;
     if (r == a.root) {
-      for (int p = 0; p < n; ++p)
-        if (p != r) co_await enqueued(w.copy(w.input(r) + p * bytes, in + p * block + off * esize, bytes));
+      co_await pieces_to_window(ch, w, in, block, off * esize, bytes, r);
       co_await enqueued(w.copy(out + off * esize, in + r * block + off * esize, bytes));
     }
     co_await phase_end(ch, w);
@@ -253,17 +267,13 @@ Task ipc_all_to_all(const Channel& ch, IpcWindow& w, CollArgs a) {
   char* out = static_cast<char*>(a.recvbuf);
   // This rank's window holds, per chunk, one piece of the block for every
   // rank, at that rank's index; its own block is copied across directly.
-  const size_t chunk = std::max<size_t>(1, w.region_bytes() / (static_cast<size_t>(n) * esize));
+  const size_t chunk = piece_chunk(w, n, esize);
   for (size_t off = 0; off < a.count; off += chunk) {
     const size_t bytes = std::min(chunk, a.count - off) * esize;
-    for (int p = 0; p < n; ++p)
-      if (p != r) co_await enqueued(w.copy(w.input(r) + p * bytes, in + p * block + off * esize, bytes));
+    co_await pieces_to_window(ch, w, in, block, off * esize, bytes, r);
     co_await enqueued(w.copy(out + r * block + off * esize, in + r * block + off * esize, bytes));
     co_await phase_end(ch, w);
-    for (int s = 1; s < n; ++s) {
-      const int p = mod(r - s, n);
-      co_await enqueued(w.copy(out + p * block + off * esize, w.input(p) + r * bytes, bytes));
-    }
+    co_await windows_to_blocks(ch, w, r * bytes, out, block, off * esize, bytes, false);
     co_await phase_end(ch, w);
   }
 }
