@@ -276,6 +276,88 @@ TEST(CudaIpc, ARandomSequenceOfCollectivesStaysExact) {
   }
 }
 
+// Uneven blocks, some longer than a chunk's piece and some empty, with
+// gaps between them that stay untouched; then in place.
+TEST(CudaIpc, AllToAllvWithUnevenBlocksAcrossChunks) {
+  run_ranks(3, ipc_env(), [](braid_comm_t comm, int rank, int n) {
+    const FakeCuda& cu = fake_cuda();
+    void* s = cu.stream_create();
+    const size_t un = static_cast<size_t>(n);
+    // Elements rank p sends rank q (a 64 KiB region holds pieces of 5461
+    // int32 per rank on 3 ranks): up to three chunks, and p == q == 1 none.
+    auto count = [](int p, int q) {
+      return p == 1 && q == 1 ? size_t{0} : size_t{4000} * ((p + 2 * q) % 4) + 7;
+    };
+    auto v = [](int p, int q, size_t i) { return static_cast<int32_t>(p * 1000000 + q * 100000 + i); };
+    std::vector<size_t> sc(un), sd(un), rc(un), rd(un);
+    size_t in_len = 0, out_len = 0;
+    for (int q = 0; q < n; ++q) {
+      sc[q] = count(rank, q), sd[q] = in_len, in_len += sc[q] + 3;  // 3 elements apart
+      rc[q] = count(q, rank), rd[q] = out_len, out_len += rc[q] + 5;
+    }
+    Buffer<int32_t> in(true, in_len, 0), out(true, out_len, -1);
+    for (int q = 0; q < n; ++q)
+      for (size_t i = 0; i < sc[q]; ++i) in[sd[q] + i] = v(rank, q, i);
+    uint64_t before = 0, after = 0;
+    BRAID_ASSERT_OK(braid_comm_transport_bytes(comm, "cuda_ipc", &before));
+    BRAID_ASSERT_OK(braid_all_to_allv(in.data(), sc.data(), sd.data(), out.data(), rc.data(), rd.data(),
+                                      BRAID_INT32, comm, s));
+    cu.stream_synchronize(s);
+    BRAID_ASSERT_OK(braid_comm_transport_bytes(comm, "cuda_ipc", &after));
+    size_t from_peers = 0;
+    for (int p = 0; p < n; ++p) {
+      for (size_t i = 0; i < rc[p]; ++i)
+        ASSERT_EQ(out[rd[p] + i], v(p, rank, i)) << "from " << p << " at " << i;
+      for (size_t i = rd[p] + rc[p]; i < rd[p] + rc[p] + 5; ++i) ASSERT_EQ(out[i], -1) << "gap after " << p;
+      if (p != rank) from_peers += rc[p] * sizeof(int32_t);
+    }
+    EXPECT_GE(after - before, from_peers);
+    // In place: one buffer, block q's slot (as long as the longer of the
+    // blocks to and from q) first sent to q, then received from q.
+    std::vector<size_t> slot(un);
+    size_t at = 0;
+    for (int q = 0; q < n; ++q) slot[q] = at, at += std::max(sc[q], rc[q]) + 3;
+    Buffer<int32_t> one(true, at, -1);
+    for (int q = 0; q < n; ++q)
+      for (size_t i = 0; i < sc[q]; ++i) one[slot[q] + i] = v(rank, q, i);
+    BRAID_ASSERT_OK(braid_all_to_allv(one.data(), sc.data(), slot.data(), one.data(), rc.data(), slot.data(),
+                                      BRAID_INT32, comm, s));
+    cu.stream_synchronize(s);
+    for (int p = 0; p < n; ++p)
+      for (size_t i = 0; i < rc[p]; ++i) ASSERT_EQ(one[slot[p] + i], v(p, rank, i)) << "in place, from " << p;
+    cu.stream_destroy(s);
+  });
+}
+
+// A rank that expects another count from a peer than the peer sends fails
+// with BRAID_ERR_MISMATCH before any data moves; the others fail too, and
+// nobody hangs.
+TEST(CudaIpc, AllToAllvWithCountsThatDisagreeIsAMismatch) {
+  auto result = launch(3, ipc_env({{"BRAID_TIMEOUT", "20"}}), [](braid_comm_t comm, int rank, int n) {
+    const FakeCuda& cu = fake_cuda();
+    void* s = cu.stream_create();
+    const size_t un = static_cast<size_t>(n);
+    std::vector<size_t> sc(un, 100), disp(un), rc(un, 100);
+    for (size_t q = 0; q < un; ++q) disp[q] = q * 200;
+    if (rank == 2) rc[0] = 150;  // rank 0 sends it 100
+    Buffer<int32_t> in(true, 200 * un, 1), out(true, 200 * un, -1);
+    braid_request_t req = nullptr;
+    BRAID_ASSERT_OK(braid_iall_to_allv(in.data(), sc.data(), disp.data(), out.data(), rc.data(), disp.data(),
+                                       BRAID_INT32, comm, s, &req));
+    const braid_result_t code = braid_wait(&req);
+    EXPECT_NE(code, BRAID_SUCCESS);
+    if (rank == 2) {
+      EXPECT_EQ(code, BRAID_ERR_MISMATCH);
+      const std::string m = braid_get_last_error();
+      EXPECT_NE(m.find("rank 0 sends 100 elements to rank 2, whose recvcounts[0] is 150"), std::string::npos)
+          << m;
+    }
+    cu.stream_synchronize(s);  // the failed op released the stream
+    cu.stream_destroy(s);
+  });
+  ASSERT_TRUE(result.ok()) << result.describe();
+}
+
 // BRAID_CHECK_CALLS=1 compares every call before it runs: the IPC path's
 // calls pass it, and results stay exact.
 TEST(CudaIpc, CheckedCallsStayExact) {

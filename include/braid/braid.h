@@ -22,14 +22,13 @@
  *   in place. An error found later fails the request, or is reported by
  *   braid_comm_get_async_error; the stream is never left waiting, and the
  *   failed call's outputs are undefined.
- *   all_reduce, broadcast, reduce, all_gather, reduce_scatter, gather,
- *   scatter and all_to_all on device buffers, on a communicator whose ranks
- *   are all on one host, move their
- *   data device to device through CUDA IPC (NVLink, PCIe, or one GPU's
- *   memory when ranks share a GPU); the first such call sets that up with
+ *   Every collective but barrier on device buffers, on a communicator whose
+ *   ranks are all on one host, moves its data device to device through
+ *   CUDA IPC (NVLink, PCIe, or one GPU's memory when ranks share a GPU);
+ *   the first such call sets that up with
  *   every rank (it blocks until all ranks made it). Every rank must then pass
  *   device memory, or every rank host memory, to the same call
- *   (BRAID_ERR_MISMATCH otherwise). Other calls, calls across hosts, and
+ *   (BRAID_ERR_MISMATCH otherwise). Send and receive, calls across hosts, and
  *   jobs where a rank cannot map another's memory (the log says why) move
  *   device data through pinned host memory (host staging).
  */

@@ -452,6 +452,13 @@ def cuda_collectives():
     a2a = torch.empty(world * 2, device=dev)
     dist.all_to_all_single(a2a, torch.full((world * 2,), float(r1), device=dev))
     expect_equal(a2a, torch.arange(1, world + 1, device=dev, dtype=torch.float32).repeat_interleave(2), "a2a")
+    # Uneven splits: rank p sends i + 1 elements of value 10 (p + 1) + i to rank i.
+    a2av = torch.empty(world * (rank + 1), device=dev)
+    src = torch.cat([torch.full((i + 1,), float(10 * r1 + i), device=dev) for i in range(world)])
+    dist.all_to_all_single(a2av, src, output_split_sizes=[rank + 1] * world,
+                           input_split_sizes=[i + 1 for i in range(world)])
+    want = torch.cat([torch.full((rank + 1,), float(10 * (p + 1) + rank), device=dev) for p in range(world)])
+    expect_equal(a2av, want, "a2a with split sizes")
     gathered = [torch.empty(3, device=dev) for _ in range(world)] if rank == 0 else None
     dist.gather(torch.full((3,), float(r1), device=dev), gathered, dst=0)
     for i, g in enumerate(gathered or []):

@@ -278,6 +278,59 @@ Task ipc_all_to_all(const Channel& ch, IpcWindow& w, CollArgs a) {
   }
 }
 
+Task ipc_all_to_allv(const Channel& ch, IpcWindow& w, CollArgs a) {
+  const int n = ch.nranks, r = ch.rank;
+  const size_t esize = dtype_size(a.dtype), un = static_cast<size_t>(n);
+  const size_t *scount = a.layout, *sdispl = a.layout + un, *rcount = a.layout + 2 * un,
+               *rdispl = a.layout + 3 * un;
+  const char* in = static_cast<const char*>(a.sendbuf);
+  char* out = static_cast<char*>(a.recvbuf);
+  // The windows carry no sizes, and every rank must run as many chunks: each
+  // tells every peer what it sends it and its longest block, and checks
+  // what it is sent against what it expects (a ring would find out from
+  // the message size).
+  struct Plan {
+    uint64_t to_you, longest;
+  };
+  uint64_t local = 0;
+  for (size_t p = 0; p < un; ++p) local = std::max<uint64_t>(local, std::max(scount[p], rcount[p]));
+  uint64_t longest = local;
+  for (int s = 1; s < n; ++s) {
+    const int to = mod(r + s, n), from = mod(r - s, n);
+    Plan mine{scount[to], local}, theirs{};
+    co_await exchange(ch, to, &mine, sizeof(mine), from, &theirs, sizeof(theirs));
+    if (theirs.to_you != rcount[from]) {
+      const Op* op = current_op();
+      co_await fail_with(Status(
+          BRAID_ERR_MISMATCH, std::string(op->name) + " #" + std::to_string(op->seq) + ": rank " +
+                                  std::to_string(ch.global(from)) + " sends " +
+                                  std::to_string(theirs.to_you) + " elements to rank " +
+                                  std::to_string(ch.global(r)) + ", whose recvcounts[" +
+                                  std::to_string(ch.global(from)) + "] is " + std::to_string(rcount[from])));
+    }
+    longest = std::max(longest, theirs.longest);
+  }
+  // Per chunk, elements [off, off + piece) of every block.
+  const size_t piece = piece_chunk(w, n, esize);
+  auto part = [piece](size_t count, size_t off) { return off >= count ? 0 : std::min(piece, count - off); };
+  for (size_t off = 0; off < longest; off += piece) {
+    for (int p = 0; p < n; ++p) {
+      if (p == r) continue;
+      co_await enqueued(w.copy(w.input(r) + p * piece * esize, in + (sdispl[p] + off) * esize,
+                               part(scount[p], off) * esize));
+    }
+    co_await enqueued(w.copy(out + (rdispl[r] + off) * esize, in + (sdispl[r] + off) * esize,
+                             part(rcount[r], off) * esize));
+    co_await phase_end(ch, w);
+    for (int s = 1; s < n; ++s) {
+      const int p = mod(r + s, n);
+      co_await enqueued(w.copy(out + (rdispl[p] + off) * esize, w.input(p) + r * piece * esize,
+                               part(rcount[p], off) * esize));
+    }
+    co_await phase_end(ch, w);
+  }
+}
+
 Task ipc_with_input_copy(const Channel& ch, IpcWindow& w, CollArgs a, size_t in_bytes, char* copy,
                          Task (*run)(const Channel&, IpcWindow&, CollArgs)) {
   co_await enqueued(w.copy(copy, a.sendbuf, in_bytes));

@@ -49,6 +49,9 @@ Task ipc_reduce_scatter(const Channel& ch, IpcWindow& w, CollArgs a);
 Task ipc_gather(const Channel& ch, IpcWindow& w, CollArgs a);
 Task ipc_scatter(const Channel& ch, IpcWindow& w, CollArgs a);
 Task ipc_all_to_all(const Channel& ch, IpcWindow& w, CollArgs a);
+// Counts a peer sends that differ from this rank's recvcounts fail the op
+// (BRAID_ERR_MISMATCH) before any data moves.
+Task ipc_all_to_allv(const Channel& ch, IpcWindow& w, CollArgs a);
 // `run` over a copy of the input (in_bytes of it) in `copy` (device
 // memory, IpcWindow::scratch): for an input that overlaps the output other
 // than in place.

@@ -838,6 +838,7 @@ bool Communicator::ipc_candidate(OpKind kind) const {
     case OpKind::kGather:
     case OpKind::kScatter:
     case OpKind::kAllToAll:
+    case OpKind::kAllToAllv:
       return true;
     default:
       return false;
@@ -889,9 +890,15 @@ std::shared_ptr<Op> Communicator::make_ipc_op(OpKind kind, const CollArgs& args,
   op->seq = engine_->next_collective_seq();
   fill_call_tag(op->tag, kind, op->seq, args);
   op->tag.path = CallTag::kDevicePath;
-  const Regions g = regions_of(kind, args, rank_, nranks_);
+  CollArgs a = args;
+  if (kind == OpKind::kAllToAllv) {
+    // The caller's arrays may go away once the call returns: keep a copy.
+    op->layout.assign(a.layout, a.layout + 4 * static_cast<size_t>(nranks_));
+    a.layout = op->layout.data();
+  }
+  const Regions g = regions_of(kind, a, rank_, nranks_);
   op->bytes = std::max(g.in_bytes, g.out_bytes);
-  if (args.count == 0) {
+  if (a.count == 0 && kind != OpKind::kAllToAllv) {
     op->algo = "none";
     op->task = []() -> Task { co_return; }();
     return checked(std::move(op));
@@ -921,12 +928,15 @@ std::shared_ptr<Op> Communicator::make_ipc_op(OpKind kind, const CollArgs& args,
     case OpKind::kScatter:
       run = ipc_scatter;
       break;
-    default:  // kAllToAll: ipc_candidate admits no other kind
+    case OpKind::kAllToAll:
       run = ipc_all_to_all;
       break;
+    default:  // kAllToAllv: ipc_candidate admits no other kind
+      run = ipc_all_to_allv;
+      break;
   }
-  op->task = input_copy != nullptr ? ipc_with_input_copy(ch, w, args, g.in_bytes, input_copy, run)
-                                   : run(ch, w, args);
+  op->task =
+      input_copy != nullptr ? ipc_with_input_copy(ch, w, a, g.in_bytes, input_copy, run) : run(ch, w, a);
   return checked(std::move(op));
 }
 
