@@ -94,19 +94,27 @@ void run_every_collective(braid_comm_t comm, int rank, int n, void* s, bool thro
     // val(p, q * c + i).
     Buffer<int32_t> ga(true, c * n, -1), sc(true, c, -1), a2a(true, c * n, -1), a2ai(true, c * n, 0);
     for (size_t i = 0; i < c * n; ++i) a2ai[i] = val(rank, i);
-    uint64_t ipc_before = 0, ipc_after = 0;
-    BRAID_ASSERT_OK(braid_comm_transport_bytes(comm, "cuda_ipc", &ipc_before));
-    BRAID_ASSERT_OK(braid_gather(in.data(), ga.data(), c, BRAID_INT32, 0, comm, s));
-    BRAID_ASSERT_OK(braid_scatter(in.data(), sc.data(), c, BRAID_INT32, n - 1, comm, s));
-    BRAID_ASSERT_OK(braid_all_to_all(in.data(), a2a.data(), c, BRAID_INT32, comm, s));
-    BRAID_ASSERT_OK(braid_all_to_all(a2ai.data(), a2ai.data(), c, BRAID_INT32, comm, s));
-    cu.stream_synchronize(s);
-    // They went through the windows: each all_to_all alone reads every
-    // peer's block for this rank from the peer's window.
-    BRAID_ASSERT_OK(braid_comm_transport_bytes(comm, "cuda_ipc", &ipc_after));
-    if (through_ipc) {
-      EXPECT_GE(ipc_after - ipc_before, 2 * (n - 1) * c * sizeof(int32_t));
-    }
+    // Each call, once its stream ran, read at least `from_peers` bytes from
+    // peers' windows (where they are up): it went through them.
+    auto through_windows = [&](const char* what, size_t from_peers, auto call) {
+      uint64_t before = 0, after = 0;
+      BRAID_ASSERT_OK(braid_comm_transport_bytes(comm, "cuda_ipc", &before));
+      BRAID_ASSERT_OK(call());
+      cu.stream_synchronize(s);
+      BRAID_ASSERT_OK(braid_comm_transport_bytes(comm, "cuda_ipc", &after));
+      if (through_ipc) {
+        EXPECT_GE(after - before, from_peers) << what;
+      }
+    };
+    const size_t block_bytes = c * sizeof(int32_t), peers = static_cast<size_t>(n - 1);
+    through_windows("gather", rank == 0 ? peers * block_bytes : 0,
+                    [&] { return braid_gather(in.data(), ga.data(), c, BRAID_INT32, 0, comm, s); });
+    through_windows("scatter", rank == n - 1 ? 0 : block_bytes,
+                    [&] { return braid_scatter(in.data(), sc.data(), c, BRAID_INT32, n - 1, comm, s); });
+    through_windows("all_to_all", peers * block_bytes,
+                    [&] { return braid_all_to_all(in.data(), a2a.data(), c, BRAID_INT32, comm, s); });
+    through_windows("in-place all_to_all", peers * block_bytes,
+                    [&] { return braid_all_to_all(a2ai.data(), a2ai.data(), c, BRAID_INT32, comm, s); });
     for (size_t i = 0; i < c; ++i) {
       ASSERT_EQ(sc[i], val(n - 1, rank * c + i)) << "scatter at " << i;
       for (int p = 0; p < n; ++p) {
@@ -298,10 +306,14 @@ TEST(CudaIpc, AllToAllvWithUnevenBlocksAcrossChunks) {
     Buffer<int32_t> in(true, in_len, 0), out(true, out_len, -1);
     for (int q = 0; q < n; ++q)
       for (size_t i = 0; i < sc[q]; ++i) in[sd[q] + i] = v(rank, q, i);
+    // An empty block's displacement may point anywhere: nothing is read or
+    // written there, and the buffers' extents leave it out.
+    std::vector<size_t> sd_far = sd, rd_far = rd;
+    if (rank == 1) sd_far[1] = rd_far[1] = size_t{1} << 40;
     uint64_t before = 0, after = 0;
     BRAID_ASSERT_OK(braid_comm_transport_bytes(comm, "cuda_ipc", &before));
-    BRAID_ASSERT_OK(braid_all_to_allv(in.data(), sc.data(), sd.data(), out.data(), rc.data(), rd.data(),
-                                      BRAID_INT32, comm, s));
+    BRAID_ASSERT_OK(braid_all_to_allv(in.data(), sc.data(), sd_far.data(), out.data(), rc.data(),
+                                      rd_far.data(), BRAID_INT32, comm, s));
     cu.stream_synchronize(s);
     BRAID_ASSERT_OK(braid_comm_transport_bytes(comm, "cuda_ipc", &after));
     size_t from_peers = 0;
@@ -325,6 +337,21 @@ TEST(CudaIpc, AllToAllvWithUnevenBlocksAcrossChunks) {
     cu.stream_synchronize(s);
     for (int p = 0; p < n; ++p)
       for (size_t i = 0; i < rc[p]; ++i) ASSERT_EQ(one[slot[p] + i], v(p, rank, i)) << "in place, from " << p;
+    // One buffer, the blocks received 9000 elements after where the blocks
+    // sent start: a chunk's output lands on input a later chunk sends, so
+    // the input must be copied aside first.
+    const size_t shift = 9000;
+    std::vector<size_t> rd_shifted(un);
+    for (int q = 0; q < n; ++q) rd_shifted[q] = rd[q] + shift;
+    Buffer<int32_t> over(true, std::max(in_len, out_len + shift), -1);
+    for (int q = 0; q < n; ++q)
+      for (size_t i = 0; i < sc[q]; ++i) over[sd[q] + i] = v(rank, q, i);
+    BRAID_ASSERT_OK(braid_all_to_allv(over.data(), sc.data(), sd.data(), over.data(), rc.data(),
+                                      rd_shifted.data(), BRAID_INT32, comm, s));
+    cu.stream_synchronize(s);
+    for (int p = 0; p < n; ++p)
+      for (size_t i = 0; i < rc[p]; ++i)
+        ASSERT_EQ(over[rd_shifted[p] + i], v(p, rank, i)) << "overlapping, from " << p << " at " << i;
     cu.stream_destroy(s);
   });
 }
@@ -339,7 +366,7 @@ TEST(CudaIpc, AllToAllvWithCountsThatDisagreeIsAMismatch) {
     const size_t un = static_cast<size_t>(n);
     std::vector<size_t> sc(un, 100), disp(un), rc(un, 100);
     for (size_t q = 0; q < un; ++q) disp[q] = q * 200;
-    if (rank == 2) rc[0] = 150;  // rank 0 sends it 100
+    if (rank == 2) rc[1] = 150;  // rank 1 sends it 100: the first exchange finds it
     Buffer<int32_t> in(true, 200 * un, 1), out(true, 200 * un, -1);
     braid_request_t req = nullptr;
     BRAID_ASSERT_OK(braid_iall_to_allv(in.data(), sc.data(), disp.data(), out.data(), rc.data(), disp.data(),
@@ -349,10 +376,13 @@ TEST(CudaIpc, AllToAllvWithCountsThatDisagreeIsAMismatch) {
     if (rank == 2) {
       EXPECT_EQ(code, BRAID_ERR_MISMATCH);
       const std::string m = braid_get_last_error();
-      EXPECT_NE(m.find("rank 0 sends 100 elements to rank 2, whose recvcounts[0] is 150"), std::string::npos)
+      EXPECT_NE(m.find("rank 1 sends 100 elements to rank 2, whose recvcounts[1] is 150"), std::string::npos)
           << m;
     }
     cu.stream_synchronize(s);  // the failed op released the stream
+    if (rank == 2) {
+      for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], -1) << "rank 2 moved data at " << i;
+    }
     cu.stream_destroy(s);
   });
   ASSERT_TRUE(result.ok()) << result.describe();

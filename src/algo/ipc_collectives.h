@@ -50,7 +50,8 @@ Task ipc_gather(const Channel& ch, IpcWindow& w, CollArgs a);
 Task ipc_scatter(const Channel& ch, IpcWindow& w, CollArgs a);
 Task ipc_all_to_all(const Channel& ch, IpcWindow& w, CollArgs a);
 // Counts a peer sends that differ from this rank's recvcounts fail the op
-// (BRAID_ERR_MISMATCH) before any data moves.
+// (BRAID_ERR_MISMATCH) on this rank before it moves any data; the others
+// fail when they next wait on it (outputs undefined, as for any failed call).
 Task ipc_all_to_allv(const Channel& ch, IpcWindow& w, CollArgs a);
 // `run` over a copy of the input (in_bytes of it) in `copy` (device
 // memory, IpcWindow::scratch): for an input that overlaps the output other

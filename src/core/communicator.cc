@@ -503,9 +503,12 @@ Regions regions_of(OpKind kind, const CollArgs& a, int rank, int nranks) {
       break;
     case OpKind::kAllToAllv:
       g.in_bytes = g.out_bytes = 0;
+      // Only blocks that hold data: an empty block's displacement is not
+      // checked against the buffer, and need not lie inside it.
       for (size_t p = 0; p < n; ++p) {
-        g.in_bytes = std::max(g.in_bytes, (a.layout[n + p] + a.layout[p]) * esize);
-        g.out_bytes = std::max(g.out_bytes, (a.layout[3 * n + p] + a.layout[2 * n + p]) * esize);
+        if (a.layout[p] > 0) g.in_bytes = std::max(g.in_bytes, (a.layout[n + p] + a.layout[p]) * esize);
+        if (a.layout[2 * n + p] > 0)
+          g.out_bytes = std::max(g.out_bytes, (a.layout[3 * n + p] + a.layout[2 * n + p]) * esize);
       }
       g.canonical_in = nullptr;
       break;
@@ -746,8 +749,9 @@ Status Communicator::prepare_stream_op(OpKind kind, const CollArgs& args, void* 
       // aside first, into scratch allocated now (see IpcWindow::scratch).
       const char* in = static_cast<const char*>(args.sendbuf);
       const char* out = static_cast<const char*>(args.recvbuf);
-      if (args.count > 0 && g.uses_input && g.uses_output && in != g.canonical_in && in < out + g.out_bytes &&
-          out < in + g.in_bytes)
+      // (all_to_allv's count is 0: its extents say whether it moves data.)
+      if (g.in_bytes > 0 && g.out_bytes > 0 && g.uses_input && g.uses_output && in != g.canonical_in &&
+          in < out + g.out_bytes && out < in + g.in_bytes)
         BRAID_RETURN_IF_ERROR(ipc_->scratch(g.in_bytes, &call->ipc_input_copy));
       return staging_->take(*cu, context.context(), 0, &call->block);
     }
