@@ -524,6 +524,24 @@ Regions regions_of(OpKind kind, const CollArgs& a, int rank, int nranks) {
   return g;
 }
 
+// What make_op and make_ipc_op do first: the op keeps all_to_allv's arrays
+// (the caller's may go away once the call returns) and learns its size. A
+// call with nothing to move gets an empty task, and true is returned: every
+// rank passes the same count, so every rank skips together
+// (BRAID_CHECK_CALLS still compares the calls).
+bool keep_args_or_skip(OpKind kind, Op& op, CollArgs& a, int rank, int nranks, Regions* g) {
+  if (kind == OpKind::kAllToAllv) {
+    op.layout.assign(a.layout, a.layout + 4 * static_cast<size_t>(nranks));
+    a.layout = op.layout.data();
+  }
+  *g = regions_of(kind, a, rank, nranks);
+  op.bytes = std::max(g->in_bytes, g->out_bytes);
+  if (a.count != 0 || kind == OpKind::kAllToAllv) return false;
+  op.algo = "none";
+  op.task = []() -> Task { co_return; }();
+  return true;
+}
+
 }  // namespace
 
 std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, bool async) {
@@ -532,7 +550,6 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
   op->async = async;
   CollArgs a = args;
   const size_t esize = dtype_size(a.dtype);
-  const size_t n = static_cast<size_t>(nranks_);
   op->bytes = a.count * esize;
   op->algo = "p2p";
   if (kind == OpKind::kRecvAny) {
@@ -567,21 +584,9 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
     return checked(std::move(op));
   }
 
-  if (kind == OpKind::kAllToAllv) {
-    // The caller's arrays may go away once the call returns: keep a copy.
-    op->layout.assign(a.layout, a.layout + 4 * n);
-    a.layout = op->layout.data();
-  }
-  const Regions g = regions_of(kind, a, rank_, nranks_);
+  Regions g;
+  if (keep_args_or_skip(kind, *op, a, rank_, nranks_, &g)) return checked(std::move(op));
   const size_t in_bytes = g.in_bytes, out_bytes = g.out_bytes;
-  op->bytes = std::max(in_bytes, out_bytes);
-  if (a.count == 0 && kind != OpKind::kAllToAllv) {
-    op->algo = "none";
-    // Every rank passes the same count, so every rank skips together
-    // (BRAID_CHECK_CALLS still compares the calls).
-    op->task = []() -> Task { co_return; }();
-    return checked(std::move(op));
-  }
   if (g.uses_input && g.uses_output) {
     const char* in = static_cast<const char*>(a.sendbuf);
     const char* out = static_cast<const char*>(a.recvbuf);
@@ -895,18 +900,8 @@ std::shared_ptr<Op> Communicator::make_ipc_op(OpKind kind, const CollArgs& args,
   fill_call_tag(op->tag, kind, op->seq, args);
   op->tag.path = CallTag::kDevicePath;
   CollArgs a = args;
-  if (kind == OpKind::kAllToAllv) {
-    // The caller's arrays may go away once the call returns: keep a copy.
-    op->layout.assign(a.layout, a.layout + 4 * static_cast<size_t>(nranks_));
-    a.layout = op->layout.data();
-  }
-  const Regions g = regions_of(kind, a, rank_, nranks_);
-  op->bytes = std::max(g.in_bytes, g.out_bytes);
-  if (a.count == 0 && kind != OpKind::kAllToAllv) {
-    op->algo = "none";
-    op->task = []() -> Task { co_return; }();
-    return checked(std::move(op));
-  }
+  Regions g;
+  if (keep_args_or_skip(kind, *op, a, rank_, nranks_, &g)) return checked(std::move(op));
   IpcWindow& w = *ipc_;
   const Channel& ch = coll_channel_;
   Task (*run)(const Channel&, IpcWindow&, CollArgs) = nullptr;
