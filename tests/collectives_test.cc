@@ -119,6 +119,38 @@ TEST_P(Transports, PeerReadCollectivesInAndOutOfPlace) {
   });
 }
 
+// Copies into shm slots made with streaming stores (every size, by the
+// explicit band, also where ranks outnumber cores): exact bytes at odd
+// sizes and alignments through broadcast, all_gather and point-to-point.
+TEST(ShmStreamingCopies, ExactAtEverySizeAndAlignment) {
+  const Env env = {
+      {"BRAID_TRANSPORT", "shm"}, {"BRAID_SHM_STREAM_MIN_BYTES", "1"}, {"BRAID_SHM_STREAM_MAX_BYTES", "1G"}};
+  for (int n : {2, 3}) {
+    run_ranks(n, env, [](braid_comm_t comm, int rank, int nranks) {
+      auto byte = [](int r, size_t i) { return static_cast<uint8_t>(r * 31 + i * 7 + i / 251); };
+      for (size_t count : {size_t{1}, size_t{23}, size_t{1000}, size_t{16385}, size_t{300001}}) {
+        // +1 and +3: neither buffer starts on a 16-byte line.
+        std::vector<uint8_t> a(count * nranks + 8), b(count * nranks + 8, 0);
+        uint8_t* in = a.data() + 1;
+        uint8_t* out = b.data() + 3;
+        for (size_t i = 0; i < count; ++i) in[i] = byte(rank, i);
+        BRAID_ASSERT_OK(braid_broadcast(in, out, count, BRAID_UINT8, nranks - 1, comm, nullptr));
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[i], byte(nranks - 1, i)) << "broadcast " << count;
+        BRAID_ASSERT_OK(braid_all_gather(in, out, count, BRAID_UINT8, comm, nullptr));
+        for (int r = 0; r < nranks; ++r)
+          for (size_t i = 0; i < count; ++i)
+            ASSERT_EQ(out[r * count + i], byte(r, i)) << "all_gather " << count << " block " << r;
+        const int to = (rank + 1) % nranks, from = (rank + nranks - 1) % nranks;
+        braid_request_t req;
+        BRAID_ASSERT_OK(braid_irecv(out, count, BRAID_UINT8, from, comm, nullptr, &req));
+        BRAID_ASSERT_OK(braid_send(in, count, BRAID_UINT8, to, comm, nullptr));
+        BRAID_ASSERT_OK(braid_wait(&req));
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[i], byte(from, i)) << "recv " << count;
+      }
+    });
+  }
+}
+
 TEST_P(Transports, GroupedRingExchangeDoesNotDeadlock) {
   run_ranks(4, transport_env(GetParam()), [](braid_comm_t comm, int rank, int nranks) {
     // 4 MiB each way: far more than the slots hold, so ungrouped blocking

@@ -1,5 +1,6 @@
 // Unit tests for kernels/cpu: element-wise reduce and divide for every dtype and
-// op, and the float16 / bfloat16 conversions, all checked bit for bit.
+// op, the float16 / bfloat16 conversions, all checked bit for bit, and the
+// streaming copy.
 #include <braid/braid.h>
 #include <gtest/gtest.h>
 
@@ -14,6 +15,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/copy_kernels.h"
 #include "kernels/cpu/reduce_kernels.h"
 
 namespace braid::kernels {
@@ -863,6 +865,26 @@ TEST(KernelsDivide, CountZeroTouchesNothing) {
   EXPECT_EQ(x, 6.0f);
   divide(BRAID_FLOAT32, nullptr, 0, 3);
   reduce(BRAID_FLOAT32, BRAID_SUM, nullptr, nullptr, nullptr, 0);
+}
+
+TEST(KernelsCopy, StreamingCopyIsExactAtEveryAlignmentAndTouchesNothingElse) {
+  // Sizes below, at and across the 16-byte head and 64-byte body steps; both
+  // ends at every offset inside a 16-byte line.
+  const size_t sizes[] = {0, 1, 15, 16, 17, 63, 64, 65, 127, 128, 129, 1000, 4096 + 17, 70001};
+  std::mt19937 rng(7);
+  std::vector<unsigned char> src(70001 + 64), dst(70001 + 96);
+  for (auto& b : src) b = static_cast<unsigned char>(rng());
+  for (size_t n : sizes)
+    for (size_t so = 0; so < 16; so += 5)
+      for (size_t d_off = 0; d_off < 16; ++d_off) {
+        std::fill(dst.begin(), dst.end(), 0xA5);
+        unsigned char* d = dst.data() + 16 + d_off;
+        copy_streaming(d, src.data() + so, n);
+        ASSERT_EQ(std::memcmp(d, src.data() + so, n), 0) << n << " bytes, src+" << so << " dst+" << d_off;
+        for (unsigned char* p = dst.data(); p < d; ++p) ASSERT_EQ(*p, 0xA5) << "wrote before dst";
+        for (unsigned char* p = d + n; p < dst.data() + dst.size(); ++p)
+          ASSERT_EQ(*p, 0xA5) << "wrote past dst";
+      }
 }
 
 }  // namespace

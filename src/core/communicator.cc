@@ -209,6 +209,8 @@ Status Communicator::setup_transports() {
   engine_->set_trace(trace_.get());
   engine_->set_collective_conns(coll_channel_.conns);
   engine_->set_oversubscribed(tuner_.shape().oversubscribed);
+  if (!tuner_.shape().oversubscribed || config_.shm_stream_set)
+    shm_->stream_copies(config_.shm_stream_min_bytes, config_.shm_stream_max_bytes);
   ShmTransport* shm = shm_.get();
   engine_->set_failure_notifier([shm, peers](const Status& why) {
     shm->mark_failed(why);

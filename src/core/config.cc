@@ -126,6 +126,12 @@ Status Config::from_env(Config* out) {
   c.shm_peer_reads = reads != 0;
   BRAID_RETURN_IF_ERROR(
       env_size("BRAID_PEER_READ_MIN_BYTES", 0, size_t{1} << 40, &c.peer_read_min_bytes, &present));
+  BRAID_RETURN_IF_ERROR(
+      env_size("BRAID_SHM_STREAM_MIN_BYTES", 0, size_t{1} << 40, &c.shm_stream_min_bytes, &present));
+  c.shm_stream_set = present;
+  BRAID_RETURN_IF_ERROR(
+      env_size("BRAID_SHM_STREAM_MAX_BYTES", 0, size_t{1} << 40, &c.shm_stream_max_bytes, &present));
+  c.shm_stream_set = c.shm_stream_set || present;
   BRAID_RETURN_IF_ERROR(env_size("BRAID_TCP_SLOT_BYTES", 4096, 64u << 20, &c.tcp_slot_bytes, &present));
   slots = c.tcp_slots;
   BRAID_RETURN_IF_ERROR(env_int("BRAID_TCP_SLOTS", 2, 64, &slots, &present));

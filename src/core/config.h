@@ -21,19 +21,25 @@ struct Config {
   int shm_slots = 4;                                   // BRAID_SHM_SLOTS
   bool shm_peer_reads = true;                          // BRAID_SHM_PEER_READS=0: no process_vm_readv
   size_t peer_read_min_bytes = 256 * 1024;             // BRAID_PEER_READ_MIN_BYTES
-  size_t tcp_slot_bytes = 512 * 1024;                  // BRAID_TCP_SLOT_BYTES
-  int tcp_slots = 4;                                   // BRAID_TCP_SLOTS
-  int tcp_sockets = 1;                                 // BRAID_TCP_SOCKETS, per peer and channel
-  double spin_us = 30.0;                               // BRAID_SPIN_US: spin this long before blocking
-  AlgoChoice algo;                                     // BRAID_ALGO=ring or all_reduce:tree;...
-  size_t direct_max_bytes = 16 * 1024;                 // BRAID_DIRECT_MAX_BYTES
-  std::string trace_file;                              // BRAID_TRACE_FILE (%r rank, %h host, %p pid)
-  double trace_min_wait_us = 20.0;                     // BRAID_TRACE_MIN_WAIT_US
-  size_t trace_max_events = 4u << 20;                  // BRAID_TRACE_MAX_EVENTS
-  bool dump_on_signal = true;                          // BRAID_DUMP_SIGNAL=0: no SIGUSR1 handler
-  bool check_calls = false;                            // BRAID_CHECK_CALLS=1: compare every call
-  bool cuda_ipc = true;                                // BRAID_CUDA_IPC=0: device data through host staging
-  size_t cuda_chunk_bytes = 32u << 20;                 // BRAID_CUDA_CHUNK_BYTES: each half of the IPC window
+  // Copies into shm slots of [min, max) bytes use streaming stores, by
+  // default only where every rank of the machine has a core of its own;
+  // either variable set applies the band as given.
+  size_t shm_stream_min_bytes = 16 * 1024;   // BRAID_SHM_STREAM_MIN_BYTES
+  size_t shm_stream_max_bytes = 256 * 1024;  // BRAID_SHM_STREAM_MAX_BYTES (0: never)
+  bool shm_stream_set = false;               // either was set
+  size_t tcp_slot_bytes = 512 * 1024;        // BRAID_TCP_SLOT_BYTES
+  int tcp_slots = 4;                         // BRAID_TCP_SLOTS
+  int tcp_sockets = 1;                       // BRAID_TCP_SOCKETS, per peer and channel
+  double spin_us = 30.0;                     // BRAID_SPIN_US: spin this long before blocking
+  AlgoChoice algo;                           // BRAID_ALGO=ring or all_reduce:tree;...
+  size_t direct_max_bytes = 16 * 1024;       // BRAID_DIRECT_MAX_BYTES
+  std::string trace_file;                    // BRAID_TRACE_FILE (%r rank, %h host, %p pid)
+  double trace_min_wait_us = 20.0;           // BRAID_TRACE_MIN_WAIT_US
+  size_t trace_max_events = 4u << 20;        // BRAID_TRACE_MAX_EVENTS
+  bool dump_on_signal = true;                // BRAID_DUMP_SIGNAL=0: no SIGUSR1 handler
+  bool check_calls = false;                  // BRAID_CHECK_CALLS=1: compare every call
+  bool cuda_ipc = true;                      // BRAID_CUDA_IPC=0: device data through host staging
+  size_t cuda_chunk_bytes = 32u << 20;       // BRAID_CUDA_CHUNK_BYTES: each half of the IPC window
 
   static Status from_env(Config* out);
 };

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <new>
 
+#include "kernels/cpu/copy_kernels.h"
 #include "src/core/logging.h"
 
 namespace braid {
@@ -180,6 +181,20 @@ class ShmConnection : public Connection {
     h->seq.store(++sent_, std::memory_order_release);
     theirs_->bell.ring(true);
   }
+  bool send_from(const void* src, size_t bytes, const CallTag& tag) override {
+    void* slot = send_slot(bytes);
+    if (slot == nullptr) return false;
+    if (bytes >= stream_min_ && bytes < stream_max_)
+      kernels::copy_streaming(slot, src, bytes);
+    else if (bytes)
+      std::memcpy(slot, src, bytes);
+    commit_send(bytes, tag);
+    return true;
+  }
+  void stream_copies(size_t min_bytes, size_t max_bytes) {
+    stream_min_ = min_bytes;
+    stream_max_ = max_bytes;
+  }
   bool recv_ready(const void** data, size_t* bytes) override {
     SlotHeader* h = header(recv_, at_slot_, at_);
     uint64_t seq = h->seq.load(std::memory_order_acquire);
@@ -297,7 +312,8 @@ class ShmConnection : public Connection {
   bool open_ = false;
   size_t fill_ = 0;
   bool next_in_open_ = false;
-  uint64_t consumed_seen_ = 0;  // the receiver's slot release count, as last read
+  uint64_t consumed_seen_ = 0;              // the receiver's slot release count, as last read
+  size_t stream_min_ = 0, stream_max_ = 0;  // send_from's streaming band (empty: none)
   // Receiver: messages released, and the slot and offset of the next one.
   uint64_t received_ = 0;
   uint64_t at_slot_ = 0;
@@ -456,6 +472,10 @@ Connection* ShmTransport::connection(int channel, int peer) {
   for (size_t i = 0; i < conns_.size(); ++i)
     if (conn_peer_[i] == peer && conn_channel_[i] == channel) return conns_[i].get();
   return nullptr;
+}
+
+void ShmTransport::stream_copies(size_t min_bytes, size_t max_bytes) {
+  for (auto& c : conns_) static_cast<ShmConnection*>(c.get())->stream_copies(min_bytes, max_bytes);
 }
 
 Doorbell* ShmTransport::doorbell() {
