@@ -209,8 +209,16 @@ Status Communicator::setup_transports() {
   engine_->set_trace(trace_.get());
   engine_->set_collective_conns(coll_channel_.conns);
   engine_->set_oversubscribed(tuner_.shape().oversubscribed);
-  if (!tuner_.shape().oversubscribed || config_.shm_stream_set)
-    shm_->stream_copies(config_.shm_stream_min_bytes, config_.shm_stream_max_bytes);
+  if (host_group.size() > 1) {
+    if (!tuner_.shape().oversubscribed || config_.shm_stream_set) {
+      shm_->stream_copies(config_.shm_stream_min_bytes, config_.shm_stream_max_bytes);
+      BRAID_INFO("SHM", rank_, "slot copies of %s up to %s use streaming stores",
+                 bytes_text(config_.shm_stream_min_bytes).c_str(),
+                 bytes_text(config_.shm_stream_max_bytes).c_str());
+    } else {
+      BRAID_INFO("SHM", rank_, "slot copies use plain stores: ranks share cores (BRAID_SHM_STREAM_*_BYTES)");
+    }
+  }
   ShmTransport* shm = shm_.get();
   engine_->set_failure_notifier([shm, peers](const Status& why) {
     shm->mark_failed(why);
