@@ -68,6 +68,8 @@ class Connection {
   // send_from: false while no slot is free (nothing sent). It keeps no
   // reference to src: the caller may change it at once.
   virtual bool send_from(const void* src, size_t bytes, const CallTag& tag);
+  // How send_from's default fills a slot (shm: streaming stores for some sizes).
+  virtual void copy_to_slot(void* slot, const void* src, size_t bytes) { std::memcpy(slot, src, bytes); }
   // recv_into: kDone once the next message was `bytes` long, carried `tag`
   // and is now in dst (released); kOther when the next message is something
   // else (left unreleased, for recv_ready/recv_tag to describe). After
@@ -120,7 +122,7 @@ class Connection {
 inline bool Connection::send_from(const void* src, size_t bytes, const CallTag& tag) {
   void* slot = send_slot(bytes);
   if (slot == nullptr) return false;
-  if (bytes) std::memcpy(slot, src, bytes);
+  if (bytes) copy_to_slot(slot, src, bytes);
   commit_send(bytes, tag);
   return true;
 }

@@ -181,15 +181,11 @@ class ShmConnection : public Connection {
     h->seq.store(++sent_, std::memory_order_release);
     theirs_->bell.ring(true);
   }
-  bool send_from(const void* src, size_t bytes, const CallTag& tag) override {
-    void* slot = send_slot(bytes);
-    if (slot == nullptr) return false;
+  void copy_to_slot(void* slot, const void* src, size_t bytes) override {
     if (bytes >= stream_min_ && bytes < stream_max_)
       kernels::copy_streaming(slot, src, bytes);
-    else if (bytes)
+    else
       std::memcpy(slot, src, bytes);
-    commit_send(bytes, tag);
-    return true;
   }
   void stream_copies(size_t min_bytes, size_t max_bytes) {
     stream_min_ = min_bytes;
@@ -313,7 +309,7 @@ class ShmConnection : public Connection {
   size_t fill_ = 0;
   bool next_in_open_ = false;
   uint64_t consumed_seen_ = 0;              // the receiver's slot release count, as last read
-  size_t stream_min_ = 0, stream_max_ = 0;  // send_from's streaming band (empty: none)
+  size_t stream_min_ = 0, stream_max_ = 0;  // copy_to_slot's streaming band (empty: none)
   // Receiver: messages released, and the slot and offset of the next one.
   uint64_t received_ = 0;
   uint64_t at_slot_ = 0;
