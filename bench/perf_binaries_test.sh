@@ -59,6 +59,13 @@ grep -qE "traced/untraced$" "$dir/trace" || fail "trace: no ratio column"
 # untraced (the default communicator and its column) writes none
 [ "$(ls "$dir" | grep -c '^t-')" -eq 2 ] || fail "trace: expected exactly two trace files: $(ls "$dir")"
 
+# --env-compare: the variant's communicator is made with the setting, the
+# launched one without (only the variant writes a trace).
+run env 2 "$bin/broadcast_perf" -b 8 -e 4K -f 8 -n 3 -w 1 -c 1 --env-compare "BRAID_TRACE_FILE=$dir/e-%r.json"
+grep -qE "^#.* launched +variant +variant/launched$" "$dir/env" || fail "env: no launched, variant and ratio columns"
+grep -qF "# variant: BRAID_TRACE_FILE=$dir/e-%r.json" "$dir/env" || fail "env: the variant's setting is not printed"
+[ "$(ls "$dir" | grep -c '^e-')" -eq 2 ] || fail "env: expected exactly the variant's two trace files: $(ls "$dir")"
+
 # Bad input: exit status 2 and the flag named.
 bad() {  # bad COLLECTIVE MESSAGE ARGS...
   local coll=$1 want=$2
@@ -71,6 +78,9 @@ bad() {  # bad COLLECTIVE MESSAGE ARGS...
 bad all_reduce "--trace-compare: cannot be combined with --compare" --trace-compare x.json --compare mpi
 bad all_reduce "--trace-compare: cannot be combined with --algos" --trace-compare x.json --algos ring
 bad all_reduce "--rounds: expected 1 to 1000 rounds" --algos ring --rounds 0
+bad all_reduce "--env-compare: expected BRAID_NAME=VALUE, got 'BRAID_SPIN_US'" --env-compare BRAID_SPIN_US
+bad all_reduce "--env-compare: expected BRAID_NAME=VALUE, got 'PATH=/'" --env-compare PATH=/
+bad all_reduce "--env-compare: cannot be combined with --compare" --env-compare BRAID_SPIN_US=0 --compare mpi
 bad all_reduce "-o: avg is not defined for int32" -d int32 -o avg
 bad gather "--algos: gather has no algorithms to choose" --algos ring
 if [ $failures -ne 0 ]; then

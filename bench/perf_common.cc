@@ -372,14 +372,18 @@ struct Options : braid_bench::Sweep {
   // --trace-compare: an untraced and a traced communicator (BRAID_TRACE_FILE
   // set to this pattern), timed in turn at every size.
   std::string trace_pattern;
-  long rounds = 3;  // --rounds: interleaved turns of --algos / --trace-compare, best kept
+  // --env-compare: a communicator made under the environment as launched and
+  // one made with NAME set to VALUE, timed in turn at every size.
+  std::string env_name, env_value;
+  long rounds = 3;  // --rounds: interleaved turns of --algos / --trace-compare / --env-compare, best kept
 };
 
-// One communicator of a side-by-side run (--algos, --trace-compare): made
-// while one environment variable holds `value` (or is unset).
+// One communicator of a side-by-side run (--algos, --trace-compare,
+// --env-compare): made while one environment variable holds `value` (or is
+// unset); no variable: the environment as launched.
 struct Variant {
   std::string label;
-  const char* variable;
+  std::string variable;
   bool set;
   std::string value;
 };
@@ -392,7 +396,22 @@ std::vector<Variant> variants_of(const Options& opt, const char* collective) {
     out.push_back({"untraced", "BRAID_TRACE_FILE", false, ""});
     out.push_back({"traced", "BRAID_TRACE_FILE", true, opt.trace_pattern});
   }
+  if (!opt.env_name.empty()) {
+    out.push_back({"launched", "", false, ""});
+    out.push_back({"variant", opt.env_name, true, opt.env_value});
+  }
   return out;
+}
+
+// The flag that asked for the side-by-side columns, and the ratio it prints
+// (second column over first; none for --algos).
+const char* variants_flag(const Options& opt) {
+  return !opt.algos.empty() ? "--algos" : !opt.trace_pattern.empty() ? "--trace-compare" : "--env-compare";
+}
+const char* variants_ratio(const Options& opt) {
+  return !opt.trace_pattern.empty() ? "traced/untraced"
+         : !opt.env_name.empty()    ? "variant/launched"
+                                    : nullptr;
 }
 
 // The collectives whose algorithm BRAID_ALGO chooses.
@@ -426,8 +445,12 @@ void print_usage(FILE* out, const char* prog, const CollDesc& desc) {
                "      --trace-compare <path> time an untraced and a traced communicator side by side\n"
                "                             (BRAID_TRACE_FILE=<path>, %%r: rank), out of place, taking\n"
                "                             turns at every size; prints traced / untraced\n"
-               "      --rounds <n>           turns per column and size of --algos or --trace-compare,\n"
-               "                             best kept (default 3)\n"
+               "      --env-compare NAME=VALUE  time a communicator made with the environment as\n"
+               "                             launched and one made with NAME=VALUE (a BRAID_* setting)\n"
+               "                             side by side, out of place, taking turns at every size;\n"
+               "                             prints variant / launched\n"
+               "      --rounds <n>           turns per column and size of --algos, --trace-compare or\n"
+               "                             --env-compare, best kept (default 3)\n"
                "  -h, --help                 this text\n",
                prog, desc.reduces ? "" : "; ignored here", desc.rooted ? "" : "; ignored here");
 }
@@ -438,7 +461,7 @@ using braid_bench::parse_size;
 enum class ParseResult { kRun, kHelp, kError };
 
 constexpr int kCompareFlag = 0x100;  // --compare: long form only
-constexpr int kAlgosFlag = 0x101, kRoundsFlag = 0x102, kTraceCompareFlag = 0x103;
+constexpr int kAlgosFlag = 0x101, kRoundsFlag = 0x102, kTraceCompareFlag = 0x103, kEnvCompareFlag = 0x104;
 
 ParseResult parse_args(int argc, char** argv, const CollDesc& desc, Options* opt, std::string* error) {
   static const option kLongOptions[] = {{"minbytes", required_argument, nullptr, 'b'},
@@ -455,6 +478,7 @@ ParseResult parse_args(int argc, char** argv, const CollDesc& desc, Options* opt
                                         {"algos", required_argument, nullptr, kAlgosFlag},
                                         {"rounds", required_argument, nullptr, kRoundsFlag},
                                         {"trace-compare", required_argument, nullptr, kTraceCompareFlag},
+                                        {"env-compare", required_argument, nullptr, kEnvCompareFlag},
                                         {"help", no_argument, nullptr, 'h'},
                                         {nullptr, 0, nullptr, 0}};
   auto fail = [&](const std::string& flag, const std::string& why) {
@@ -473,6 +497,7 @@ ParseResult parse_args(int argc, char** argv, const CollDesc& desc, Options* opt
              : f == kAlgosFlag        ? "--algos"
              : f == kRoundsFlag       ? "--rounds"
              : f == kTraceCompareFlag ? "--trace-compare"
+             : f == kEnvCompareFlag   ? "--env-compare"
                                       : nullptr;
     };
     std::string flag = long_name(c) ? long_name(c) : "-" + std::string(1, static_cast<char>(c));
@@ -534,6 +559,14 @@ ParseResult parse_args(int argc, char** argv, const CollDesc& desc, Options* opt
         if (*arg == '\0') return fail(flag, "no trace path given");
         opt->trace_pattern = arg;
         break;
+      case kEnvCompareFlag: {
+        const char* eq = std::strchr(arg, '=');
+        opt->env_name.assign(arg, eq != nullptr ? static_cast<size_t>(eq - arg) : std::strlen(arg));
+        if (eq == nullptr || opt->env_name.rfind("BRAID_", 0) != 0 || opt->env_name.size() == 6)
+          return fail(flag, "expected BRAID_NAME=VALUE, got '" + std::string(arg) + "'");
+        opt->env_value = eq + 1;
+        break;
+      }
       case 'h':
         return ParseResult::kHelp;
       case ':':
@@ -550,6 +583,8 @@ ParseResult parse_args(int argc, char** argv, const CollDesc& desc, Options* opt
     return fail("--trace-compare", "cannot be combined with --compare");
   if (!opt->trace_pattern.empty() && !opt->algos.empty())
     return fail("--trace-compare", "cannot be combined with --algos");
+  if (!opt->env_name.empty() && (opt->compare_mpi || !opt->algos.empty() || !opt->trace_pattern.empty()))
+    return fail("--env-compare", "cannot be combined with --compare, --algos or --trace-compare");
   if (desc.reduces && !dtype_all && !op_all && !op_defined(opt->ops[0], type_info(opt->dtypes[0]))) {
     return fail("-o", std::string(kOpNames[opt->ops[0]]) + " is not defined for " +
                           type_info(opt->dtypes[0]).name +
@@ -825,7 +860,7 @@ struct Totals {
   long ratio_n = 0;
   long long wrong = 0;
   long long out_of_bounds = 0;
-  std::vector<double> variant_busbw_sum;  // --algos / --trace-compare: per column
+  std::vector<double> variant_busbw_sum;  // --algos / --trace-compare / --env-compare: per column
   long variant_rows = 0;
 };
 
@@ -898,24 +933,27 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
   }
   ctx.comm = comm;
 
-  // --algos, --trace-compare: one communicator per column, each made while
-  // its variable is set (the same on every rank), so all are timed in one
-  // process, in turn.
+  // --algos, --trace-compare, --env-compare: one communicator per column,
+  // each made while its variable is set (the same on every rank), so all are
+  // timed in one process, in turn.
   const std::vector<Variant> variants = variants_of(opt, desc.name);
   std::vector<braid_comm_t> variant_comms;
   for (const Variant& v : variants) {
-    const char* env = std::getenv(v.variable);
+    const char* name = v.variable.c_str();
+    const char* env = v.variable.empty() ? nullptr : std::getenv(name);
     const std::string saved = env != nullptr ? env : "";
-    if (v.set)
-      setenv(v.variable, v.value.c_str(), 1);
-    else
-      unsetenv(v.variable);
+    if (!v.variable.empty()) {  // else: as launched
+      if (v.set)
+        setenv(name, v.value.c_str(), 1);
+      else
+        unsetenv(name);
+    }
     braid_comm_t c = nullptr;
     const braid_result_t r = braid_bench::braid_comm_from_mpi(MPI_COMM_WORLD, &c);
     if (env != nullptr)
-      setenv(v.variable, saved.c_str(), 1);
-    else
-      unsetenv(v.variable);
+      setenv(name, saved.c_str(), 1);
+    else if (!v.variable.empty())
+      unsetenv(name);
     if (r != BRAID_SUCCESS) die(ctx, ("making the communicator of column " + v.label).c_str(), r);
     variant_comms.push_back(c);
   }
@@ -967,10 +1005,13 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
       print_table_header(opt.compare_mpi, desc.mpi_in_place);
     } else {
       std::printf("# %s: out-of-place time (us) of each column, best of %ld rounds taking turns\n",
-                  opt.algos.empty() ? "--trace-compare" : "--algos", opt.rounds);
+                  variants_flag(opt), opt.rounds);
+      if (!opt.env_name.empty())
+        std::printf("# variant: %s=%s; launched: the environment mpirun gave\n", opt.env_name.c_str(),
+                    opt.env_value.c_str());
       std::printf("#%11s  %12s  %8s  %6s  %6s", "size", "count", "type", "redop", "root");
       for (const Variant& v : variants) std::printf("  %12s", v.label.c_str());
-      if (!opt.trace_pattern.empty()) std::printf("  %16s", "traced/untraced");
+      if (variants_ratio(opt) != nullptr) std::printf("  %16s", variants_ratio(opt));
       std::printf("\n");
     }
     std::fflush(stdout);
@@ -1021,7 +1062,7 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
               totals.variant_busbw_sum[i] += algbw_of(size, best[i]) * desc.busbw_factor(nranks);
             }
             ++totals.variant_rows;
-            if (!opt.trace_pattern.empty())
+            if (variants_ratio(opt) != nullptr)
               len += std::snprintf(line + len, sizeof line - len, "  %16.3f", best[1] / best[0]);
           }
           if (variant_comms.empty()) {
@@ -1121,7 +1162,7 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
 
   for (braid_comm_t c : variant_comms) {
     if (braid_result_t r = braid_comm_destroy(c); r != BRAID_SUCCESS)
-      die(ctx, "braid_comm_destroy (--algos / --trace-compare)", r);
+      die(ctx, (std::string("braid_comm_destroy (") + variants_flag(opt) + ")").c_str(), r);
   }
   if (braid_result_t r = braid_comm_destroy(comm); r != BRAID_SUCCESS) {
     ctx.comm = nullptr;  // gone: only the thread's last error remains
