@@ -76,6 +76,9 @@ setup(
     version="0.1.0",
     description="braid collectives as a torch.distributed backend",
     packages=["braid_torch"],
+    # torch imports this at `import torch`, which registers "braid" (see the module).
+    py_modules=["_braid_torch_autoload"],
+    entry_points={"torch.backends": ["braid = _braid_torch_autoload:register"]},
     ext_modules=[ext],
     cmdclass={"build_ext": BuildWithLibbraid},
     python_requires=">=3.9",

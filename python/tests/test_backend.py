@@ -5,6 +5,7 @@ torchrun, mpirun and Spark's TorchDistributor."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -57,6 +58,19 @@ def test_ddp_matches_across_ranks_and_matches_gloo(world, tmp_path):
     assert_state_dicts_close(out, rtol=1e-5, atol=1e-6)
 
 
+def test_fsdp2_and_tensor_parallel_match_gloo(tmp_path):
+    """fully_shard (FSDP2) and parallelize_module (DTensor tensor parallelism)
+    train on a CPU mesh of 3 ranks (uneven shards) to gloo's parameters."""
+    out = {}
+    for backend in ("braid", "gloo"):
+        path = tmp_path / f"{backend}.pt"
+        results = launch("sharded_train", 3, backend=backend, env={"SHARDED_OUT": str(path)})
+        assert_all_ok(results, f"FSDP2 and tensor parallel training through {backend}")
+        out[backend] = torch.load(path)
+    assert sorted(out["braid"]) == sorted(out["gloo"])
+    assert_state_dicts_close(out, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("scheme", ["tcp", "file"])
 def test_init_methods(scheme, tmp_path):
     method = f"tcp://127.0.0.1:{free_port()}" if scheme == "tcp" else f"file://{tmp_path / 'rendezvous'}"
@@ -95,6 +109,77 @@ def test_torchrun_two_processes():
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count('"ok": true') == 2, proc.stdout
+
+
+def test_torchrun_restarts_the_job_after_a_rank_dies():
+    """torchrun --max-restarts 1: a rank that dies makes its peers' all_reduce
+    fail at once, naming it, so torchrun restarts every worker, and the new
+    group (same store, next round) completes."""
+    torchrun = shutil.which("torchrun")
+    cmd = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
+    env = dict(os.environ, BRAID_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        cmd + ["--nproc-per-node", "3", "--max-restarts", "1", "--master-addr", "127.0.0.1", "--master-port",
+               str(free_port()), str(WORKERS), "elastic_restart"],
+        env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = [json.loads(x) for x in re.findall(r"\{[^{}]*\}", proc.stdout)]
+    failed = sorted((r for r in records if r["attempt"] == 0), key=lambda r: r["rank"])
+    assert [r["rank"] for r in failed] == [0, 1], proc.stdout
+    for r in failed:
+        assert "rank 2" in r["error"] and "died" in r["error"], r
+        assert r["failed_after_s"] < 30, r  # the peer's death, not the 120 s group timeout
+    assert sorted(r["rank"] for r in records if r["attempt"] == 1 and r.get("ok")) == [0, 1, 2], proc.stdout
+
+
+UNCHANGED_SCRIPT = os.path.join(os.path.dirname(__file__), "unchanged_script.py")
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "mpirun"])
+def test_unchanged_script_needs_no_import(launcher):
+    """A gloo script with only the backend's name changed, without `import
+    braid_torch`: `import torch` loads braid through its entry point, under
+    torchrun and under mpirun (whose OMPI_COMM_WORLD_* braid maps to RANK and
+    WORLD_SIZE)."""
+    env = dict(os.environ, BRAID_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
+    port = str(free_port())
+    if launcher == "torchrun":
+        torchrun = shutil.which("torchrun")
+        cmd = ([torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]) + [
+            "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", port, UNCHANGED_SCRIPT]
+    else:
+        if shutil.which("mpirun") is None:
+            pytest.skip("Open MPI's mpirun is not installed")
+        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+            env.pop(k, None)
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "MASTER_ADDR", "-x",
+               "MASTER_PORT", "-x", "BRAID_SOCKET_IFNAME", sys.executable, UNCHANGED_SCRIPT]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # The ranks share one stdout, so one line may hold both records.
+    lines = sorted((json.loads(x) for x in re.findall(r"\{[^{}]*\}", proc.stdout)), key=lambda r: r["rank"])
+    assert [r["rank"] for r in lines] == [0, 1], proc.stdout
+    for r in lines:
+        assert r == {"rank": r["rank"], "world": 2, "loaded_with_torch": True, "backend": "braid", "sum": 3.0,
+                     "same_parameters": True}, r
+
+
+def test_autoload_can_be_turned_off_and_never_breaks_torch():
+    """TORCH_DEVICE_BACKEND_AUTOLOAD=0 leaves braid unloaded until imported;
+    a braid_torch that cannot load is a warning, and torch still imports."""
+    probe = ("import sys, torch, torch.distributed as d; "
+             "print(sys.modules.get('braid_torch') is not None, hasattr(d.Backend, 'BRAID'))")
+    off = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0"))
+    assert off.returncode == 0 and off.stdout.split() == ["False", "False"], off.stdout + off.stderr
+    broken = subprocess.run([sys.executable, "-c", "import sys; sys.modules['braid_torch'] = None; " + probe],
+                            capture_output=True, text=True, timeout=120,
+                            env={k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"})
+    assert broken.returncode == 0 and broken.stdout.split() == ["False", "False"], broken.stdout + broken.stderr
+    assert "braid_torch did not load, so the backend 'braid' is not registered" in broken.stderr, broken.stderr
 
 
 SPARK_DRIVER = os.path.join(os.path.dirname(__file__), "spark_distributor.py")

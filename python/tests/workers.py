@@ -355,6 +355,53 @@ def ddp_train():
         os._exit(0)
 
 
+def sharded_train():
+    """FSDP2 (fully_shard: parameters sharded, all_gather_into_tensor before
+    use, reduce_scatter_tensor of gradients) and tensor parallelism
+    (parallelize_module over DTensor: the functional collectives) on a CPU
+    device mesh of every rank. FSDP2's layer widths do not divide by 3, which
+    makes uneven shards (tensor parallelism needs even ones). Checks that every rank ends with the same full
+    parameters and writes them out for the test to compare with gloo's."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    rank, world = init()
+    mesh = init_device_mesh("cpu", (world,))
+
+    def mlp(hidden):
+        torch.manual_seed(7)
+        return nn.Sequential(nn.Linear(20, hidden), nn.ReLU(), nn.Linear(hidden, 6))
+
+    fsdp = mlp(50)
+    for layer in (fsdp[0], fsdp[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(fsdp, mesh=mesh)
+    tp = parallelize_module(mlp(48), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    out = {}
+    for name, model, per_rank_data in (("fsdp", fsdp, True), ("tp", tp, False)):
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        gen = torch.Generator().manual_seed(rank if per_rank_data else 0)
+        for _ in range(4):
+            opt.zero_grad()
+            x, y = torch.randn(8, 20, generator=gen), torch.randn(8, 6, generator=gen)
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+        for pname, p in model.named_parameters():
+            full = p.full_tensor().detach()
+            every = [torch.empty_like(full) for _ in range(world)]
+            dist.all_gather(every, full)
+            for r, other in enumerate(every):
+                if not torch.equal(other, full):
+                    raise AssertionError(f"{name} {pname}: rank {r}'s parameters differ from rank {rank}'s")
+            out[f"{name}.{pname}"] = full.clone()
+    path = os.environ.get("SHARDED_OUT")
+    if path and rank == 0:
+        torch.save(out, path)
+    dist.destroy_process_group()
+    print(f"rank {rank}: fsdp and tp ok", flush=True)
+
+
 def init_methods():
     """INIT_METHOD picks tcp:// or file:// (env:// is every other scenario)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -399,6 +446,32 @@ def torchrun_env():
     dist.barrier()
     dist.destroy_process_group()
     print(json.dumps({"rank": rank, "ok": True}), flush=True)
+
+
+def elastic_restart():
+    """Under torchrun --max-restarts 1: in the first attempt the last rank
+    dies after a collective; the others' next all_reduce must fail at once
+    (not hang until a timeout), so that torchrun restarts the workers, and
+    the second attempt, a new group on the same store, runs to the end."""
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    rank, world = init(timeout_s=120)
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if attempt == 0:
+        if rank == world - 1:
+            os._exit(3)
+        start = time.time()
+        try:
+            dist.all_reduce(t)
+        except RuntimeError as e:
+            print(json.dumps({"rank": rank, "attempt": 0, "failed_after_s": time.time() - start,
+                              "error": str(e)}), flush=True)
+            sys.exit(1)
+        raise AssertionError("an all_reduce with a dead peer succeeded")
+    dist.all_reduce(t)
+    expect_equal(t, torch.full((4,), float(world * world)), "all_reduce after the restart")
+    dist.destroy_process_group()
+    print(json.dumps({"rank": rank, "attempt": attempt, "ok": True}), flush=True)
 
 
 # ---- CUDA tensors (python/tests/test_cuda.py; need a GPU) ----
@@ -519,7 +592,8 @@ def cuda_ddp_train():
 SCENARIOS = {
     f.__name__: f
     for f in (
-        collectives, bad_input, dead_peer, hung_peer, absent_from_barrier, ddp_train, torchrun_env, init_methods,
+        collectives, bad_input, dead_peer, hung_peer, absent_from_barrier, ddp_train, sharded_train, torchrun_env,
+        elastic_restart, init_methods,
         pending_recv, cuda_collectives, cuda_ddp_train,
     )
 }

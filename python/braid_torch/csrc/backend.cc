@@ -491,6 +491,17 @@ BraidBackend::BraidBackend(const c10::intrusive_ptr<c10d::Store>& store, int ran
     std::memcpy(id.internal, bytes.data(), bytes.size());
   }
   check(braid_comm_init_rank(&comm_, size, id, rank), "init");
+  // Every rank has read the id once init is through (each joined with its
+  // token). Removing it keeps a later group on the same store from reading
+  // this one's: torchrun's static rendezvous hands a restarted job the same
+  // store and prefixes, and a rank that read the dead job's id would wait
+  // out the timeout connecting to it. A store that cannot delete keeps it.
+  if (rank == 0) {
+    try {
+      store->deleteKey(key);
+    } catch (const std::exception&) {
+    }
+  }
   setTimeout(timeout);
 }
 
