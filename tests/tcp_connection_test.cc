@@ -5,6 +5,7 @@
 // for the caller to describe, and a peer's abort or exit is reported.
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -28,10 +29,11 @@ struct Pair {
   std::unique_ptr<Connection> a, b;
 };
 
-Pair connect_pair(int nsockets, size_t slot_bytes, int slots) {
+Pair connect_pair(int nsockets, size_t slot_bytes, int slots, size_t read_ahead = Config().tcp_read_ahead) {
   Config config;
   config.tcp_slot_bytes = slot_bytes;
   config.tcp_slots = slots;
+  config.tcp_read_ahead = read_ahead;
   std::vector<int> left, right;
   for (int k = 0; k < nsockets; ++k) {
     int sv[2];
@@ -60,9 +62,9 @@ uint8_t byte_of(size_t message, size_t i) {
 // Many messages of random sizes (zero, tiny, a full slot), sent and received
 // in every combination of the slot and copying paths, with the reader lagging
 // so that sockets fill, writes split and payloads arrive in parts.
-void stream_messages(int nsockets, int slots) {
+void stream_messages(int nsockets, int slots, size_t read_ahead = Config().tcp_read_ahead) {
   const size_t slot = 64 * 1024;
-  Pair p = connect_pair(nsockets, slot, slots);
+  Pair p = connect_pair(nsockets, slot, slots, read_ahead);
   std::mt19937 rng(1234 + nsockets);
   const size_t kMessages = 400;
   std::vector<size_t> size(kMessages);
@@ -132,6 +134,16 @@ TEST(TcpConnection, SeveralSocketsKeepTheOrder) {
 
 TEST(TcpConnection, MoreSocketsThanSlotsKeepTheOrder) {
   stream_messages(4, 2);
+}
+
+// Reads ahead of none (header, then payload), of less than a header, of a
+// few headers, and of more than a slot (every payload through the buffer).
+TEST(TcpConnection, AnyReadAheadKeepsEveryMessageIntact) {
+  for (size_t ahead : {size_t{0}, size_t{7}, size_t{100}, size_t{200000}}) {
+    SCOPED_TRACE("read ahead " + std::to_string(ahead));
+    stream_messages(1, 3, ahead);
+    stream_messages(3, 2, ahead);
+  }
 }
 
 // The peer's half of a frame, written raw: the wire format is the header
@@ -295,6 +307,49 @@ TEST(TcpConnection, SocketsWaitingForASlotAreNotPolled) {
   fds.clear();
   p.b->poll_fds(POLLIN, &fds);
   EXPECT_EQ(fds.size(), 2u) << "with a slot free for each socket's next message, both are polled";
+}
+
+// Small messages that are in the socket together come out of it in one
+// read: after the first is handed out the socket holds nothing, and the rest
+// are delivered from what was read ahead, before the end of the stream the
+// peer left behind them is reported.
+TEST(TcpConnection, SmallMessagesComeOutOfTheSocketInOneRead) {
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  ASSERT_TRUE(set_nonblocking(sv[1], true).is_ok());
+  Config config;
+  config.tcp_slot_bytes = 8192;
+  config.tcp_slots = 4;
+  auto conn = TcpTransport::adopt({sv[1]}, 0, "raw", config);
+  for (uint32_t m = 0; m < 3; ++m) {
+    const CallTag tag = tag_of(m, 2);
+    const uint32_t frame[2] = {0x46444242u, 8};
+    const uint64_t payload = 0x1111111111111111ull * (m + 1);
+    write_raw(sv[0], frame, sizeof(frame));
+    write_raw(sv[0], &tag, sizeof(tag));
+    write_raw(sv[0], &payload, sizeof(payload));
+  }
+  close(sv[0]);
+  for (uint32_t m = 0; m < 3; ++m) {
+    const void* data = nullptr;
+    size_t bytes = 0;
+    ASSERT_TRUE(conn->recv_ready(&data, &bytes)) << "message " << m;
+    if (m == 0) {
+      int left = -1;
+      ASSERT_EQ(ioctl(sv[1], FIONREAD, &left), 0);
+      EXPECT_EQ(left, 0) << "the first read took only part of what was in the socket";
+    }
+    ASSERT_EQ(bytes, 8u);
+    uint64_t got = 0;
+    std::memcpy(&got, data, 8);
+    EXPECT_EQ(got, 0x1111111111111111ull * (m + 1)) << "message " << m;
+    EXPECT_EQ(conn->recv_tag().seq, m);
+    EXPECT_TRUE(conn->check_peer(false).is_ok())
+        << "the end reported before message " << m << " was consumed";
+    conn->release_recv();
+  }
+  Status st = conn->check_peer(false);
+  EXPECT_NE(st.message().find("closed its tcp connection"), std::string::npos) << st.message();
 }
 
 TEST(TcpConnection, PeerThatClosesIsReported) {

@@ -30,6 +30,7 @@ struct Config {
   size_t tcp_slot_bytes = 512 * 1024;        // BRAID_TCP_SLOT_BYTES
   int tcp_slots = 4;                         // BRAID_TCP_SLOTS
   int tcp_sockets = 1;                       // BRAID_TCP_SOCKETS, per peer and channel
+  size_t tcp_read_ahead = 4096;              // BRAID_TCP_READ_AHEAD: bytes a short read asks for (0: none)
   double spin_us = 30.0;                     // BRAID_SPIN_US: spin this long before blocking
   AlgoChoice algo;                           // BRAID_ALGO=ring or all_reduce:tree;...
   size_t direct_max_bytes = 16 * 1024;       // BRAID_DIRECT_MAX_BYTES

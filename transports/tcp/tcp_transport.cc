@@ -38,8 +38,11 @@ class TcpConnection : public Connection {
         nslots_(static_cast<uint64_t>(config.tcp_slots)) {
     for (size_t k = 0; k < fds.size(); ++k) {
       streams_.emplace_back();
-      streams_.back().fd = fds[k];
-      streams_.back().next_write = streams_.back().next_read = k;
+      Stream& s = streams_.back();
+      s.fd = fds[k];
+      s.next_write = s.next_read = k;
+      s.ahead_bytes = config.tcp_read_ahead;
+      if (s.ahead_bytes > 0) s.ahead.reset(new char[s.ahead_bytes]);
     }
     send_buf_.resize(nslots_ * slot_bytes_);
     send_len_.resize(nslots_);
@@ -180,6 +183,13 @@ class TcpConnection : public Connection {
     size_t header_got = 0, payload_got = 0;
     char* direct = nullptr;  // where frame next_read's payload goes, if not its slot
     bool eof = false;
+    // A read for a header or a short rest of a payload asks the socket for up
+    // to ahead_bytes (BRAID_TCP_READ_AHEAD) into this buffer, so a small
+    // message (header and payload), or several, cost one recv instead of two
+    // each; longer payloads are read straight to where they go. Bytes read
+    // ahead of where they go: [ahead_at, ahead_end).
+    std::unique_ptr<char[]> ahead;
+    size_t ahead_bytes = 0, ahead_at = 0, ahead_end = 0;
   };
   // A receiver's buffer that the next payload may be read into.
   struct Direct {
@@ -295,7 +305,7 @@ class TcpConnection : public Connection {
                                ": a receive into a new buffer while a payload was half read into another");
           return error_;
         }
-        r = recv(s.fd, s.direct + s.payload_got, s.header.bytes - s.payload_got, MSG_DONTWAIT);
+        r = take(s, s.direct + s.payload_got, s.header.bytes - s.payload_got);
         if (r > 0) {
           s.payload_got += static_cast<size_t>(r);
           if (s.payload_got == s.header.bytes) {
@@ -308,8 +318,7 @@ class TcpConnection : public Connection {
       } else if (s.next_read - released_ >= nslots_) {
         break;  // its slot is still taken
       } else if (s.header_got < sizeof(FrameHeader)) {
-        r = recv(s.fd, reinterpret_cast<char*>(&s.header) + s.header_got, sizeof(FrameHeader) - s.header_got,
-                 MSG_DONTWAIT);
+        r = take(s, reinterpret_cast<char*>(&s.header) + s.header_got, sizeof(FrameHeader) - s.header_got);
         if (r > 0) {
           s.header_got += static_cast<size_t>(r);
           if (s.header_got == sizeof(FrameHeader)) {
@@ -332,7 +341,7 @@ class TcpConnection : public Connection {
           continue;
         }
       } else {
-        r = recv(s.fd, recv_at(s.next_read) + s.payload_got, s.header.bytes - s.payload_got, MSG_DONTWAIT);
+        r = take(s, recv_at(s.next_read) + s.payload_got, s.header.bytes - s.payload_got);
         if (r > 0) {
           s.payload_got += static_cast<size_t>(r);
           if (s.payload_got == s.header.bytes) arrived(s, false);
@@ -355,10 +364,30 @@ class TcpConnection : public Connection {
     return Status::ok();
   }
 
+  // Up to `want` (> 0) bytes of the stream into dst: first what an earlier
+  // read took ahead, else from the socket, as recv() returns (0: the end of
+  // the stream; -1 with errno). A want shorter than the buffer reads ahead.
+  static ssize_t take(Stream& s, char* dst, size_t want) {
+    if (s.ahead_at == s.ahead_end) {
+      if (want >= s.ahead_bytes) return recv(s.fd, dst, want, MSG_DONTWAIT);
+      ssize_t r = recv(s.fd, s.ahead.get(), s.ahead_bytes, MSG_DONTWAIT);
+      if (r <= 0) return r;
+      s.ahead_at = 0;
+      s.ahead_end = static_cast<size_t>(r);
+    }
+    const size_t n = std::min(want, s.ahead_end - s.ahead_at);
+    std::memcpy(dst, s.ahead.get() + s.ahead_at, n);
+    s.ahead_at += n;
+    return static_cast<ssize_t>(n);
+  }
+
   // Reads the rest of an abort frame (small; waits briefly for it).
   Status read_abort_frame(Stream& s) {
     std::vector<char> body(s.header.bytes);
-    Status st = recv_all(s.fd, body.data(), body.size(), Deadline::after_seconds(1));
+    size_t got = 0;
+    while (got < body.size() && s.ahead_at < s.ahead_end)
+      got += static_cast<size_t>(take(s, &body[got], body.size() - got));
+    Status st = recv_all(s.fd, body.data() + got, body.size() - got, Deadline::after_seconds(1));
     if (!st) {
       error_ = st.with_context(peer_ + " sent a truncated abort frame");
       return error_;
