@@ -152,16 +152,24 @@ void write_raw(int fd, const void* data, size_t bytes) {
   ASSERT_EQ(write(fd, data, bytes), static_cast<ssize_t>(bytes)) << std::strerror(errno);
 }
 
+// A connection reading one socket of a pair whose other end (sv[0]) the
+// test writes raw frames into.
+std::unique_ptr<Connection> raw_connection(int slots, int sv[2]) {
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0 || !set_nonblocking(sv[1], true)) {
+    ADD_FAILURE() << "socketpair: " << std::strerror(errno);
+    std::abort();
+  }
+  Config config;
+  config.tcp_slot_bytes = 8192;
+  config.tcp_slots = slots;
+  return TcpTransport::adopt({sv[1]}, 0, "raw", config);
+}
+
 // A payload whose header arrived before the receive began is read straight
 // into the receiver's buffer: half of it shows there before the rest is sent.
 TEST(TcpConnection, PayloadIsReadStraightIntoTheReceiversBuffer) {
   int sv[2];
-  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-  ASSERT_TRUE(set_nonblocking(sv[1], true).is_ok());
-  Config config;
-  config.tcp_slot_bytes = 8192;
-  config.tcp_slots = 2;
-  auto conn = TcpTransport::adopt({sv[1]}, 0, "raw", config);
+  auto conn = raw_connection(2, sv);
   const CallTag tag = tag_of(3, 4096);
   std::vector<uint8_t> payload(4096);
   for (size_t i = 0; i < payload.size(); ++i) payload[i] = byte_of(3, i);
@@ -315,12 +323,7 @@ TEST(TcpConnection, SocketsWaitingForASlotAreNotPolled) {
 // peer left behind them is reported.
 TEST(TcpConnection, SmallMessagesComeOutOfTheSocketInOneRead) {
   int sv[2];
-  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-  ASSERT_TRUE(set_nonblocking(sv[1], true).is_ok());
-  Config config;
-  config.tcp_slot_bytes = 8192;
-  config.tcp_slots = 4;
-  auto conn = TcpTransport::adopt({sv[1]}, 0, "raw", config);
+  auto conn = raw_connection(4, sv);
   for (uint32_t m = 0; m < 3; ++m) {
     const CallTag tag = tag_of(m, 2);
     const uint32_t frame[2] = {0x46444242u, 8};
