@@ -5,7 +5,8 @@ backend "braid": the way Spark users launch torch.distributed.
     python spark_distributor.py barrier   # one barrier task per rank (local_mode=False)
 
 Spark runs as master local[2], bound to 127.0.0.1. The training function is
-the one a user would write for gloo with the backend's name changed; it
+the one a user would write for gloo with the backend's name changed (and
+no braid import: installing braid_torch registers it with torch); it
 returns, from rank 0, what the test checks: the backend's name, an exact
 all_reduce, every rank's parameters after DDP training, and the parameters a
 single process reaches on the whole batch (what DDP must reproduce).
@@ -22,7 +23,7 @@ def train(steps):
     import torch.distributed as dist
     import torch.nn as nn
 
-    import braid_torch  # noqa: F401  registers "braid"
+    # No `import braid_torch`: `import torch` registered "braid" (its entry point).
 
     dist.init_process_group("braid")
     rank, world = dist.get_rank(), dist.get_world_size()
