@@ -112,9 +112,11 @@ def test_torchrun_two_processes():
 
 
 def test_torchrun_restarts_the_job_after_a_rank_dies():
-    """torchrun --max-restarts 1: a rank that dies makes its peers' all_reduce
-    fail at once, naming it, so torchrun restarts every worker, and the new
-    group (same store, next round) completes."""
+    """torchrun --max-restarts 1: after a rank dies, torchrun restarts every
+    worker, and the new group (same store and keys under the static
+    rendezvous) completes; a survivor that reports its failure before torchrun
+    stops it names the dead rank and failed at once. Without rank 0 deleting
+    the unique id from the store, the new group hung in its init."""
     torchrun = shutil.which("torchrun")
     cmd = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
     env = dict(os.environ, BRAID_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
@@ -125,8 +127,11 @@ def test_torchrun_restarts_the_job_after_a_rank_dies():
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = [json.loads(x) for x in re.findall(r"\{[^{}]*\}", proc.stdout)]
-    failed = sorted((r for r in records if r["attempt"] == 0), key=lambda r: r["rank"])
-    assert [r["rank"] for r in failed] == [0, 1], proc.stdout
+    # torchrun stops the survivors as soon as it sees rank 2 exit, so on a
+    # loaded machine they may not get to report their error; what they do
+    # report must be the dead peer, found at once.
+    failed = [r for r in records if r["attempt"] == 0]
+    assert {r["rank"] for r in failed} <= {0, 1}, proc.stdout
     for r in failed:
         assert "rank 2" in r["error"] and "died" in r["error"], r
         assert r["failed_after_s"] < 30, r  # the peer's death, not the 120 s group timeout
