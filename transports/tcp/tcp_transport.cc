@@ -41,8 +41,7 @@ class TcpConnection : public Connection {
       Stream& s = streams_.back();
       s.fd = fds[k];
       s.next_write = s.next_read = k;
-      s.ahead_bytes = config.tcp_read_ahead;
-      if (s.ahead_bytes > 0) s.ahead.reset(new char[s.ahead_bytes]);
+      s.ahead.resize(config.tcp_read_ahead);
     }
     send_buf_.resize(nslots_ * slot_bytes_);
     send_len_.resize(nslots_);
@@ -184,12 +183,12 @@ class TcpConnection : public Connection {
     char* direct = nullptr;  // where frame next_read's payload goes, if not its slot
     bool eof = false;
     // A read for a header or a short rest of a payload asks the socket for up
-    // to ahead_bytes (BRAID_TCP_READ_AHEAD) into this buffer, so a small
+    // to its size (BRAID_TCP_READ_AHEAD) into this buffer, so a small
     // message (header and payload), or several, cost one recv instead of two
     // each; longer payloads are read straight to where they go. Bytes read
     // ahead of where they go: [ahead_at, ahead_end).
-    std::unique_ptr<char[]> ahead;
-    size_t ahead_bytes = 0, ahead_at = 0, ahead_end = 0;
+    std::vector<char> ahead;
+    size_t ahead_at = 0, ahead_end = 0;
   };
   // A receiver's buffer that the next payload may be read into.
   struct Direct {
@@ -369,14 +368,14 @@ class TcpConnection : public Connection {
   // the stream; -1 with errno). A want shorter than the buffer reads ahead.
   static ssize_t take(Stream& s, char* dst, size_t want) {
     if (s.ahead_at == s.ahead_end) {
-      if (want >= s.ahead_bytes) return recv(s.fd, dst, want, MSG_DONTWAIT);
-      ssize_t r = recv(s.fd, s.ahead.get(), s.ahead_bytes, MSG_DONTWAIT);
+      if (want >= s.ahead.size()) return recv(s.fd, dst, want, MSG_DONTWAIT);
+      ssize_t r = recv(s.fd, s.ahead.data(), s.ahead.size(), MSG_DONTWAIT);
       if (r <= 0) return r;
       s.ahead_at = 0;
       s.ahead_end = static_cast<size_t>(r);
     }
     const size_t n = std::min(want, s.ahead_end - s.ahead_at);
-    std::memcpy(dst, s.ahead.get() + s.ahead_at, n);
+    std::memcpy(dst, s.ahead.data() + s.ahead_at, n);
     s.ahead_at += n;
     return static_cast<ssize_t>(n);
   }
@@ -384,9 +383,8 @@ class TcpConnection : public Connection {
   // Reads the rest of an abort frame (small; waits briefly for it).
   Status read_abort_frame(Stream& s) {
     std::vector<char> body(s.header.bytes);
-    size_t got = 0;
-    while (got < body.size() && s.ahead_at < s.ahead_end)
-      got += static_cast<size_t>(take(s, &body[got], body.size() - got));
+    // What was read ahead comes first (one take empties it or fills body).
+    const size_t got = s.ahead_at < s.ahead_end ? static_cast<size_t>(take(s, body.data(), body.size())) : 0;
     Status st = recv_all(s.fd, body.data() + got, body.size() - got, Deadline::after_seconds(1));
     if (!st) {
       error_ = st.with_context(peer_ + " sent a truncated abort frame");
