@@ -81,33 +81,54 @@ def test_pending_recv_does_not_block_collectives():
     assert_all_ok(launch("pending_recv", 3))
 
 
-@pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI's mpirun is not installed")
-def test_mpirun_two_processes():
-    """mpirun sets OMPI_COMM_WORLD_*; braid_torch maps them to RANK and WORLD_SIZE."""
+def run_mpirun(nprocs, args):
+    """`mpirun -np nprocs python args...` on loopback, with only Open MPI's
+    OMPI_COMM_WORLD_* to say who is who (MASTER_ADDR / MASTER_PORT exported);
+    checks the exit status and returns the CompletedProcess."""
+    if shutil.which("mpirun") is None:
+        pytest.skip("Open MPI's mpirun is not installed")
     env = dict(os.environ, BRAID_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(free_port()))
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         env.pop(k, None)
     proc = subprocess.run(
-        ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "MASTER_ADDR", "-x", "MASTER_PORT",
-         "-x", "BRAID_SOCKET_IFNAME", sys.executable, str(WORKERS), "torchrun_env"],
+        ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(nprocs), "-x", "MASTER_ADDR", "-x",
+         "MASTER_PORT", "-x", "BRAID_SOCKET_IFNAME", sys.executable, *args],
         env=env, capture_output=True, text=True, timeout=180,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def run_torchrun(nprocs, args, options=(), timeout=180):
+    """`torchrun --nproc-per-node nprocs [options] args...` on loopback;
+    checks the exit status and returns the CompletedProcess."""
+    torchrun = shutil.which("torchrun")
+    cmd = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
+    env = dict(os.environ, BRAID_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        cmd + ["--nproc-per-node", str(nprocs), *options, "--master-addr", "127.0.0.1", "--master-port",
+               str(free_port()), *args],
+        env=env, capture_output=True, text=True, timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def json_records(stdout):
+    """The JSON records the ranks printed; they share one stdout, so one line
+    may hold several."""
+    return [json.loads(x) for x in re.findall(r"\{[^{}]*\}", stdout)]
+
+
+def test_mpirun_two_processes():
+    """mpirun sets OMPI_COMM_WORLD_*; braid_torch maps them to RANK and WORLD_SIZE."""
+    proc = run_mpirun(2, [str(WORKERS), "torchrun_env"])
     assert proc.stdout.count('"ok": true') == 2, proc.stdout
 
 
 def test_torchrun_two_processes():
-    torchrun = shutil.which("torchrun")
-    cmd = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
-    port = free_port()
-    env = dict(os.environ, BRAID_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        cmd + ["--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
-               str(WORKERS), "torchrun_env"],
-        env=env, capture_output=True, text=True, timeout=180,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_torchrun(2, [str(WORKERS), "torchrun_env"])
     assert proc.stdout.count('"ok": true') == 2, proc.stdout
 
 
@@ -117,16 +138,8 @@ def test_torchrun_restarts_the_job_after_a_rank_dies():
     rendezvous) completes; a survivor that reports its failure before torchrun
     stops it names the dead rank and failed at once. Without rank 0 deleting
     the unique id from the store, the new group hung in its init."""
-    torchrun = shutil.which("torchrun")
-    cmd = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
-    env = dict(os.environ, BRAID_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        cmd + ["--nproc-per-node", "3", "--max-restarts", "1", "--master-addr", "127.0.0.1", "--master-port",
-               str(free_port()), str(WORKERS), "elastic_restart"],
-        env=env, capture_output=True, text=True, timeout=240,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    records = [json.loads(x) for x in re.findall(r"\{[^{}]*\}", proc.stdout)]
+    proc = run_torchrun(3, [str(WORKERS), "elastic_restart"], options=["--max-restarts", "1"], timeout=240)
+    records = json_records(proc.stdout)
     # torchrun stops the survivors as soon as it sees rank 2 exit, so on a
     # loaded machine they may not get to report their error; what they do
     # report must be the dead peer, found at once.
@@ -142,30 +155,14 @@ UNCHANGED_SCRIPT = os.path.join(os.path.dirname(__file__), "unchanged_script.py"
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "mpirun"])
-def test_unchanged_script_needs_no_import(launcher):
+def test_unchanged_script_needs_no_import(launcher, monkeypatch):
     """A gloo script with only the backend's name changed, without `import
     braid_torch`: `import torch` loads braid through its entry point, under
     torchrun and under mpirun (whose OMPI_COMM_WORLD_* braid maps to RANK and
     WORLD_SIZE)."""
-    env = dict(os.environ, BRAID_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
-    port = str(free_port())
-    if launcher == "torchrun":
-        torchrun = shutil.which("torchrun")
-        cmd = ([torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]) + [
-            "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", port, UNCHANGED_SCRIPT]
-    else:
-        if shutil.which("mpirun") is None:
-            pytest.skip("Open MPI's mpirun is not installed")
-        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-            env.pop(k, None)
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "MASTER_ADDR", "-x",
-               "MASTER_PORT", "-x", "BRAID_SOCKET_IFNAME", sys.executable, UNCHANGED_SCRIPT]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    # The ranks share one stdout, so one line may hold both records.
-    lines = sorted((json.loads(x) for x in re.findall(r"\{[^{}]*\}", proc.stdout)), key=lambda r: r["rank"])
+    monkeypatch.delenv("TORCH_DEVICE_BACKEND_AUTOLOAD", raising=False)
+    proc = (run_torchrun if launcher == "torchrun" else run_mpirun)(2, [UNCHANGED_SCRIPT])
+    lines = sorted(json_records(proc.stdout), key=lambda r: r["rank"])
     assert [r["rank"] for r in lines] == [0, 1], proc.stdout
     for r in lines:
         assert r == {"rank": r["rank"], "world": 2, "loaded_with_torch": True, "backend": "braid", "sum": 3.0,

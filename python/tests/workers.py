@@ -41,13 +41,25 @@ def expect_raises(fn, *fragments):
     raise AssertionError(f"no error raised; expected one mentioning {fragments}")
 
 
-def expect_same_parameters_everywhere(model, step, rank, world):
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+def expect_same_parameters_everywhere(params, what, rank, world):
+    """Every rank holds the same `params` (tensors); `what` names them in the failure."""
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
     everyone = [torch.empty_like(flat) for _ in range(world)]
     dist.all_gather(everyone, flat)
     for r, other in enumerate(everyone):
         if not torch.equal(other, flat):
-            raise AssertionError(f"step {step}: rank {r}'s parameters differ from rank {rank}'s")
+            raise AssertionError(f"{what}: rank {r}'s parameters differ from rank {rank}'s")
+
+
+def exit_reference_run():
+    """Ends a gloo reference run at once. gloo (torch 2.11) now and then
+    aborts at interpreter exit after training, its work done and written
+    ("terminate called without an active exception", seen in CI and in the
+    FSDP2 test): skip the teardown there. braid's runs exit normally, so
+    their teardown stays tested."""
+    if BACKEND == "gloo":
+        sys.stdout.flush()
+        os._exit(0)
 
 
 # ---- scenarios ----
@@ -340,19 +352,13 @@ def ddp_train():
         loss = F.cross_entropy(model(data[batch]), labels[batch])
         loss.backward()
         opt.step()
-        expect_same_parameters_everywhere(model, step, rank, world)
+        expect_same_parameters_everywhere(model.parameters(), f"step {step}", rank, world)
     out = os.environ.get("DDP_OUT")
     if out and rank == 0:
         torch.save({k: v.detach().clone() for k, v in model.module.state_dict().items()}, out)
     dist.destroy_process_group()
     print(f"rank {rank}: ddp ok after {steps} steps, loss {loss.item():.4f}", flush=True)
-    if BACKEND == "gloo":
-        # The gloo reference run (torch 2.11) now and then aborts at
-        # interpreter exit after DDP, its work done and written ("terminate
-        # called without an active exception", seen in CI): skip the teardown
-        # there. braid's runs exit normally, so their teardown stays tested.
-        sys.stdout.flush()
-        os._exit(0)
+    exit_reference_run()
 
 
 def sharded_train():
@@ -360,8 +366,9 @@ def sharded_train():
     use, reduce_scatter_tensor of gradients) and tensor parallelism
     (parallelize_module over DTensor: the functional collectives) on a CPU
     device mesh of every rank. FSDP2's layer widths do not divide by 3, which
-    makes uneven shards (tensor parallelism needs even ones). Checks that every rank ends with the same full
-    parameters and writes them out for the test to compare with gloo's."""
+    makes uneven shards (tensor parallelism needs even ones). Checks that
+    every rank ends with the same full parameters and writes them out for the
+    test to compare with gloo's."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -387,19 +394,15 @@ def sharded_train():
             x, y = torch.randn(8, 20, generator=gen), torch.randn(8, 6, generator=gen)
             F.mse_loss(model(x), y).backward()
             opt.step()
-        for pname, p in model.named_parameters():
-            full = p.full_tensor().detach()
-            every = [torch.empty_like(full) for _ in range(world)]
-            dist.all_gather(every, full)
-            for r, other in enumerate(every):
-                if not torch.equal(other, full):
-                    raise AssertionError(f"{name} {pname}: rank {r}'s parameters differ from rank {rank}'s")
-            out[f"{name}.{pname}"] = full.clone()
+        full = {f"{name}.{pname}": p.full_tensor().detach().clone() for pname, p in model.named_parameters()}
+        expect_same_parameters_everywhere(full.values(), name, rank, world)
+        out.update(full)
     path = os.environ.get("SHARDED_OUT")
     if path and rank == 0:
         torch.save(out, path)
     dist.destroy_process_group()
     print(f"rank {rank}: fsdp and tp ok", flush=True)
+    exit_reference_run()
 
 
 def init_methods():
@@ -578,15 +581,13 @@ def cuda_ddp_train():
         loss = F.cross_entropy(model(data[batch]), labels[batch])
         loss.backward()
         opt.step()
-        expect_same_parameters_everywhere(model, step, rank, world)
+        expect_same_parameters_everywhere(model.parameters(), f"step {step}", rank, world)
     out = os.environ.get("DDP_OUT")
     if out and rank == 0:
         torch.save({k: v.detach().cpu().clone() for k, v in model.module.state_dict().items()}, out)
     dist.destroy_process_group()
     print(f"rank {rank}: cuda ddp ok after {steps} steps, loss {loss.item():.4f}", flush=True)
-    if BACKEND == "gloo":
-        sys.stdout.flush()
-        os._exit(0)  # see ddp_train
+    exit_reference_run()
 
 
 SCENARIOS = {
