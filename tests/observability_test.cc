@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -152,6 +153,61 @@ TEST(Observability, InfoLogAtInitParsesAndSummarises) {
   }
   EXPECT_TRUE(any_line(lines, 0, "INIT", "transports: shm to ranks 1; tcp to ranks 2-3"));
   EXPECT_TRUE(any_line(lines, 3, "INIT", "transports: tcp to ranks 0-1; shm to ranks 2"));
+}
+
+// Streaming or plain stores for mid-size shm slot copies: the first two
+// ranks of a host time both at init and every rank of the host logs the
+// same choice with the times, which the choice must follow.
+TEST(Observability, ShmSlotCopiesFollowTheirMeasurement) {
+  for (bool set : {false, true}) {
+    const ScratchDir scratch("stream");
+    const std::string& dir = scratch.path;
+    braid::launcher::LaunchOptions o;
+    o.nranks = 2;
+    o.env = {
+        {"BRAID_DEBUG", "INFO"}, {"BRAID_DEBUG_SUBSYS", "SHM"}, {"BRAID_DEBUG_FILE", dir + "/log-%p.txt"}};
+    if (set) o.env.push_back({"BRAID_SHM_STREAM_MAX_BYTES", "128K"});
+    auto result = braid::launcher::fork_ranks(o, [](braid_comm_t comm, int, int, const braid_unique_id_t&) {
+      std::vector<float> x(1 << 14, 1.0f);  // 64 KiB: inside the band
+      if (braid_all_reduce(x.data(), x.data(), x.size(), BRAID_FLOAT32, BRAID_SUM, comm, nullptr) !=
+          BRAID_SUCCESS)
+        return 1;
+      for (float v : x)
+        if (v != 2.0f) return 1;
+      return 0;
+    });
+    ASSERT_TRUE(result.ok()) << result.describe();
+    std::vector<std::string> said(2);
+    for (const LogLine& l : parse_logs(dir))
+      if (l.subsys == "SHM" && l.message.find("slot copies") != std::string::npos)
+        said.at(l.rank) = l.message;
+    ASSERT_FALSE(said[0].empty());
+    EXPECT_EQ(said[0], said[1]) << "both ranks of the host apply one choice";
+    const std::string& m = said[0];
+    if (sysconf(_SC_NPROCESSORS_ONLN) < 2) {
+      EXPECT_NE(m.find("plain stores: ranks share cores"), std::string::npos) << m;
+      continue;
+    }
+    double plain = 0, streaming = 0;
+    const size_t at = m.find("a 64 KiB copy between ranks 0 and 1 took ");
+    ASSERT_NE(at, std::string::npos) << m;
+    ASSERT_EQ(
+        std::sscanf(m.c_str() + at, "a 64 KiB copy between ranks 0 and 1 took %lf us plain, %lf us streaming",
+                    &plain, &streaming),
+        2)
+        << m;
+    EXPECT_GT(plain, 0);
+    EXPECT_GT(streaming, 0);
+    if (set)
+      EXPECT_NE(
+          m.find("slot copies of 16 KiB up to 128 KiB use streaming stores, as BRAID_SHM_STREAM_*_BYTES say"),
+          std::string::npos)
+          << m;
+    else if (streaming < 0.85 * plain)
+      EXPECT_NE(m.find("slot copies of 16 KiB up to 256 KiB use streaming stores;"), std::string::npos) << m;
+    else
+      EXPECT_NE(m.find("slot copies use plain stores;"), std::string::npos) << m;
+  }
 }
 
 TEST(Observability, SubsystemsCanBeSelectedOrExcluded) {

@@ -153,6 +153,29 @@ TEST(Tuner, RootedChainsCostOneWayHops) {
   EXPECT_EQ(h.pick(Coll::kBroadcast, 16 << 20), Algo::kRing);
 }
 
+TEST(Tuner, MeasuredPeerReadsDecideCopyCollectives) {
+  // Where init timed peer reads at 0.58 of a slot round (2 ranks with a
+  // core each), a broadcast reads the root's buffer from the threshold up;
+  // where reads were slower than slots, or nothing was measured (the fixed
+  // rate), it passes slots. Below the threshold it never reads.
+  JobShape fast = one_host(2);
+  fast.peer_read_speedup = 1.0 / 0.58;
+  JobShape slow = one_host(2);
+  slow.peer_read_speedup = 0.8;
+  const Tuner f(fast, AlgoChoice{}), s(slow, AlgoChoice{}), fixed(one_host(2), AlgoChoice{});
+  for (size_t bytes : {size_t{256} << 10, size_t{1} << 20, size_t{8} << 20}) {
+    EXPECT_EQ(f.pick(Coll::kBroadcast, bytes), Algo::kPeerRead) << bytes;
+    EXPECT_EQ(s.pick(Coll::kBroadcast, bytes), Algo::kRing) << bytes;
+    EXPECT_EQ(fixed.pick(Coll::kBroadcast, bytes), Algo::kRing) << bytes;
+    EXPECT_EQ(f.pick(Coll::kAllGather, bytes), Algo::kPeerRead) << bytes;
+    EXPECT_EQ(s.pick(Coll::kAllGather, bytes), Algo::kRing) << bytes;
+  }
+  EXPECT_EQ(f.pick(Coll::kBroadcast, 128 << 10), Algo::kRing);
+  // The probe times copies, not reductions: all_reduce keeps its choice.
+  for (size_t bytes : {size_t{256} << 10, size_t{8} << 20})
+    EXPECT_EQ(f.pick(Coll::kAllReduce, bytes), fixed.pick(Coll::kAllReduce, bytes)) << bytes;
+}
+
 TEST(Tuner, TableLookupAgreesWithTheModelAtEverySize) {
   // pick() reads a table per power of two plus exact checks; it must give
   // what choose() computes for sizes in between too.

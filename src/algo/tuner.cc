@@ -241,6 +241,16 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
   const double msg_in = over ? kShmMessageUsPerRankPerCore * sh.ranks_per_core : kShmMessageUs;
   const double msg_out = over ? kTcpMessageUsPerRankPerCore * sh.ranks_per_core : kTcpMessageUs;
   const double pr_beta = 1.0 / (over ? kPeerReadBytesPerUsOversubscribed : kPeerReadBytesPerUs);
+  // Where init measured it (ranks on cores of their own), a peer read of
+  // some bytes costs 1/speedup of passing them through a slot, whose cost
+  // per byte the copy collectives' slot paths price at `slot_beta`. The
+  // fixed rate above fits one VM's kernel (no fast string copies); another
+  // read 256 KiB in 0.56-0.62 of a slot round, and its broadcast ran
+  // 1.6-1.8x faster by reading from 256 KiB to 1 MiB. The probe times
+  // copies only: collectives that reduce keep the fixed rate.
+  auto read_beta = [&](double slot_beta) {
+    return sh.peer_read_speedup > 0 ? slot_beta / sh.peer_read_speedup : pr_beta;
+  };
   const double depth = std::floor(std::log2(n));  // levels below a binary tree's root
   // Recursive doubling and halving pair ranks 1, 2, 4, ... apart among the
   // largest power of two p2: steps below Li stay inside a host when hosts
@@ -347,7 +357,7 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
           return std::max(path, (n - 1) * S * beta * (multi ? kTcpHopWork : 1) / cores());
         }
         case Algo::kPeerRead:
-          return 5 * (n - 1) * in.alpha_us + S * pr_beta;
+          return 5 * (n - 1) * in.alpha_us + S * read_beta(hop_beta(false, reduces));
         case Algo::kHierarchical:
           // A chain across hosts and chains inside them (in parallel), one
           // phase after the other.
@@ -367,7 +377,9 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
       // 2.6x faster from 1 MiB and were mixed at 256 KiB.
       if (a == Algo::kRing)
         return (n - 1) * l.alpha_us + (c == Coll::kAllGather ? 2 : 1) * (n - 1) / n * S * l.beta_us_per_byte;
-      if (a == Algo::kPeerRead) return 5 * (n - 1) * in.alpha_us + (n - 1) / n * S * pr_beta;
+      if (a == Algo::kPeerRead)
+        return 5 * (n - 1) * in.alpha_us +
+               (n - 1) / n * S * (c == Coll::kAllGather ? read_beta(2 * l.beta_us_per_byte) : pr_beta);
       if (a == Algo::kHierarchical) {
         // A ring across hosts of one block each, then a ring inside the
         // host per host's worth of blocks (reduce_scatter: the reverse).

@@ -57,6 +57,9 @@ struct JobShape {
   size_t piece_bytes = 256 * 1024;
   size_t direct_max_bytes = 16 * 1024;      // BRAID_DIRECT_MAX_BYTES
   size_t peer_read_min_bytes = 256 * 1024;  // BRAID_PEER_READ_MIN_BYTES
+  // A slot round's time over a peer read's for 256 KiB, measured at init
+  // where ranks have cores of their own (0: not measured).
+  double peer_read_speedup = 0;
 };
 
 // Cost of one message step and of each byte, on one kind of link.

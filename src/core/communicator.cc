@@ -204,21 +204,12 @@ Status Communicator::setup_transports() {
     }
   }
   build_schedules(infos);
+  BRAID_RETURN_IF_ERROR(choose_slot_copies(host_group, deadline));
   trace_ = TraceRecorder::make(config_, rank_, nranks_);
   engine_ = std::make_unique<Engine>(rank_, config_, peers, shm_->doorbell());
   engine_->set_trace(trace_.get());
   engine_->set_collective_conns(coll_channel_.conns);
   engine_->set_oversubscribed(tuner_.shape().oversubscribed);
-  if (host_group.size() > 1) {
-    if (!tuner_.shape().oversubscribed || config_.shm_stream_set) {
-      shm_->stream_copies(config_.shm_stream_min_bytes, config_.shm_stream_max_bytes);
-      BRAID_INFO("SHM", rank_, "slot copies of %s up to %s use streaming stores",
-                 bytes_text(config_.shm_stream_min_bytes).c_str(),
-                 bytes_text(config_.shm_stream_max_bytes).c_str());
-    } else {
-      BRAID_INFO("SHM", rank_, "slot copies use plain stores: ranks share cores (BRAID_SHM_STREAM_*_BYTES)");
-    }
-  }
   ShmTransport* shm = shm_.get();
   engine_->set_failure_notifier([shm, peers](const Status& why) {
     shm->mark_failed(why);
@@ -227,6 +218,81 @@ Status Communicator::setup_transports() {
   });
   // Nobody may send before every rank has its engine (and its slots) ready.
   return bootstrap_->barrier(deadline);
+}
+
+// Streaming stores for mid-size shm slot copies: on some machines they
+// halve a copy's time (the receiver no longer pulls each line out of the
+// sender's cache), on others they double it, so the first two ranks of each
+// host time both before the engine takes the connections, and tell the
+// other ranks in an all-gather that every rank joins. Plain where ranks
+// share cores (the two could not run at once) and wherever BRAID_SHM_STREAM_*
+// is set (the band as given).
+Status Communicator::choose_slot_copies(const std::vector<int>& host_group, Deadline deadline) {
+  struct Verdict {
+    uint8_t measured = 0, streaming = 0;
+    float plain_us = 0, streaming_us = 0, slot_us = 0, peer_read_us = 0;
+  } mine;
+  const bool measure = host_group.size() > 1 && !tuner_.shape().oversubscribed;
+  if (measure && (rank_ == host_group[0] || rank_ == host_group[1])) {
+    const bool sender = rank_ == host_group[0];
+    ShmTransport::CopyTimes t;
+    BRAID_RETURN_IF_ERROR(shm_->time_slot_copies(sender ? host_group[1] : host_group[0], sender,
+                                                 kStreamProbeBytes, kReadProbeBytes, 9, deadline, &t));
+    mine.measured = sender ? 1 : 0;
+    // Streaming must win clearly: a close call is noise, and plain stores
+    // are the safe side when ranks later share cores with other work.
+    mine.streaming = t.streaming_us < 0.85 * t.plain_us ? 1 : 0;
+    mine.plain_us = static_cast<float>(t.plain_us);
+    mine.streaming_us = static_cast<float>(t.streaming_us);
+    mine.slot_us = static_cast<float>(t.slot_us);
+    mine.peer_read_us = static_cast<float>(t.peer_read_us);
+  }
+  std::vector<uint8_t> raw;
+  BRAID_RETURN_IF_ERROR(bootstrap_->all_gather(&mine, sizeof(mine), &raw, deadline));
+  // The tuner weighs peer reads against slots by the slowest host's ratio:
+  // every rank computes it from the same all-gather, so all build one table.
+  double speedup = 0;
+  for (int r = 0; r < nranks_; ++r) {
+    Verdict v;
+    std::memcpy(&v, raw.data() + sizeof(Verdict) * static_cast<size_t>(r), sizeof(v));
+    if (!v.measured || v.peer_read_us <= 0) continue;
+    const double ratio = static_cast<double>(v.slot_us) / v.peer_read_us;
+    speedup = speedup == 0 ? ratio : std::min(speedup, ratio);
+  }
+  if (speedup > 0) {
+    JobShape shape = tuner_.shape();
+    shape.peer_read_speedup = speedup;
+    tuner_ = Tuner(shape, config_.algo);
+    BRAID_INFO("TUNE", rank_, "peer reads move %s in %.2f of a slot round's time (slowest host)",
+               bytes_text(kReadProbeBytes).c_str(), 1.0 / speedup);
+  }
+  if (host_group.size() < 2) return Status::ok();
+  Verdict leader;
+  std::memcpy(&leader, raw.data() + sizeof(Verdict) * static_cast<size_t>(host_group[0]), sizeof(leader));
+  const std::string band =
+      bytes_text(config_.shm_stream_min_bytes) + " up to " + bytes_text(config_.shm_stream_max_bytes);
+  char measured[160] = "";
+  if (leader.measured)
+    std::snprintf(measured, sizeof(measured),
+                  "; a %s copy between ranks %d and %d took %.2f us plain, %.2f us streaming",
+                  bytes_text(kStreamProbeBytes).c_str(), host_group[0], host_group[1], leader.plain_us,
+                  leader.streaming_us);
+  if (leader.measured && leader.peer_read_us > 0)
+    BRAID_INFO("SHM", rank_, "%s took %.2f us through a slot, %.2f us read by the peer",
+               bytes_text(kReadProbeBytes).c_str(), leader.slot_us, leader.peer_read_us);
+  if (config_.shm_stream_set) {
+    shm_->stream_copies(config_.shm_stream_min_bytes, config_.shm_stream_max_bytes);
+    BRAID_INFO("SHM", rank_, "slot copies of %s use streaming stores, as BRAID_SHM_STREAM_*_BYTES say%s",
+               band.c_str(), measured);
+  } else if (leader.measured && leader.streaming) {
+    shm_->stream_copies(config_.shm_stream_min_bytes, config_.shm_stream_max_bytes);
+    BRAID_INFO("SHM", rank_, "slot copies of %s use streaming stores%s", band.c_str(), measured);
+  } else if (leader.measured) {
+    BRAID_INFO("SHM", rank_, "slot copies use plain stores%s", measured);
+  } else {
+    BRAID_INFO("SHM", rank_, "slot copies use plain stores: ranks share cores (BRAID_SHM_STREAM_*_BYTES)");
+  }
+  return Status::ok();
 }
 
 // The channels the algorithms run on and the tuner; every input is the same

@@ -67,6 +67,9 @@ class Communicator {
   Communicator() = default;
   Status setup_transports();
   void build_schedules(const std::vector<PeerInfo>& infos);
+  Status choose_slot_copies(const std::vector<int>& host_group, Deadline deadline);
+  static constexpr size_t kStreamProbeBytes = 64 * 1024;  // inside the default streaming band
+  static constexpr size_t kReadProbeBytes = 256 * 1024;   // where peer_read may start (the default)
   Task all_reduce_task(Op* op, const CollArgs& a);
   void log_summary() const;
   // With BRAID_CHECK_CALLS, runs the op's task behind a comparison of calls.

@@ -38,12 +38,32 @@ class ShmTransport {
   // Tells local peers this rank failed, with the reason they should report.
   void mark_failed(const Status& why);
   // Copies into peers' slots of [min_bytes, max_bytes) use streaming stores
-  // (kernels::copy_streaming). Worth it only while sender and receiver run
-  // at once on cores of their own: measured with 2 ranks on the 2-core VM,
-  // a 16-128 KiB broadcast took 0.5-0.8x the time (the receiver no longer
-  // pulls every line out of the sender's cache), while 4 KiB, 512 KiB and
-  // more, and any size with ranks sharing cores, ran up to 2x slower.
+  // (kernels::copy_streaming). Worth it at most while sender and receiver
+  // run at once on cores of their own: on one 2-core VM a 16-128 KiB
+  // broadcast then took 0.5-0.8x the time (the receiver no longer pulls
+  // every line out of the sender's cache), while 4 KiB, 512 KiB and more,
+  // and any size with ranks sharing cores, ran up to 2x slower.
   void stream_copies(size_t min_bytes, size_t max_bytes);
+  // Which of the two is faster depends on the machine (the 2-core VMs of
+  // one provider measured both ways), so the communicator measures it:
+  // `sender` times one-way slot copies of `bytes` to `peer` on channel 0,
+  // plain and streaming alternately, `rounds` of each after a warm-up, a
+  // round ending when the peer has copied the message out and answered.
+  // The peer calls this with sender = false and only answers. Both must
+  // call it at once, before anything else uses the connection.
+  // With `read_bytes` > 0 it also times, alternately, a plain slot round of
+  // that size against the peer reading as much straight out of the
+  // sender's memory (process_vm_readv) and answering: what the tuner needs
+  // to judge peer_read against the slot path on this machine.
+  struct CopyTimes {
+    // Medians, on the sender: `bytes` through a slot with plain and with
+    // streaming stores; `read_bytes` through a slot, and read by the peer
+    // (0 where nothing was measured).
+    double plain_us = 0, streaming_us = 0;
+    double slot_us = 0, peer_read_us = 0;
+  };
+  Status time_slot_copies(int peer, bool sender, size_t bytes, size_t read_bytes, int rounds,
+                          Deadline deadline, CopyTimes* out);
 
   struct Mapping;
 
