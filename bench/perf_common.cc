@@ -375,7 +375,10 @@ struct Options : braid_bench::Sweep {
   // --env-compare: a communicator made under the environment as launched and
   // one made with NAME set to VALUE, timed in turn at every size.
   std::string env_name, env_value;
-  long rounds = 3;  // --rounds: interleaved turns of --algos / --trace-compare / --env-compare, best kept
+  // --rounds: interleaved turns, best kept, of --algos / --trace-compare /
+  // --env-compare (default 3) and of braid and MPI under --compare (default 1).
+  long rounds = 0;
+  long rounds_or(long unset) const { return rounds > 0 ? rounds : unset; }
 };
 
 // One communicator of a side-by-side run (--algos, --trace-compare,
@@ -450,7 +453,8 @@ void print_usage(FILE* out, const char* prog, const CollDesc& desc) {
                "                             side by side, out of place, taking turns at every size;\n"
                "                             prints variant / launched\n"
                "      --rounds <n>           turns per column and size of --algos, --trace-compare or\n"
-               "                             --env-compare, best kept (default 3)\n"
+               "                             --env-compare (default 3), or of braid and MPI under\n"
+               "                             --compare (default 1), best kept\n"
                "  -h, --help                 this text\n",
                prog, desc.reduces ? "" : "; ignored here", desc.rooted ? "" : "; ignored here");
 }
@@ -1005,7 +1009,7 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
       print_table_header(opt.compare_mpi, desc.mpi_in_place);
     } else {
       std::printf("# %s: out-of-place time (us) of each column, best of %ld rounds taking turns\n",
-                  variants_flag(opt), opt.rounds);
+                  variants_flag(opt), opt.rounds_or(3));
       if (!opt.env_name.empty())
         std::printf("# variant: %s=%s; launched: the environment mpirun gave\n", opt.env_name.c_str(),
                     opt.env_value.c_str());
@@ -1044,7 +1048,7 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
             // runs first after the size changes.
             const size_t n = variant_comms.size();
             std::vector<double> best(n, std::numeric_limits<double>::infinity());
-            for (long round = 0; round < opt.rounds; ++round) {
+            for (long round = 0; round < opt.rounds_or(3); ++round) {
               for (size_t k = 0; k < n; ++k) {
                 const size_t i = (k + static_cast<size_t>(round)) % n;
                 Context turn = ctx;
@@ -1066,12 +1070,30 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
               len += std::snprintf(line + len, sizeof line - len, "  %16.3f", best[1] / best[0]);
           }
           if (variant_comms.empty()) {
-            // Measured out of place, MPI, in place; printed in that order
-            // once the ratio's braid side (out of place, or in place where
-            // MPI has one buffer) is known.
+            // Measured out of place, MPI, in place, in turns (--rounds),
+            // the best of each kept; printed in that order once the ratio's
+            // braid side (out of place, or in place where MPI has one
+            // buffer) is known.
             std::string braid_cols[2];
             double busbw_of[2] = {0, 0};
+            double best_us[2] = {std::numeric_limits<double>::infinity(),
+                                 std::numeric_limits<double>::infinity()};
+            long long wrong_of[2] = {0, 0};
             double mpi_us = -1;
+            for (long round = 0; round < opt.rounds_or(1); ++round) {
+              for (bool in_place : {false, true}) {
+                if (in_place && !desc.in_place) continue;
+                const Measurement m = measure(ctx, dtype, op, root, count, in_place);
+                best_us[in_place] = std::min(best_us[in_place], m.time_us);
+                wrong_of[in_place] = m.wrong < 0 ? -1 : wrong_of[in_place] + m.wrong;
+                totals.out_of_bounds += m.out_of_bounds;
+                row_oob += m.out_of_bounds;
+                if (!in_place && opt.compare_mpi) {
+                  const double t = measure_mpi(ctx, dtype, op, root, count);
+                  if (t >= 0) mpi_us = mpi_us < 0 ? t : std::min(mpi_us, t);
+                }
+              }
+            }
             for (bool in_place : {false, true}) {
               if (in_place && !desc.in_place) {
                 char cols[64];
@@ -1079,21 +1101,17 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
                 braid_cols[1] = cols;
                 continue;
               }
-              const Measurement m = measure(ctx, dtype, op, root, count, in_place);
-              const double algbw = algbw_of(size, m.time_us);
+              const double algbw = algbw_of(size, best_us[in_place]);
               const double busbw = algbw * desc.busbw_factor(nranks);
               busbw_of[in_place] = busbw;
               totals.busbw_sum += busbw;
               ++totals.busbw_n;
-              if (m.wrong > 0) totals.wrong += m.wrong;
-              totals.out_of_bounds += m.out_of_bounds;
-              row_oob += m.out_of_bounds;
-              const std::string wrong = m.wrong < 0 ? "N/A" : std::to_string(m.wrong);
+              if (wrong_of[in_place] > 0) totals.wrong += wrong_of[in_place];
+              const std::string wrong = wrong_of[in_place] < 0 ? "N/A" : std::to_string(wrong_of[in_place]);
               char cols[96];
-              std::snprintf(cols, sizeof cols, "  %s  %6.2f  %6.2f %6s", format_time(m.time_us).c_str(),
-                            algbw, busbw, wrong.c_str());
+              std::snprintf(cols, sizeof cols, "  %s  %6.2f  %6.2f %6s",
+                            format_time(best_us[in_place]).c_str(), algbw, busbw, wrong.c_str());
               braid_cols[in_place] = cols;
-              if (!in_place && opt.compare_mpi) mpi_us = measure_mpi(ctx, dtype, op, root, count);
             }
             len += std::snprintf(line + len, sizeof line - len, "%s", braid_cols[0].c_str());
             if (opt.compare_mpi && mpi_us < 0) {

@@ -5,14 +5,15 @@ of issue 3, from the *_perf binaries and bench/ceiling, in one run.
     python3 bench/shm_vs_mpi.py --build build --nps 2,4 > tables.md
 
 For every collective and rank count it launches
-    mpirun -np NP build/bench/<collective>_perf -b B -e E -f F -n N -c 1 --compare mpi
+    mpirun -np NP build/bench/<collective>_perf -b B -e E -f F -n N -c 1 --compare mpi --rounds R
 and prints, per size, braid's time over MPI's as a speed-up (MPI time / braid
 time): out of place for every collective (MPI runs out of place), and in
 place for broadcast, where MPI_Bcast's root copies nothing, as braid's root
 does only in place. For all_reduce it also prints braid's busbw as a share
 of bench/ceiling's at the same size and thread count (fp32 and bf16).
 Every run checks results (-c 1); a wrong value stops the script.
-Ratios come from one launch each; these machines are noisy, so run it twice.
+Each time is the best of R turns (default 3) taken in turns with MPI's in
+one launch; these machines are noisy, so run it twice.
 """
 
 import argparse
@@ -53,15 +54,17 @@ def rows(text):
     return out
 
 
-def perf(build, coll, np_, lo, hi, factor, iters, dtype, compare):
+def perf(build, coll, np_, lo, hi, factor, iters, rounds, dtype, compare):
     cmd = MPIRUN + ["-np", str(np_), "-x", "BRAID_SOCKET_IFNAME", f"{build}/bench/{coll}_perf",
                     "-b", lo, "-e", hi, "-f", str(factor), "-n", str(iters), "-w", str(max(5, iters // 10)),
-                    "-c", "1", "-d", dtype]
+                    "-c", "1", "-d", dtype, "--rounds", str(rounds)]
     if compare:
         cmd += ["--compare", "mpi"]
     table = {}
     for f in rows(run(cmd)):
         size = int(f[0])
+        if int(f[1]) == 0:
+            continue  # fewer bytes than ranks x element: nothing moves
         # size count type redop root | time algbw busbw #wrong | [mpi time busbw ratio] | time algbw busbw #wrong
         oop_time, oop_bus, oop_wrong = float(f[5]), float(f[7]), f[8]
         rest = f[9:]
@@ -97,16 +100,18 @@ def main():
     ap.add_argument("--build", default="build")
     ap.add_argument("--nps", default="2,4,8", help="rank counts (comma-separated)")
     ap.add_argument("--collectives", default=",".join(COLLECTIVES))
-    ap.add_argument("--small-iters", type=int, default=5000, help="iterations per size, 8 B to 32 KiB")
-    ap.add_argument("--large-iters", type=int, default=100, help="iterations per size, 64 KiB to 32 MiB")
+    ap.add_argument("--small-iters", type=int, default=2000, help="iterations per size, 8 B to 32 KiB")
+    ap.add_argument("--large-iters", type=int, default=40, help="iterations per size, 64 KiB to 32 MiB")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="turns of braid and MPI per size, best kept (the perf binaries' --rounds)")
     args = ap.parse_args()
     nps = [int(x) for x in args.nps.split(",")]
     colls = args.collectives.split(",")
 
     for coll in colls:
         for np_ in nps:
-            small = perf(args.build, coll, np_, "8", "32K", 4, args.small_iters, "float", True)
-            large = perf(args.build, coll, np_, "64K", "32M", 2, args.large_iters, "float", True)
+            small = perf(args.build, coll, np_, "8", "32K", 4, args.small_iters, args.rounds, "float", True)
+            large = perf(args.build, coll, np_, "64K", "32M", 2, args.large_iters, args.rounds, "float", True)
             body = []
             for size, t in sorted({**small, **large}.items()):
                 cells = [fmt_size(size), f"{t['oop']:.2f}", f"{t['mpi']:.2f}", f"{t['mpi'] / t['oop']:.2f}x"]
@@ -123,7 +128,8 @@ def main():
             for np_ in nps:
                 if np_ > 4:
                     continue
-                ours = perf(args.build, "all_reduce", np_, "64K", "32M", 2, args.large_iters, dtype, False)
+                ours = perf(args.build, "all_reduce", np_, "64K", "32M", 2, args.large_iters, args.rounds, dtype,
+                            False)
                 ceil = ceiling(args.build, np_, "64K", "32M", 2, args.large_iters, dtype)
                 body = []
                 for size in sorted(ours):

@@ -76,6 +76,50 @@ TEST_P(Transports, EveryAllReduceAlgorithmAgrees) {
   }
 }
 
+TEST_P(Transports, DirectAllGatherAndReduceScatterInAndOutOfPlace) {
+  // Forced direct runs up to one piece in all (256 KiB): 60000 int32 on 4
+  // ranks is beyond it and falls back to the ring, which must agree.
+  Env env = transport_env(GetParam());
+  env.push_back({"BRAID_ALGO", "direct"});
+  run_ranks(4, env, [](braid_comm_t comm, int rank, int nranks) {
+    auto value = [](int r, size_t i) { return static_cast<int32_t>(r * 1009 + static_cast<int>(i % 613)); };
+    for (size_t count : {size_t{1}, size_t{7}, size_t{4097}, size_t{60000}}) {
+      SCOPED_TRACE("count " + std::to_string(count));
+      std::vector<int32_t> mine(count), all(count * nranks, -1);
+      for (size_t i = 0; i < count; ++i) mine[i] = value(rank, i);
+      BRAID_ASSERT_OK(braid_all_gather(mine.data(), all.data(), count, BRAID_INT32, comm, nullptr));
+      for (int r = 0; r < nranks; ++r)
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(all[r * count + i], value(r, i)) << "block " << r;
+      std::fill(all.begin(), all.end(), -1);
+      std::copy(mine.begin(), mine.end(), all.begin() + rank * count);
+      BRAID_ASSERT_OK(
+          braid_all_gather(all.data() + rank * count, all.data(), count, BRAID_INT32, comm, nullptr));
+      for (int r = 0; r < nranks; ++r)
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(all[r * count + i], value(r, i)) << "in place " << r;
+      std::vector<int32_t> in(count * nranks), out(count, 0);
+      for (size_t i = 0; i < in.size(); ++i) in[i] = value(rank, i);
+      auto expect_block = [&](const int32_t* got, int32_t times) {
+        for (size_t i = 0; i < count; ++i) {
+          int32_t sum = 0;
+          for (int r = 0; r < nranks; ++r) sum += value(r, rank * count + i);
+          ASSERT_EQ(got[i], sum * times) << i;
+        }
+      };
+      BRAID_ASSERT_OK(
+          braid_reduce_scatter(in.data(), out.data(), count, BRAID_INT32, BRAID_SUM, comm, nullptr));
+      expect_block(out.data(), 1);
+      BRAID_ASSERT_OK(braid_reduce_scatter(in.data(), in.data() + rank * count, count, BRAID_INT32, BRAID_SUM,
+                                           comm, nullptr));
+      expect_block(in.data() + rank * count, 1);
+      // AVG divides once, after every block is in.
+      std::vector<double> d(count * nranks, 2.0 * (rank + 1)), avg(count, 0);
+      BRAID_ASSERT_OK(
+          braid_reduce_scatter(d.data(), avg.data(), count, BRAID_FLOAT64, BRAID_AVG, comm, nullptr));
+      for (double v : avg) ASSERT_EQ(v, 5.0);
+    }
+  });
+}
+
 TEST_P(Transports, PeerReadCollectivesInAndOutOfPlace) {
   Env env = transport_env(GetParam());
   env.push_back({"BRAID_ALGO", "peer_read"});

@@ -68,7 +68,7 @@ TEST(AlgoSpec, BadSpecsNameTheProblem) {
   for (const Case& k :
        {Case{"fastest", "unknown algorithm 'fastest'"},
         Case{"all_reduce:zigzag", "all_reduce has no algorithm 'zigzag'"},
-        Case{"all_gather:tree", "all_gather has no algorithm 'tree' (choose ring, peer_read, hier)"},
+        Case{"all_gather:tree", "all_gather has no algorithm 'tree' (choose direct, ring, peer_read, hier)"},
         Case{"allreduce:ring", "unknown collective 'allreduce'"},
         Case{"all_reduce:ring;tree", "'tree' is not collective:algorithm"}}) {
     AlgoChoice c;

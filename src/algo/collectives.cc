@@ -700,6 +700,40 @@ Task ring_reduce_scatter(const Channel& ch, CollArgs a) {
   finish_avg(a, a.recvbuf, a.count, ch.nranks);
 }
 
+// Every rank sends its block to every other in one step and takes theirs:
+// one wait on the slowest peer instead of the ring's n - 1 in a row, which
+// is what small calls pay for when ranks wait to be scheduled.
+Task direct_all_gather(const Channel& ch, CollArgs a) {
+  const int n = ch.nranks, r = ch.rank;
+  const size_t block = a.count * dtype_size(a.dtype);
+  char* out = static_cast<char*>(a.recvbuf);
+  auto at = [&ch, out, block](int k) { return out + static_cast<size_t>(ch.global(k)) * block; };
+  for (int s = 1; s < n; ++s) co_await send_message(ch, mod(r + s, n), a.sendbuf, block);
+  copy_if_distinct(at(r), a.sendbuf, block);
+  for (int s = 1; s < n; ++s) {
+    const int p = mod(r - s, n);
+    co_await recv_message(ch, p, at(p), block);
+  }
+}
+
+// Every rank sends each peer that peer's block in one step and reduces what
+// it receives into its own. In place, the own block is recvbuf: it is
+// reduced into itself first, before anything arrives in it.
+Task direct_reduce_scatter(const Channel& ch, CollArgs a) {
+  const int n = ch.nranks, r = ch.rank;
+  const size_t block = a.count * dtype_size(a.dtype);
+  const char* in = static_cast<const char*>(a.sendbuf);
+  auto blk = [&ch, in, block](int k) { return in + static_cast<size_t>(ch.global(k)) * block; };
+  for (int s = 1; s < n; ++s) {
+    const int p = mod(r + s, n);
+    co_await send_message(ch, p, blk(p), block);
+  }
+  copy_if_distinct(a.recvbuf, blk(r), block);
+  for (int s = 1; s < n; ++s)
+    co_await recv_reduce_copy(ch, mod(r - s, n), a.recvbuf, a.recvbuf, block, a.dtype, a.op);
+  finish_avg(a, a.recvbuf, a.count, n);
+}
+
 Task direct_gather(const Channel& ch, CollArgs a) {
   const int n = ch.nranks, r = ch.rank;
   const size_t block = a.count * dtype_size(a.dtype);

@@ -107,6 +107,9 @@ Task ring_reduce_blocks(const Channel& ch, size_t count, braid_dtype_t dtype, br
 // crosses between hosts once per host).
 Task ring_all_gather(const Channel& ch, CollArgs a);
 Task ring_reduce_scatter(const Channel& ch, CollArgs a);
+// One step: every block straight to its destination (each at most a piece).
+Task direct_all_gather(const Channel& ch, CollArgs a);
+Task direct_reduce_scatter(const Channel& ch, CollArgs a);
 // grid[h][j]: the communicator rank at index j on host h (every host alike).
 using HostGrid = std::vector<std::vector<int>>;
 Task hierarchical_all_gather(const Channel& host, const Channel& across, const HostGrid& grid, CollArgs a);

@@ -121,7 +121,8 @@ const std::vector<Algo>& algos_of(Coll c) {
       Algo::kTree,   Algo::kDoubleTree,        Algo::kPeerRead,     Algo::kHierarchical};
   static const std::vector<Algo> rooted = {Algo::kRing, Algo::kTree, Algo::kPeerRead, Algo::kHierarchical};
   static const std::vector<Algo> reduce = {Algo::kRing, Algo::kTree, Algo::kHierarchical};
-  static const std::vector<Algo> gather_scatter = {Algo::kRing, Algo::kPeerRead, Algo::kHierarchical};
+  static const std::vector<Algo> gather_scatter = {Algo::kDirect, Algo::kRing, Algo::kPeerRead,
+                                                   Algo::kHierarchical};
   switch (c) {
     case Coll::kAllReduce:
       return all_reduce;
@@ -215,8 +216,10 @@ bool Tuner::can_run(Coll c, Algo a, size_t bytes) const {
     case Algo::kTree:
       return true;
     case Algo::kDirect:
-      // It posts the whole buffer to every peer before receiving: one piece at most.
-      return c == Coll::kAllReduce && bytes <= s.piece_bytes;
+      // It posts to every peer before receiving: one piece (the whole
+      // buffer; all_gather and reduce_scatter send less) at most.
+      return (c == Coll::kAllReduce || c == Coll::kAllGather || c == Coll::kReduceScatter) &&
+             bytes <= s.piece_bytes;
     case Algo::kRecursiveDoubling:
     case Algo::kRabenseifner:
     case Algo::kDoubleTree:
@@ -377,6 +380,13 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
       // 2.6x faster from 1 MiB and were mixed at 256 KiB.
       if (a == Algo::kRing)
         return (n - 1) * l.alpha_us + (c == Coll::kAllGather ? 2 : 1) * (n - 1) / n * S * l.beta_us_per_byte;
+      if (a == Algo::kDirect) {
+        // As direct all_reduce, with a block of S / n per message: one wait
+        // where the ring has n - 1 in a row, and n - 1 messages posted.
+        const double b = S / n, f = c == Coll::kReduceScatter ? 1.2 : 1.0;
+        return l.alpha_us + (L - 1) * (msg_in + f * b * in.beta_us_per_byte) +
+               (n - L) * (msg_out + f * b * out.beta_us_per_byte);
+      }
       if (a == Algo::kPeerRead)
         return 5 * (n - 1) * in.alpha_us +
                (n - 1) / n * S * (c == Coll::kAllGather ? read_beta(2 * l.beta_us_per_byte) : pr_beta);

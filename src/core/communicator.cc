@@ -714,6 +714,8 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
       op->algo = algo_name(algo);
       if (algo == Algo::kPeerRead) {
         op->task = peer_read_all_gather(coll_channel_, a);
+      } else if (algo == Algo::kDirect) {
+        op->task = direct_all_gather(coll_channel_, a);
       } else if (algo == Algo::kHierarchical) {
         op->task = hierarchical_all_gather(host_channel_, across_channel_, grid_, a);
       } else {
@@ -728,6 +730,8 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
       if (algo == Algo::kPeerRead) {
         op->work.resize(2 * std::min(coll_channel_.piece_bytes, out_bytes));
         op->task = peer_read_reduce_scatter(coll_channel_, a, op->work.data());
+      } else if (algo == Algo::kDirect) {
+        op->task = direct_reduce_scatter(coll_channel_, a);
       } else if (algo == Algo::kHierarchical) {
         op->work.resize(out_bytes * grid_.size());
         op->task = hierarchical_reduce_scatter(host_channel_, across_channel_, grid_, a, op->work.data());
