@@ -24,8 +24,8 @@ ALGOS = {
     "all_reduce": ["direct", "rd", "rabenseifner", "ring", "tree", "dbtree", "peer_read", "hier"],
     "broadcast": ["ring", "tree", "peer_read", "hier"],
     "reduce": ["ring", "tree", "hier"],
-    "all_gather": ["ring", "peer_read"],
-    "reduce_scatter": ["ring", "peer_read"],
+    "all_gather": ["direct", "ring", "peer_read", "hier"],
+    "reduce_scatter": ["direct", "ring", "peer_read", "hier"],
 }
 PIECE = 256 * 1024  # the default channel piece (BRAID_SHM_SLOT_BYTES)
 
@@ -140,6 +140,8 @@ def main():
         print(f"{'size':>10} " + " ".join(f"{a:>10}" for a in algos) +
               f" {'tuner':>10} {'pick':>10} {'best':>10} {'ratio':>6}")
         for size in sorted(results["auto"]):
+            if size == 0:
+                continue  # a gather's smallest sizes round down to no elements: nothing runs
             row, best, best_t = [], None, float("inf")
             for a in algos:
                 t = results[a].get(size)

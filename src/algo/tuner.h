@@ -85,6 +85,10 @@ class Tuner {
   // Whether the hierarchical all_reduce's phases inside a host should read
   // peers' memory rather than pass pieces through slots.
   bool hierarchical_reads_peers(size_t bytes) const;
+  // Whether BRAID_DIRECT_MAX_BYTES lets the model consider direct here: it
+  // bounds one message (all_reduce's whole buffer, all_gather's and
+  // reduce_scatter's block of bytes / nranks).
+  bool direct_within_bound(Coll c, size_t bytes) const;
   // Predicted time in microseconds; negative when `a` cannot run.
   double predict_us(Coll c, Algo a, size_t bytes) const;
 
@@ -100,6 +104,8 @@ class Tuner {
   LinkCost flat() const { return shape_.nhosts > 1 ? inter() : intra(); }
   // The cores the job's ranks share (the ranks, when each has its own).
   double cores() const;
+  // The latency of one one-way hop through shm (chains and trees).
+  double shm_hop_us() const;
   // A pipelined one-way chain (broadcast, reduce) of hops inside hosts and
   // across them; `parallel` such chains run at once on the job's cores.
   double chain_us(int hops_in, int hops_out, double bytes, bool reduces, int parallel) const;
