@@ -184,6 +184,25 @@ TEST(Tuner, DirectGatherIsBoundedPerBlock) {
   EXPECT_NE(low.pick(Coll::kAllGather, 64 << 10), Algo::kDirect);
 }
 
+TEST(Tuner, OversubscribedAllReduceReadsPeersAtTwoRanksPerCore) {
+  // 4 ranks on 2 cores: reading peers ran at 0.77-0.91 of the ring's time
+  // from 1 MiB (one copy per byte where the ring makes two, on shared
+  // cores); 8 ranks on 2 cores: 0.9-1.5x, so the ring stays.
+  JobShape four = one_host(4);
+  four.oversubscribed = true;
+  four.ranks_per_core = 2;
+  Tuner t4(four, AlgoChoice{});
+  EXPECT_EQ(t4.pick(Coll::kAllReduce, 512 << 10), Algo::kRing);
+  for (size_t bytes : {size_t{2} << 20, size_t{16} << 20})
+    EXPECT_EQ(t4.pick(Coll::kAllReduce, bytes), Algo::kPeerRead) << bytes;
+  JobShape eight = one_host(8);
+  eight.oversubscribed = true;
+  eight.ranks_per_core = 4;
+  Tuner t8(eight, AlgoChoice{});
+  for (size_t bytes : {size_t{2} << 20, size_t{16} << 20})
+    EXPECT_EQ(t8.pick(Coll::kAllReduce, bytes), Algo::kRing) << bytes;
+}
+
 TEST(Tuner, MeasuredPeerReadsDecideCopyCollectives) {
   // Where init timed peer reads at 0.58 of a slot round (2 ranks with a
   // core each), a broadcast reads the root's buffer from the threshold up;

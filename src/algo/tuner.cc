@@ -23,6 +23,7 @@ constexpr double kShmAlphaPerRankPerCore = 3.0, kShmBytesPerUsOversubscribed = 1
 constexpr double kTcpAlphaPerRankPerCore = 12.5, kTcpBytesPerUsOversubscribed = 800;
 constexpr double kPeerReadBytesPerUs = 2800;  // process_vm_readv without fast string copies
 constexpr double kPeerReadBytesPerUsOversubscribed = 1700;
+constexpr double kPeerReadAllReducePerRankPerCore = 0.4;  // its byte cost against the ring's, oversubscribed
 // Posting one more message in the same step (direct sends n-1 at once).
 constexpr double kShmMessageUs = 0.3, kShmMessageUsPerRankPerCore = 1.5;
 constexpr double kTcpMessageUs = 5.0, kTcpMessageUsPerRankPerCore = 6.0;
@@ -325,8 +326,16 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
           return tree_us + 2 * l.alpha_us;
         case Algo::kTree:
           return tree_us;
-        case Algo::kPeerRead:
-          return 10 * (n - 1) * in.alpha_us + 2 * (n - 1) / n * S * pr_beta;
+        case Algo::kPeerRead: {
+          // Where ranks share cores, every copy takes turns on them: a peer
+          // read copies each byte once where a ring step copies it into a
+          // slot and out, but each phase waits for every peer, and a wait
+          // grows with the ranks per core. Against the ring from 1 MiB
+          // (bench/tune_sweep.py, 3 sweeps): 0.77-0.91 of its time at 2
+          // ranks per core, 0.9-1.5x at 4.
+          const double share = over ? kPeerReadAllReducePerRankPerCore * sh.ranks_per_core : 1.0;
+          return 10 * (n - 1) * in.alpha_us + 2 * (n - 1) / n * S * pr_beta * share;
+        }
         case Algo::kHierarchical: {
           const double H = sh.nhosts;
           const double in_beta = hierarchical_reads_peers(bytes) ? pr_beta : in.beta_us_per_byte;
