@@ -201,6 +201,11 @@ TEST(Tuner, OversubscribedAllReduceReadsPeersAtTwoRanksPerCore) {
   Tuner t8(eight, AlgoChoice{});
   for (size_t bytes : {size_t{2} << 20, size_t{16} << 20})
     EXPECT_EQ(t8.pick(Coll::kAllReduce, bytes), Algo::kRing) << bytes;
+  // Below 2 ranks per core the share stays at 2's, never cheaper.
+  JobShape three = one_host(3);
+  three.oversubscribed = true;
+  three.ranks_per_core = 1.5;
+  EXPECT_EQ(Tuner(three, AlgoChoice{}).pick(Coll::kAllReduce, 256 << 10), Algo::kRing);
 }
 
 TEST(Tuner, MeasuredPeerReadsDecideCopyCollectives) {
@@ -221,6 +226,13 @@ TEST(Tuner, MeasuredPeerReadsDecideCopyCollectives) {
     EXPECT_EQ(s.pick(Coll::kAllGather, bytes), Algo::kRing) << bytes;
   }
   EXPECT_EQ(f.pick(Coll::kBroadcast, 128 << 10), Algo::kRing);
+  // A threshold that is no power of two starts reads inside a bucket.
+  JobShape odd = fast;
+  odd.peer_read_min_bytes = 300000;
+  const Tuner o(odd, AlgoChoice{});
+  EXPECT_EQ(o.pick(Coll::kBroadcast, 299999), Algo::kRing);
+  EXPECT_EQ(o.pick(Coll::kBroadcast, 300000), Algo::kPeerRead);
+  EXPECT_EQ(o.pick(Coll::kBroadcast, 400000), Algo::kPeerRead);
   // The probe times copies, not reductions: all_reduce keeps its choice.
   for (size_t bytes : {size_t{256} << 10, size_t{8} << 20})
     EXPECT_EQ(f.pick(Coll::kAllReduce, bytes), fixed.pick(Coll::kAllReduce, bytes)) << bytes;

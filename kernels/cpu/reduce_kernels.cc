@@ -228,6 +228,7 @@ struct BFloat16Avx2 : BFloat16 {
 // GCC 12 reports AVX-512 intrinsics' undefined pass-through operands as
 // "may be used uninitialized" once inlined (GCC bug 105593, fixed in 13).
 #if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 #define BRAID_AVX512_TARGET "avx512f,avx512bw,avx512dq,avx512vl,avx2,f16c"
@@ -469,6 +470,10 @@ __attribute__((target(BRAID_AVX512_TARGET))) void map_avx512(unsigned char* dst,
                                                              const unsigned char* b, size_t n, Fn fn) {
   map_blocks<typename Vectorised<E, true>::type>(dst, a, b, n, fn);
 }
+#endif
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
 #endif
 
 // ---------------------------------------------------------------------------

@@ -333,8 +333,11 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
           // grows with the ranks per core. Against the ring from 1 MiB
           // (bench/tune_sweep.py, 3 sweeps): 0.77-0.91 of its time at 2
           // ranks per core, 0.9-1.5x at 4.
-          const double share = over ? kPeerReadAllReducePerRankPerCore * sh.ranks_per_core : 1.0;
-          return 10 * (n - 1) * in.alpha_us + 2 * (n - 1) / n * S * pr_beta * share;
+          // Fitted at 2 and 4 ranks per core; fewer than 2 keep 2's share.
+          const double read_beta =
+              over ? in.beta_us_per_byte * std::max(2.0, sh.ranks_per_core) * kPeerReadAllReducePerRankPerCore
+                   : pr_beta;
+          return 10 * (n - 1) * in.alpha_us + 2 * (n - 1) / n * S * read_beta;
         }
         case Algo::kHierarchical: {
           const double H = sh.nhosts;
@@ -424,7 +427,8 @@ double Tuner::cores() const {
 double Tuner::shm_hop_us() const {
   // On one host whose ranks outnumber its cores, a hop waits for its
   // receiver to be scheduled, as a direct message does. Simulated hosts
-  // sharing a machine keep the fitted hop: their sweeps set it.
+  // sharing a machine keep the fitted hop: their small broadcasts swung
+  // between sweeps (chain 0.6x to 1.6x the hierarchical schedule's time).
   const JobShape& s = shape_;
   return s.oversubscribed && s.nhosts <= 1 ? kShmMessageUsPerRankPerCore * s.ranks_per_core : kHopShmUs;
 }
@@ -465,7 +469,12 @@ bool Tuner::direct_within_bound(Coll c, size_t bytes) const {
 Algo Tuner::pick(Coll c, size_t bytes) const {
   const int k = bytes == 0 ? 0 : std::min(kBuckets - 1, 63 - __builtin_clzll(bytes));
   const Algo a = table_[static_cast<int>(c)][k];
+  // A threshold inside the bucket: peer reads may be allowed above it where
+  // the bucket's 2^k was below it.
+  const size_t low = bytes == 0 ? 0 : size_t{1} << k;
+  const bool reads_begin_inside = low < shape_.peer_read_min_bytes && bytes >= shape_.peer_read_min_bytes;
   const bool exact =
+      !reads_begin_inside &&
       (a != Algo::kDirect ||
        (bytes <= shape_.piece_bytes && (direct_within_bound(c, bytes) || forced_[c] == Algo::kDirect))) &&
       (a != Algo::kPeerRead || bytes >= shape_.peer_read_min_bytes || forced_[c] == Algo::kPeerRead);

@@ -236,8 +236,15 @@ Status Communicator::choose_slot_copies(const std::vector<int>& host_group, Dead
   if (measure && (rank_ == host_group[0] || rank_ == host_group[1])) {
     const bool sender = rank_ == host_group[0];
     ShmTransport::CopyTimes t;
-    BRAID_RETURN_IF_ERROR(shm_->time_slot_copies(sender ? host_group[1] : host_group[0], sender,
-                                                 kStreamProbeBytes, kReadProbeBytes, 9, deadline, &t));
+    Status st = shm_->time_slot_copies(sender ? host_group[1] : host_group[0], sender, kStreamProbeBytes,
+                                       kReadProbeBytes, 9, deadline, &t);
+    if (!st) {
+      // The partner may be spinning on our next round: a failed flag ends
+      // its wait with this reason, where silence would last until the
+      // init deadline.
+      shm_->mark_failed(st);
+      return st;
+    }
     mine.measured = sender ? 1 : 0;
     // Streaming must win clearly: a close call is noise, and plain stores
     // are the safe side when ranks later share cores with other work.
