@@ -29,6 +29,13 @@ JobShape hosts(int nhosts, int per_host) {
   return s;
 }
 
+// The same shape with its ranks taking turns on cores, as on the 2-core VM.
+JobShape sharing_cores(JobShape s, double ranks_per_core) {
+  s.oversubscribed = true;
+  s.ranks_per_core = ranks_per_core;
+  return s;
+}
+
 TEST(AlgoSpec, OneNameForcesEveryCollectiveThatHasIt) {
   AlgoChoice c;
   ASSERT_TRUE(parse_algo_spec("tree", &c).is_ok());
@@ -125,18 +132,14 @@ TEST(Tuner, RecursiveDoublingKeepsToSmallBuffersAcrossHosts) {
     EXPECT_EQ(t.pick(Coll::kAllReduce, bytes), Algo::kRing);
   // 4 ranks on 4 hosts sharing 2 cores, 256 KiB: rd's two whole-piece
   // exchanges took 323 us, the ring's six steps 561.
-  JobShape four = hosts(4, 1);
-  four.oversubscribed = true;
-  four.ranks_per_core = 2;
+  JobShape four = sharing_cores(hosts(4, 1), 2);
   EXPECT_EQ(Tuner(four, AlgoChoice{}).pick(Coll::kAllReduce, 256 << 10), Algo::kRecursiveDoubling);
 }
 
 TEST(Tuner, RootedChainsCostOneWayHops) {
   // 8 ranks sharing 2 cores, as on the VM: a chain reduce ran 1.5-2x
   // faster than the tree from 4 KiB to 32 KiB (bench/tune_sweep.py).
-  JobShape crowded = one_host(8);
-  crowded.oversubscribed = true;
-  crowded.ranks_per_core = 4;
+  JobShape crowded = sharing_cores(one_host(8), 4);
   Tuner t(crowded, AlgoChoice{});
   for (size_t bytes : {size_t{4096}, size_t{32768}})
     EXPECT_EQ(t.pick(Coll::kReduce, bytes), Algo::kRing) << bytes;
@@ -152,9 +155,7 @@ TEST(Tuner, RootedChainsCostOneWayHops) {
   // Across hosts a reduce chain starts after the root and ends at it,
   // crossing every host boundary; the hierarchical reduce crosses once
   // fewer, and won from 256 KiB on 2 hosts x 2 ranks.
-  JobShape two = hosts(2, 2);
-  two.oversubscribed = true;
-  two.ranks_per_core = 2;
+  JobShape two = sharing_cores(hosts(2, 2), 2);
   Tuner h(two, AlgoChoice{});
   EXPECT_EQ(h.pick(Coll::kReduce, 2 << 20), Algo::kHierarchical);
   // A broadcast chain from the first host crosses one boundary fewer than
@@ -167,9 +168,7 @@ TEST(Tuner, DirectGatherIsBoundedPerBlock) {
   // 1.3-2x faster than the ring at 32 and 128 KiB (blocks of 4 and 16 KiB);
   // BRAID_DIRECT_MAX_BYTES bounds a block there, the whole buffer in
   // all_reduce, whose direct sends all of it to every peer.
-  JobShape crowded = one_host(8);
-  crowded.oversubscribed = true;
-  crowded.ranks_per_core = 4;
+  JobShape crowded = sharing_cores(one_host(8), 4);
   Tuner t(crowded, AlgoChoice{});
   for (size_t bytes : {size_t{32} << 10, size_t{128} << 10}) {
     EXPECT_EQ(t.pick(Coll::kAllGather, bytes), Algo::kDirect) << bytes;
@@ -188,23 +187,17 @@ TEST(Tuner, OversubscribedAllReduceReadsPeersAtTwoRanksPerCore) {
   // 4 ranks on 2 cores: reading peers ran at 0.77-0.91 of the ring's time
   // from 1 MiB (one copy per byte where the ring makes two, on shared
   // cores); 8 ranks on 2 cores: 0.9-1.5x, so the ring stays.
-  JobShape four = one_host(4);
-  four.oversubscribed = true;
-  four.ranks_per_core = 2;
+  JobShape four = sharing_cores(one_host(4), 2);
   Tuner t4(four, AlgoChoice{});
   EXPECT_EQ(t4.pick(Coll::kAllReduce, 512 << 10), Algo::kRing);
   for (size_t bytes : {size_t{2} << 20, size_t{16} << 20})
     EXPECT_EQ(t4.pick(Coll::kAllReduce, bytes), Algo::kPeerRead) << bytes;
-  JobShape eight = one_host(8);
-  eight.oversubscribed = true;
-  eight.ranks_per_core = 4;
+  JobShape eight = sharing_cores(one_host(8), 4);
   Tuner t8(eight, AlgoChoice{});
   for (size_t bytes : {size_t{2} << 20, size_t{16} << 20})
     EXPECT_EQ(t8.pick(Coll::kAllReduce, bytes), Algo::kRing) << bytes;
   // Below 2 ranks per core the share stays at 2's, never cheaper.
-  JobShape three = one_host(3);
-  three.oversubscribed = true;
-  three.ranks_per_core = 1.5;
+  JobShape three = sharing_cores(one_host(3), 1.5);
   EXPECT_EQ(Tuner(three, AlgoChoice{}).pick(Coll::kAllReduce, 256 << 10), Algo::kRing);
 }
 
