@@ -519,6 +519,9 @@ Task reduce_reading_peers(const Channel& ch, const CollArgs& a, const std::vecto
       std::memcpy(mine, own, bytes);  // out is about to take rank 0's data
       own = mine;
     }
+    // Rank 0's data is the first operand in place: the first reduction
+    // reads it where it is and writes out once, with no copy before it.
+    const char* acc = nullptr;
     for (int p = 0; p < n; ++p) {
       const char* src = own;
       if (p != r) {
@@ -527,11 +530,13 @@ Task reduce_reading_peers(const Channel& ch, const CollArgs& a, const std::vecto
         src = dst;
       }
       if (p == 0) {
-        copy_if_distinct(out + off, src, bytes);
+        acc = src;
       } else {
-        kernels::reduce(a.dtype, a.op, out + off, out + off, src, len);
+        kernels::reduce(a.dtype, a.op, out + off, acc, src, len);
+        acc = out + off;
       }
     }
+    copy_if_distinct(out + off, acc, bytes);  // n == 1 only
   }
 }
 
