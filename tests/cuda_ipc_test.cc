@@ -578,6 +578,49 @@ TEST(CudaIpc, AGpuWithoutPeerAccessFallsBackToHostStaging) {
   });
 }
 
+// Ranks on two GPUs read each other's windows only over a path the topology
+// accepts (BRAID_TOPO_FILE: tests/data/dgx_2s_8gpu_4nic.xml, where GPU 0 at
+// 0000:03:00.0 has 2 NVLinks to GPU 1, 1 to GPU 4 and none to GPU 5, across
+// the sockets), or BRAID_CUDA_P2P_LEVEL bounds; the others go through host
+// staging, exact all the same.
+TEST(CudaIpc, TwoGpusPairUpByTheirTopologyPath) {
+  struct Case {
+    const char* peer_gpu;
+    const char* level;  // "": unset
+    bool through_ipc;
+  };
+  const Case cases[] = {{"0000:83:00.0", "", true},      {"0000:84:00.0", "", false},
+                        {"0000:84:00.0", "SYS", true},   {"0000:83:00.0", "NVL", true},
+                        {"0000:84:00.0", "NODE", false}, {"0000:04:00.0", "LOC", false}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string("peer GPU ") + c.peer_gpu + ", BRAID_CUDA_P2P_LEVEL=" + c.level);
+    Env env =
+        ipc_env({{"BRAID_TOPO_FILE", std::string(BRAID_SOURCE_DIR) + "/tests/data/dgx_2s_8gpu_4nic.xml"}});
+    if (*c.level != '\0') env.push_back({"BRAID_CUDA_P2P_LEVEL", c.level});
+    run_ranks(2, env, [&](braid_comm_t comm, int rank, int n) {
+      const FakeCuda& cu = fake_cuda();
+      const char* mine = rank == 0 ? "0000:03:00.0" : c.peer_gpu;
+      cu.set_pci_bus_id(mine);
+      cu.set_peer_bus_ids(rank == 0 ? c.peer_gpu : "0000:03:00.0");
+      void* s = cu.stream_create();
+      Buffer<int32_t> x(true, 5000, rank + 1);
+      BRAID_ASSERT_OK(braid_all_reduce(x.data(), x.data(), x.size(), BRAID_INT32, BRAID_SUM, comm, s));
+      cu.stream_synchronize(s);
+      EXPECT_EQ(x[4999], n * (n + 1) / 2);
+      uint64_t ipc_bytes = 0;
+      BRAID_ASSERT_OK(braid_comm_transport_bytes(comm, "cuda_ipc", &ipc_bytes));
+      if (c.through_ipc) {
+        EXPECT_GT(ipc_bytes, 0u);
+        EXPECT_EQ(cu.live_imports(), 1);
+      } else {
+        EXPECT_EQ(ipc_bytes, 0u);
+        expect_windows_given_back();
+      }
+      cu.stream_destroy(s);
+    });
+  }
+}
+
 // The legacy default stream, whose handle is NULL to the runtime, goes in
 // as CU_STREAM_LEGACY (what the torch backend passes for torch's default
 // stream). The kernels were loaded before the first one ran.

@@ -32,6 +32,7 @@ struct FakeCuda {
   int (*violations)();
   void (*fail_ipc_open)(int on);
   void (*set_pci_bus_id)(const char* bus_id);
+  void (*set_peer_bus_ids)(const char* csv);
 };
 
 inline const FakeCuda& fake_cuda() {
@@ -59,6 +60,7 @@ inline const FakeCuda& fake_cuda() {
     c.violations = reinterpret_cast<int (*)()>(dlsym(lib, "fake_cuda_violations"));
     c.fail_ipc_open = reinterpret_cast<void (*)(int)>(dlsym(lib, "fake_cuda_fail_ipc_open"));
     c.set_pci_bus_id = reinterpret_cast<void (*)(const char*)>(dlsym(lib, "fake_cuda_set_pci_bus_id"));
+    c.set_peer_bus_ids = reinterpret_cast<void (*)(const char*)>(dlsym(lib, "fake_cuda_set_peer_bus_ids"));
     return c;
   }();
   return f;

@@ -33,6 +33,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace {
 uintptr_t g_lo = 0, g_hi = 0;
@@ -136,7 +137,8 @@ FakeStream* find_stream(void* s) {
   return g_streams.count(s) != 0 ? static_cast<FakeStream*>(s) : nullptr;
 }
 
-std::string g_bus_id = "0000:03:00.0";  // the PCI bus id of "device 3"
+std::string g_bus_id = "0000:03:00.0";    // the PCI bus id of "device 3"
+std::vector<std::string> g_peer_bus_ids;  // devices 4, 5, ...
 
 // cuMemAlloc's memory: [header page][data], a memfd mapped shared.
 constexpr size_t kHeaderPage = 4096;
@@ -408,12 +410,21 @@ FAKE_API int cuDeviceGetPCIBusId(char* bus_id, int len, int device) {
   return kSuccess;
 }
 
-// Only this process's one device is visible.
+// This process's device is 3; the other GPUs it sees (fake_cuda_set_peer_bus_ids)
+// are 4, 5, ... in the order given.
 FAKE_API int cuDeviceGetByPCIBusId(int* device, const char* bus_id) {
   std::lock_guard<std::mutex> lock(g_streams_mu);
-  if (g_bus_id != bus_id) return 101;  // CUDA_ERROR_INVALID_DEVICE
-  *device = 3;
-  return kSuccess;
+  if (g_bus_id == bus_id) {
+    *device = 3;
+    return kSuccess;
+  }
+  for (size_t i = 0; i < g_peer_bus_ids.size(); ++i) {
+    if (g_peer_bus_ids[i] == bus_id) {
+      *device = 4 + static_cast<int>(i);
+      return kSuccess;
+    }
+  }
+  return 101;  // CUDA_ERROR_INVALID_DEVICE
 }
 
 FAKE_API int cuDeviceCanAccessPeer(int* can, int, int) {
@@ -426,6 +437,20 @@ FAKE_API int cuDeviceCanAccessPeer(int* can, int, int) {
 FAKE_API void fake_cuda_set_pci_bus_id(const char* bus_id) {
   std::lock_guard<std::mutex> lock(g_streams_mu);
   g_bus_id = bus_id;
+}
+
+// Other GPUs this process sees, as CUDA names them (comma-separated bus
+// ids): ranks on them may map each other's memory (peer access is granted).
+FAKE_API void fake_cuda_set_peer_bus_ids(const char* csv) {
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  g_peer_bus_ids.clear();
+  std::string list(csv);
+  for (size_t at = 0; at <= list.size();) {
+    size_t comma = list.find(',', at);
+    if (comma == std::string::npos) comma = list.size();
+    if (comma > at) g_peer_bus_ids.push_back(list.substr(at, comma - at));
+    at = comma + 1;
+  }
 }
 
 // For tests: device memory this process allocated and still holds, the

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <ostream>
 #include <string>
 
@@ -164,6 +165,74 @@ TEST(Discover, DgxPciPaths) {
   std::string tree = describe_tree(t);
   EXPECT_NE(tree.find("NIC mlx5_3"), std::string::npos) << tree;
   EXPECT_NE(tree.find("GPU 7"), std::string::npos) << tree;
+}
+
+// Which pairs of the DGX's GPUs may read each other's memory (CUDA IPC):
+// by default everything but the pairs with no NVLink across the sockets;
+// BRAID_CUDA_P2P_LEVEL bounds the path; bus ids match in CUDA's spelling.
+TEST(P2p, PairsFollowTheirPathAndTheLevel) {
+  const HostTopology t = load_dgx();
+  auto allowed = [&](const char* a, const char* b, const P2pLevel* level, std::string* path) {
+    std::string why;
+    const bool ok = p2p_allowed(t, level, a, b, path, &why);
+    EXPECT_EQ(ok, why.empty()) << why;
+    return ok;
+  };
+  std::string path;
+  EXPECT_TRUE(allowed("0000:03:00.0", "0000:04:00.0", nullptr, &path));
+  EXPECT_EQ(path, "NV2");
+  EXPECT_TRUE(allowed("0000:03:00.0", "0000:83:00.0", nullptr, &path));
+  EXPECT_EQ(path, "NV1");
+  EXPECT_FALSE(allowed("0000:03:00.0", "0000:84:00.0", nullptr, &path));
+  EXPECT_EQ(path, "SYS");
+  std::string why;
+  ASSERT_FALSE(p2p_allowed(t, nullptr, "0000:03:00.0", "0000:84:00.0", &path, &why));
+  EXPECT_NE(why.find("0000:84:00.0"), std::string::npos) << why;
+  EXPECT_NE(why.find("BRAID_CUDA_P2P_LEVEL=SYS"), std::string::npos) << why;
+  // CUDA's spelling: upper case, a domain of 8 digits.
+  EXPECT_EQ(gpu_by_bus_id(t, "00000000:94:00.0"), 7);
+  EXPECT_EQ(gpu_by_bus_id(t, "0000:93:00.0"), 6);
+  EXPECT_EQ(gpu_by_bus_id(t, "0000:05:00.0"), -1);  // a NIC
+  EXPECT_EQ(gpu_by_bus_id(t, "not a bus id"), -1);
+  // A GPU the topology does not hold: the driver decides by default.
+  EXPECT_TRUE(allowed("0000:03:00.0", "0000:aa:00.0", nullptr, &path));
+  EXPECT_EQ(path, "unknown");
+
+  const P2pLevel sys = P2pLevel::kSys, nvl = P2pLevel::kNvl, node = P2pLevel::kNode, loc = P2pLevel::kLoc;
+  EXPECT_TRUE(allowed("0000:03:00.0", "0000:84:00.0", &sys, &path));
+  EXPECT_FALSE(allowed("0000:03:00.0", "0000:84:00.0", &node, &path));
+  EXPECT_TRUE(allowed("0000:03:00.0", "0000:83:00.0", &nvl, &path));
+  EXPECT_FALSE(allowed("0000:03:00.0", "0000:04:00.0", &loc, &path));
+  // With a level, a GPU the topology does not hold is as far as SYS.
+  EXPECT_FALSE(allowed("0000:03:00.0", "0000:aa:00.0", &node, &path));
+  EXPECT_TRUE(allowed("0000:03:00.0", "0000:aa:00.0", &sys, &path));
+  ASSERT_FALSE(p2p_allowed(t, &node, "0000:03:00.0", "0000:84:00.0", &path, &why));
+  EXPECT_NE(why.find("farther apart than BRAID_CUDA_P2P_LEVEL=NODE"), std::string::npos) << why;
+
+  // Without hwloc's NVLink matrix a missing NVLink is unseen, not known:
+  // the SYS pair is left to the driver, unless a level says otherwise.
+  HostTopology no_nvml = t;
+  no_nvml.nvlink_mbyte_s.clear();
+  std::string w;
+  EXPECT_TRUE(p2p_allowed(no_nvml, nullptr, "0000:03:00.0", "0000:84:00.0", &path, &w)) << w;
+  EXPECT_EQ(path, "SYS");
+  EXPECT_FALSE(p2p_allowed(no_nvml, &nvl, "0000:03:00.0", "0000:04:00.0", &path, &w));
+  EXPECT_EQ(path, "PIX");
+}
+
+TEST(P2p, LevelNames) {
+  P2pLevel level = P2pLevel::kSys;
+  for (const char* name : {"LOC", "NVL", "PIX", "PXB", "PHB", "NODE", "SYS"}) {
+    ASSERT_TRUE(parse_p2p_level(name, &level).is_ok()) << name;
+    EXPECT_STREQ(p2p_level_name(level), name);
+  }
+  ASSERT_TRUE(parse_p2p_level("nvl", &level).is_ok());
+  EXPECT_EQ(level, P2pLevel::kNvl);
+  Status st = parse_p2p_level("NV2", &level);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("'NV2' is not a path level (valid: LOC, NVL, PIX, PXB, PHB, NODE, SYS)"),
+            std::string::npos)
+      << st.message();
 }
 
 TEST(Discover, NumaOverride) {
@@ -372,6 +441,29 @@ TEST(Tool, TextAndBadFlags) {
   EXPECT_EQ(run("'" BRAID_TOPO_BINARY "' --frobnicate 2> /dev/null"), 2);
   EXPECT_EQ(run("'" BRAID_TOPO_BINARY "' --hosts 0 2> /dev/null"), 2);
   EXPECT_EQ(run("BRAID_TOPO_FILE=/nonexistent '" BRAID_TOPO_BINARY "' 2> /dev/null"), 1);
+  EXPECT_EQ(run("BRAID_CUDA_P2P_LEVEL=NV2 '" BRAID_TOPO_BINARY "' 2> /dev/null"), 1);
+}
+
+// The GPU pairs whose ranks would read each other's memory: GPU 0's row of
+// the DGX (NVLink to GPUs 1-4, none to 5-7 across the sockets), by default
+// and under BRAID_CUDA_P2P_LEVEL=LOC.
+TEST(Tool, GpuIpcMatrix) {
+  const std::string out = temp_path("ipc.txt");
+  for (const char* level : {"", "LOC"}) {
+    std::string cmd = "BRAID_TOPO_FILE='" + kDgxXml + "' BRAID_CUDA_P2P_LEVEL='" + level + "' '" +
+                      BRAID_TOPO_BINARY "' | grep -A2 'Device collectives between GPUs' > " + out;
+    ASSERT_EQ(run(cmd), 0) << cmd;
+    std::ifstream in(out);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (*level == '\0') {
+      EXPECT_NE(text.find("BRAID_CUDA_P2P_LEVEL=unset"), std::string::npos) << text;
+      EXPECT_NE(text.find("GPU0  X     ipc   ipc   ipc   ipc   host  host  host"), std::string::npos) << text;
+    } else {
+      EXPECT_NE(text.find("BRAID_CUDA_P2P_LEVEL=LOC"), std::string::npos) << text;
+      EXPECT_NE(text.find("GPU0  X     host  host  host  host  host  host  host"), std::string::npos) << text;
+    }
+  }
+  std::remove(out.c_str());
 }
 #endif
 

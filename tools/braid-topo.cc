@@ -51,6 +51,10 @@ struct Report {
   // BRAID_ALGO and thresholds.
   std::vector<int> order;
   braid::Tuner tuner;
+  // BRAID_CUDA_P2P_LEVEL, when set: which GPU pairs device collectives read
+  // each other's memory across (CUDA IPC).
+  bool p2p_level_set = false;
+  topo::P2pLevel p2p_level = topo::P2pLevel::kSys;
 };
 
 void usage(FILE* f) {
@@ -219,6 +223,46 @@ void print_device_matrix_section(const Report& r) {
   }
 }
 
+// [i][j]: whether ranks on GPUs i and j would read each other's memory
+// (CUDA IPC) by the topology and BRAID_CUDA_P2P_LEVEL; the driver's peer
+// access has the last word at run time.
+std::vector<std::vector<bool>> gpu_ipc_matrix(const Report& r) {
+  const auto& gpus = r.topology.gpus;
+  std::vector<std::vector<bool>> m(gpus.size(), std::vector<bool>(gpus.size(), true));
+  for (size_t i = 0; i < gpus.size(); ++i) {
+    for (size_t j = 0; j < gpus.size(); ++j) {
+      std::string path, why;
+      if (i != j)
+        m[i][j] = topo::p2p_allowed(r.topology, r.p2p_level_set ? &r.p2p_level : nullptr,
+                                    gpus[i].location.pci_bus_id, gpus[j].location.pci_bus_id, &path, &why);
+    }
+  }
+  return m;
+}
+
+std::string p2p_level_text(const Report& r) {
+  return r.p2p_level_set ? topo::p2p_level_name(r.p2p_level) : "unset";
+}
+
+void print_gpu_ipc_section(const Report& r) {
+  const auto& gpus = r.topology.gpus;
+  if (gpus.size() < 2) return;
+  std::vector<std::vector<std::string>> rows(1 + gpus.size());
+  rows[0].push_back("");
+  for (const auto& g : gpus) rows[0].push_back("GPU" + std::to_string(g.cuda_index));
+  const auto m = gpu_ipc_matrix(r);
+  for (size_t i = 0; i < gpus.size(); ++i) {
+    rows[1 + i].push_back(rows[0][1 + i]);
+    for (size_t j = 0; j < gpus.size(); ++j) rows[1 + i].push_back(i == j ? "X" : m[i][j] ? "ipc" : "host");
+  }
+  std::printf("\nDevice collectives between GPUs (BRAID_CUDA_P2P_LEVEL=%s):\n", p2p_level_text(r).c_str());
+  print_columns(rows);
+  std::printf(
+      "  ipc  = ranks read each other's memory (CUDA IPC) where the driver grants peer access\n"
+      "  host = through pinned host memory; a communicator takes CUDA IPC only if every pair of its GPUs "
+      "allows it\n");
+}
+
 void print_nic_section(const Report& r) {
   const auto& nics = r.topology.nics;
   if (nics.empty()) return;
@@ -341,6 +385,7 @@ void print_tuner_section(const Report& r) {
 void print_text(const Report& r) {
   print_tree_section(r);
   print_device_matrix_section(r);
+  print_gpu_ipc_section(r);
   print_nic_section(r);
   print_rank_section(r);
   print_transport_section(r);
@@ -377,6 +422,15 @@ std::string rank_json(const Report& r) {
 void print_json(const Report& r) {
   std::string s = "{\"topology\":" + topo::to_json(r.topology);
   if (!r.ranks.empty()) s += ",\"ranks\":" + rank_json(r);
+  s += ",\"cuda_p2p_level\":" + topo::json_quote(p2p_level_text(r)) + ",\"gpu_ipc\":[";
+  const auto m = gpu_ipc_matrix(r);
+  for (size_t i = 0; i < m.size(); ++i) {
+    s += i == 0 ? "[" : ",[";
+    for (size_t j = 0; j < m[i].size(); ++j)
+      s += std::string(j == 0 ? "" : ",") + (m[i][j] ? "true" : "false");
+    s += "]";
+  }
+  s += "]";
   std::printf("%s}\n", s.c_str());
 }
 
@@ -390,6 +444,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "braid-topo: %s\n", st.message().c_str());
     return 1;
   }
+  braid::Config config;
+  if (st = braid::Config::from_env(&config); !st.is_ok()) {
+    std::fprintf(stderr, "braid-topo: %s\n", st.message().c_str());
+    return 1;
+  }
+  r.p2p_level_set = !config.cuda_p2p_level.empty();
+  if (r.p2p_level_set) topo::parse_p2p_level(config.cuda_p2p_level, &r.p2p_level);
   simulate(&r);
   if (r.options.json)
     print_json(r);

@@ -103,7 +103,7 @@ Task ipc_connect(const Channel& ch, IpcSetup setup, std::unique_ptr<IpcWindow>* 
       all[p].why[sizeof(all[p].why) - 1] = '\0';
       verdict.set_failure(all[p].why);
     } else {
-      if (Status st = w->map_peer(p, all[p]); !st)
+      if (Status st = w->map_peer(p, all[p], setup.gpu_path_allowed); !st)
         verdict.set_failure("rank " + std::to_string(r) + " could not map rank " + std::to_string(p) +
                             "'s device window: " + st.message());
     }

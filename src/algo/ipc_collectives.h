@@ -26,6 +26,8 @@ struct IpcSetup {
   size_t region_bytes = 0;
   std::function<void()> wake;              // wakes the engine (CUDA's callback thread calls it)
   std::atomic<uint64_t>* moved = nullptr;  // bytes read from peers' windows
+  IpcWindow::GpuPathCheck
+      gpu_path_allowed;  // whether to read another GPU's window (unset: the driver decides)
 };
 
 // Collective over `ch` (every rank of a communicator on one host): every

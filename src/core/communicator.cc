@@ -8,6 +8,7 @@
 #include <iterator>
 #include <mutex>
 #include <numeric>
+#include <optional>
 
 #include "src/algo/ipc_collectives.h"
 #include "src/core/device_memory.h"
@@ -958,6 +959,19 @@ Status Communicator::connect_ipc(const CudaDriver& cu, void* ctx) {
   std::string why;
   IpcSetup setup{&cu, ctx, config_.cuda_chunk_bytes, [e = engine_.get()] { e->wake_if_sleeping(); },
                  &ipc_bytes_};
+  // Two GPUs' ranks read each other's memory only over a path the topology
+  // (or BRAID_CUDA_P2P_LEVEL) accepts; the level was checked at init.
+  std::optional<topo::P2pLevel> level;
+  if (!config_.cuda_p2p_level.empty()) {
+    level.emplace();
+    BRAID_RETURN_IF_ERROR(topo::parse_p2p_level(config_.cuda_p2p_level, &*level));
+  }
+  setup.gpu_path_allowed = [topology = topology_, level](const std::string& mine, const std::string& theirs) {
+    std::string path, why;
+    if (topo::p2p_allowed(*topology, level ? &*level : nullptr, mine, theirs, &path, &why))
+      return Status::ok();
+    return Status::unsupported(why);
+  };
   op->task = ipc_connect(coll_channel_, setup, &ipc_, &why);
   engine_->post(op);
   BRAID_RETURN_IF_ERROR(engine_->wait(*op).with_context("setting up CUDA IPC between the ranks"));

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <fstream>
 
+#include "src/topo/topology.h"
+
 namespace braid {
 namespace {
 
@@ -158,6 +160,12 @@ Status Config::from_env(Config* out) {
   c.cuda_ipc = ipc != 0;
   BRAID_RETURN_IF_ERROR(
       env_size("BRAID_CUDA_CHUNK_BYTES", 64u << 10, size_t{16} << 30, &c.cuda_chunk_bytes, &present));
+  if (const char* v = env("BRAID_CUDA_P2P_LEVEL")) {
+    topo::P2pLevel level;
+    if (!topo::parse_p2p_level(v, &level))
+      return bad("BRAID_CUDA_P2P_LEVEL", v, "LOC, NVL, PIX, PXB, PHB, NODE or SYS");
+    c.cuda_p2p_level = v;
+  }
   // Whole 256-byte lines: slices of a chunk stay aligned for the kernels.
   c.cuda_chunk_bytes = c.cuda_chunk_bytes / 256 * 256;
   *out = c;

@@ -41,6 +41,7 @@ struct Config {
   bool check_calls = false;                  // BRAID_CHECK_CALLS=1: compare every call
   bool cuda_ipc = true;                      // BRAID_CUDA_IPC=0: device data through host staging
   size_t cuda_chunk_bytes = 32u << 20;       // BRAID_CUDA_CHUNK_BYTES: each half of the IPC window
+  std::string cuda_p2p_level;                // BRAID_CUDA_P2P_LEVEL (topo::P2pLevel's names); empty: unset
 
   static Status from_env(Config* out);
 };

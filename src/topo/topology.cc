@@ -3,6 +3,7 @@
 #include <hwloc.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <climits>
 #include <cmath>
@@ -590,6 +591,118 @@ const char* device_matrix_legend() {
          "  PXB  = through several PCIe switches, no host bridge\n"
          "  PIX  = through at most one PCIe switch\n"
          "  NV#  = # NVLinks (hwloc's NVLinkBandwidth at 25 GB/s per link)\n";
+}
+
+// ---- CUDA peer access ----
+
+namespace {
+
+constexpr P2pLevel kP2pLevels[] = {P2pLevel::kLoc, P2pLevel::kNvl,  P2pLevel::kPix, P2pLevel::kPxb,
+                                   P2pLevel::kPhb, P2pLevel::kNode, P2pLevel::kSys};
+
+P2pLevel level_of(PciPath path) {
+  switch (path) {
+    case PciPath::kPix:
+      return P2pLevel::kPix;
+    case PciPath::kPxb:
+      return P2pLevel::kPxb;
+    case PciPath::kPhb:
+      return P2pLevel::kPhb;
+    case PciPath::kNode:
+      return P2pLevel::kNode;
+    case PciPath::kSys:
+      break;
+  }
+  return P2pLevel::kSys;
+}
+
+// Domain, bus, device and function of a bus id, whatever its case or domain
+// width; false if it is not one.
+bool parse_bus_id(const std::string& text, uint64_t* key) {
+  unsigned domain = 0, bus = 0, dev = 0, fn = 0;
+  char end = 0;
+  if (std::sscanf(text.c_str(), "%x:%x:%x.%x%c", &domain, &bus, &dev, &fn, &end) != 4) return false;
+  *key = (uint64_t{domain} << 32) | (uint64_t{bus} << 16) | (uint64_t{dev} << 8) | fn;
+  return true;
+}
+
+}  // namespace
+
+const char* p2p_level_name(P2pLevel level) {
+  switch (level) {
+    case P2pLevel::kLoc:
+      return "LOC";
+    case P2pLevel::kNvl:
+      return "NVL";
+    case P2pLevel::kPix:
+      return "PIX";
+    case P2pLevel::kPxb:
+      return "PXB";
+    case P2pLevel::kPhb:
+      return "PHB";
+    case P2pLevel::kNode:
+      return "NODE";
+    case P2pLevel::kSys:
+      return "SYS";
+  }
+  return "?";
+}
+
+Status parse_p2p_level(const std::string& text, P2pLevel* out) {
+  std::string upper;
+  for (char c : text) upper += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  for (P2pLevel level : kP2pLevels) {
+    if (upper == p2p_level_name(level)) {
+      *out = level;
+      return Status::ok();
+    }
+  }
+  return Status::invalid_argument("'" + text +
+                                  "' is not a path level (valid: LOC, NVL, PIX, PXB, PHB, NODE, SYS)");
+}
+
+int gpu_by_bus_id(const HostTopology& topology, const std::string& bus_id) {
+  uint64_t want = 0, have = 0;
+  if (!parse_bus_id(bus_id, &want)) return -1;
+  for (size_t i = 0; i < topology.gpus.size(); ++i)
+    if (parse_bus_id(topology.gpus[i].location.pci_bus_id, &have) && have == want) return static_cast<int>(i);
+  return -1;
+}
+
+bool p2p_allowed(const HostTopology& topology, const P2pLevel* level, const std::string& bus_a,
+                 const std::string& bus_b, std::string* path, std::string* why) {
+  const int a = gpu_by_bus_id(topology, bus_a), b = gpu_by_bus_id(topology, bus_b);
+  const bool nvlink_known = !topology.nvlink_mbyte_s.empty();
+  P2pLevel reach = P2pLevel::kSys;
+  *path = "unknown";
+  if (a >= 0 && b >= 0) {
+    const uint64_t nv = nvlink_known ? topology.nvlink_mbyte_s[a][b] : 0;
+    if (nv > 0) {
+      reach = P2pLevel::kNvl;
+      *path = "NV" + std::to_string(nvlink_count(nv));
+    } else {
+      const PciPath pci = pci_path_between(topology.gpus[a].location, topology.gpus[b].location);
+      reach = level_of(pci);
+      *path = pci_path_name(pci);
+    }
+  }
+  const std::string pair = "GPUs " + bus_a + " and " + bus_b + " (path " + *path + ")";
+  if (level != nullptr) {
+    if (reach <= *level) return true;
+    *why =
+        *level == P2pLevel::kLoc
+            ? pair +
+                  ": BRAID_CUDA_P2P_LEVEL=LOC keeps ranks on different GPUs from reading each other's memory"
+            : pair + " are farther apart than BRAID_CUDA_P2P_LEVEL=" + p2p_level_name(*level);
+    return false;
+  }
+  if (a >= 0 && b >= 0 && nvlink_known && reach == P2pLevel::kSys) {
+    *why = pair +
+           " have no NVLink and cross the link between sockets, where reading peer memory is "
+           "slower than staging through host memory (BRAID_CUDA_P2P_LEVEL=SYS allows it)";
+    return false;
+  }
+  return true;
 }
 
 // ---- text ----

@@ -171,6 +171,34 @@ std::vector<std::vector<std::string>> gpu_nic_matrix(const HostTopology& topolog
 // Legend of the codes in the two matrices.
 const char* device_matrix_legend();
 
+// ---- CUDA peer access between two GPUs of one host ----
+
+// The farthest path between two GPUs over which ranks read each other's
+// memory directly (CUDA IPC), nearest first: BRAID_CUDA_P2P_LEVEL, with
+// NCCL_P2P_LEVEL's names. LOC: never between two GPUs (ranks sharing one
+// GPU still map each other's memory: that is the GPU's own memory).
+enum class P2pLevel { kLoc, kNvl, kPix, kPxb, kPhb, kNode, kSys };
+const char* p2p_level_name(P2pLevel level);
+// "LOC", "NVL", "PIX", "PXB", "PHB", "NODE" or "SYS" (any case); an error
+// naming the valid values otherwise.
+Status parse_p2p_level(const std::string& text, P2pLevel* out);
+
+// The index in topology.gpus of the GPU at this PCI bus id ("0000:3b:00.0",
+// or CUDA's "0000:3B:00.0" / "00000000:3B:00.0"), or -1.
+int gpu_by_bus_id(const HostTopology& topology, const std::string& bus_id);
+
+// Whether ranks on the GPUs at these two bus ids may read each other's
+// memory, by the path between them. `level` unset (BRAID_CUDA_P2P_LEVEL
+// not given): refused only where the topology shows the pair is joined by
+// neither NVLink nor a path inside one socket (SYS, with hwloc's NVLink
+// matrix present, so a missing NVLink is known, not unseen); everything
+// else is left to the driver (cuDeviceCanAccessPeer). With a level, a
+// pair farther than it is refused; a GPU the topology does not hold counts
+// as SYS. *path is the pair's code ("NV2", "PIX", ..., "unknown"); *why
+// says why a pair was refused.
+bool p2p_allowed(const HostTopology& topology, const P2pLevel* level, const std::string& bus_a,
+                 const std::string& bus_b, std::string* path, std::string* why);
+
 // Indented text: packages > NUMA nodes (memory, cores, L3) > GPUs and NICs,
 // then devices not local to one package, then the process location.
 std::string describe_tree(const HostTopology& topology);

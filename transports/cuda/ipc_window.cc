@@ -84,7 +84,7 @@ IpcWindowRecord IpcWindow::record() {
   return r;
 }
 
-Status IpcWindow::map_peer(int member, const IpcWindowRecord& theirs) {
+Status IpcWindow::map_peer(int member, const IpcWindowRecord& theirs, const GpuPathCheck& path_allowed) {
   if (theirs.region_bytes != region_bytes_)
     return Status(BRAID_ERR_MISMATCH, "its window has regions of " + bytes_text(theirs.region_bytes) +
                                           ", this rank's " + bytes_text(region_bytes_) +
@@ -93,8 +93,10 @@ Status IpcWindow::map_peer(int member, const IpcWindowRecord& theirs) {
   BRAID_RETURN_IF_ERROR(context.status());
   const std::string theirs_bus(theirs.bus_id, strnlen(theirs.bus_id, sizeof(theirs.bus_id)));
   if (theirs_bus != bus_id_) {
-    // Another GPU: the kernels read its memory directly, which needs peer
-    // access (a mapping without it would fault on the first load).
+    // Another GPU: the kernels read its memory directly, over a path the
+    // policy accepts, and with peer access (a mapping without it would
+    // fault on the first load).
+    if (path_allowed) BRAID_RETURN_IF_ERROR(path_allowed(bus_id_, theirs_bus));
     CUdevice peer = -1;
     if (CUresult r = cu_.device_get_by_pci_bus_id(&peer, theirs_bus.c_str()); r != 0)
       return cu_.error(("cuDeviceGetByPCIBusId of rank " + std::to_string(member) + "'s GPU " + theirs_bus +

@@ -65,9 +65,13 @@ class IpcWindow {
 
   // What this rank sends the others; from then on a peer may map the window.
   IpcWindowRecord record();
+  // Decides whether this rank may read another GPU's memory, by the path
+  // between the two (bus ids: this rank's GPU, then the peer's).
+  using GpuPathCheck = std::function<Status(const std::string& mine, const std::string& theirs)>;
   // Maps `member`'s window from the record it sent, once its GPU is this
-  // one or one this GPU has peer access to (kernels read the mapping).
-  Status map_peer(int member, const IpcWindowRecord& theirs);
+  // one, or one that `path_allowed` (when set) accepts and this GPU has
+  // peer access to (kernels read the mapping).
+  Status map_peer(int member, const IpcWindowRecord& theirs, const GpuPathCheck& path_allowed);
   void unmap_peers();
   // Every peer has unmapped this rank's window (a sync after their unmap_peers).
   void peers_unmapped() { peers_unmapped_ = true; }
