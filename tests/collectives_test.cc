@@ -154,12 +154,20 @@ TEST_P(Transports, PeerReadCollectivesInAndOutOfPlace) {
     BRAID_ASSERT_OK(braid_reduce_scatter(in.data(), in.data() + rank * count, count, BRAID_INT32, BRAID_SUM,
                                          comm, nullptr));
     expect_block(in.data() + rank * count);
-    // broadcast from a middle root, out of place and in place.
-    std::vector<double> b(count, rank == 1 ? 2.5 : 0.0), c(count, 0.0);
-    BRAID_ASSERT_OK(braid_broadcast(b.data(), c.data(), count, BRAID_FLOAT64, 1, comm, nullptr));
-    for (double v : c) ASSERT_EQ(v, 2.5);
-    BRAID_ASSERT_OK(braid_broadcast(b.data(), b.data(), count, BRAID_FLOAT64, 1, comm, nullptr));
-    for (double v : b) ASSERT_EQ(v, 2.5);
+    // broadcast from a middle root, out of place and in place (where the
+    // root writes the head of every receiver's buffer and they read the
+    // rest): every element in its place, at sizes that split unevenly.
+    for (size_t n : {size_t{5}, size_t{4099}, count}) {
+      SCOPED_TRACE("broadcast of " + std::to_string(n));
+      auto elem = [](size_t i) { return 0.5 + static_cast<double>(i % 4093); };
+      std::vector<double> b(n, -1.0), c(n, -1.0);
+      if (rank == 1)
+        for (size_t i = 0; i < n; ++i) b[i] = elem(i);
+      BRAID_ASSERT_OK(braid_broadcast(b.data(), c.data(), n, BRAID_FLOAT64, 1, comm, nullptr));
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(c[i], elem(i)) << i;
+      BRAID_ASSERT_OK(braid_broadcast(b.data(), b.data(), n, BRAID_FLOAT64, 1, comm, nullptr));
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(b[i], elem(i)) << "in place " << i;
+    }
   });
 }
 

@@ -102,6 +102,11 @@ class Connection {
   virtual Status read_peer(void* /*dst*/, uint64_t /*remote*/, size_t /*bytes*/) {
     return Status::unsupported("this transport cannot read a peer's memory");
   }
+  // The other way, under the same condition: `bytes` from `src` to the peer
+  // process's address `remote`.
+  virtual Status write_peer(uint64_t /*remote*/, const void* /*src*/, size_t /*bytes*/) {
+    return Status::unsupported("this transport cannot write a peer's memory");
+  }
 
   // Tells the peer this side failed and why (after what was already sent),
   // then stops sending. The peer reports the same code.

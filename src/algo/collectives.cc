@@ -491,14 +491,26 @@ Task exchange_buffers(const Channel& ch, const CollArgs& a, std::vector<PeerBuff
                       sizeof(PeerBuffers));
 }
 
-Task read_from(const Channel& ch, int peer, void* dst, uint64_t remote, size_t bytes) {
+// Moves `bytes` between this rank's `local` and `peer`'s address `remote`
+// without the peer's help (shm: cross-memory attach): a read into `local`,
+// or with `write` a write from it.
+Task peer_copy(const Channel& ch, int peer, bool write, void* local, uint64_t remote, size_t bytes) {
   if (bytes == 0) co_return;
-  Status st = ch.to(peer)->read_peer(dst, remote, bytes);
-  if (st) ch.to(peer)->count_moved(bytes);
+  Connection* c = ch.to(peer);
+  Status st = write ? c->write_peer(remote, local, bytes) : c->read_peer(local, remote, bytes);
+  if (st) c->count_moved(bytes);
   if (!st) {
     FailOp fail{st};  // named: see checked_call
     co_await fail;
   }
+}
+
+Task read_from(const Channel& ch, int peer, void* dst, uint64_t remote, size_t bytes) {
+  return peer_copy(ch, peer, false, dst, remote, bytes);
+}
+
+Task write_to(const Channel& ch, int peer, uint64_t remote, const void* src, size_t bytes) {
+  return peer_copy(ch, peer, true, const_cast<void*>(src), remote, bytes);
 }
 
 // out[0, count) = the reduction, in rank order, of every rank's `count`
@@ -591,13 +603,25 @@ Task peer_read_all_gather(const Channel& ch, CollArgs a) {
 }
 
 Task peer_read_broadcast(const Channel& ch, CollArgs a) {
+  const int n = ch.nranks;
   const size_t bytes = a.count * dtype_size(a.dtype);
   std::vector<PeerBuffers> addr;
   co_await exchange_buffers(ch, a, &addr);
+  // In place, the root writes the first n-th of every receiver's buffer
+  // while the receivers read the rest: otherwise its core would wait idle,
+  // and every rank moves (n-1)/n of the buffer. Out of place, its own copy
+  // is already as much as a receiver's read.
+  const bool root_in_place = addr[a.root].send == addr[a.root].recv;
+  const size_t share = root_in_place ? bytes / static_cast<size_t>(n) / 64 * 64 : 0;
   if (ch.rank == a.root) {
+    for (int s = 1; s < n; ++s) {
+      const int p = mod(a.root + s, n);
+      co_await write_to(ch, p, addr[p].recv, a.sendbuf, share);
+    }
     copy_if_distinct(a.recvbuf, a.sendbuf, bytes);
   } else {
-    co_await read_from(ch, a.root, a.recvbuf, addr[a.root].send, bytes);
+    co_await read_from(ch, a.root, static_cast<char*>(a.recvbuf) + share, addr[a.root].send + share,
+                       bytes - share);
   }
   co_await sync_all(ch);
 }

@@ -224,26 +224,35 @@ class ShmConnection : public Connection {
     return peer_reads_;
   }
   Status read_peer(void* dst, uint64_t remote, size_t bytes) override {
-    char* d = static_cast<char*>(dst);
+    return cross_copy(false, static_cast<char*>(dst), remote, bytes);
+  }
+  Status write_peer(uint64_t remote, const void* src, size_t bytes) override {
+    return cross_copy(true, const_cast<char*>(static_cast<const char*>(src)), remote, bytes);
+  }
+  void enable_peer_reads() {
+    peer_reads_ = true;
+  }
+  // process_vm_writev (`write`) or process_vm_readv between `local` and the
+  // peer's `remote`, until every byte moved.
+  Status cross_copy(bool write, char* local, uint64_t remote, size_t bytes) {
     while (bytes > 0) {
-      iovec local{d, bytes}, far{reinterpret_cast<void*>(remote), bytes};
-      ssize_t n = process_vm_readv(peer_pid_, &local, 1, &far, 1, 0);
+      iovec mine{local, bytes}, far{reinterpret_cast<void*>(remote), bytes};
+      ssize_t n = write ? process_vm_writev(peer_pid_, &mine, 1, &far, 1, 0)
+                        : process_vm_readv(peer_pid_, &mine, 1, &far, 1, 0);
       if (n <= 0) {
         if (n < 0 && errno == EINTR) continue;
         int err = n < 0 ? errno : EFAULT;
         return Status(err == ESRCH ? BRAID_ERR_REMOTE : BRAID_ERR_SYSTEM,
-                      "reading " + std::to_string(bytes) + " bytes from rank " + std::to_string(peer_) +
-                          " (pid " + std::to_string(peer_pid_) +
-                          ") with process_vm_readv: " + std::strerror(err));
+                      std::string(write ? "writing " : "reading ") + std::to_string(bytes) + " bytes " +
+                          (write ? "to" : "from") + " rank " + std::to_string(peer_) + " (pid " +
+                          std::to_string(peer_pid_) + ") with " +
+                          (write ? "process_vm_writev: " : "process_vm_readv: ") + std::strerror(err));
       }
-      d += n;
+      local += n;
       remote += static_cast<uint64_t>(n);
       bytes -= static_cast<size_t>(n);
     }
     return Status::ok();
-  }
-  void enable_peer_reads() {
-    peer_reads_ = true;
   }
   Status check_peer(bool thorough) override {
     BRAID_RETURN_IF_ERROR(peer_failure());
