@@ -207,6 +207,33 @@ TEST_P(FailureTransports, MismatchedCountsAreReported) {
                     braid_all_reduce(buf.data(), buf.data(), count, BRAID_FLOAT32, BRAID_SUM, comm, nullptr),
                     {"all_reduce #0 (count 10, float32, sum)", "all_reduce #0 (count 20, float32, sum)"});
   });
+  // Where ranks write into each other's buffers (peer reads on shm): the
+  // counts are compared before any byte moves, so the rank with the smaller
+  // count keeps everything past its buffer.
+  env.push_back({"BRAID_ALGO", "all_reduce:peer_read;broadcast:peer_read"});
+  run_ranks(2, env, [](braid_comm_t comm, int rank, int) {
+    const size_t small = 70000, large = 140000, count = rank == 0 ? small : large;
+    std::vector<float> buf(large, 2.0f);
+    expect_mismatch(
+        comm, braid_all_reduce(buf.data(), buf.data(), count, BRAID_FLOAT32, BRAID_SUM, comm, nullptr),
+        {"all_reduce #0 (count 70000, float32, sum)", "all_reduce #0 (count 140000, float32, sum)"});
+    if (rank == 0) {
+      for (size_t i = small; i < large; ++i) ASSERT_EQ(buf[i], 2.0f) << i;
+    }
+  });
+  // (Over tcp the broadcast is a chain, whose root may finish sending
+  // before the receiver sees the mismatch.)
+  if (std::string(GetParam()) != "shm") return;
+  run_ranks(2, env, [](braid_comm_t comm, int rank, int) {
+    const size_t small = 70000, large = 140000, count = rank == 0 ? small : large;
+    std::vector<float> buf(large, static_cast<float>(rank));
+    expect_mismatch(
+        comm, braid_broadcast(buf.data(), buf.data(), count, BRAID_FLOAT32, 1, comm, nullptr),
+        {"broadcast #0 (count 70000, float32, root 1)", "broadcast #0 (count 140000, float32, root 1)"});
+    if (rank == 0) {
+      for (size_t i = 0; i < large; ++i) ASSERT_EQ(buf[i], 0.0f) << i;
+    }
+  });
 }
 
 TEST_P(FailureTransports, MismatchedCallsFailWithoutCheckCalls) {

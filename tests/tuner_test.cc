@@ -183,6 +183,18 @@ TEST(Tuner, DirectGatherIsBoundedPerBlock) {
   EXPECT_NE(low.pick(Coll::kAllGather, 64 << 10), Algo::kDirect);
 }
 
+TEST(Tuner, AllReduceReadsPeersFromTheThresholdOnCoresOfTheirOwn) {
+  // 2 ranks on 2 cores: the reads, writing each finished piece into the
+  // peer's output, moved 1.2-1.4x the ring's bytes per microsecond from
+  // 256 KiB (BRAID_PEER_READ_MIN_BYTES) up.
+  for (int n : {2, 8}) {
+    Tuner t(one_host(n), AlgoChoice{});
+    EXPECT_NE(t.pick(Coll::kAllReduce, 128 << 10), Algo::kPeerRead) << n;
+    for (size_t bytes : {size_t{256} << 10, size_t{4} << 20, size_t{64} << 20})
+      EXPECT_EQ(t.pick(Coll::kAllReduce, bytes), Algo::kPeerRead) << n << " ranks, " << bytes;
+  }
+}
+
 TEST(Tuner, OversubscribedAllReduceReadsPeersAtTwoRanksPerCore) {
   // 4 ranks on 2 cores: reading peers ran at 0.77-0.91 of the ring's time
   // from 1 MiB (one copy per byte where the ring makes two, on shared

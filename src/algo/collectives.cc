@@ -516,9 +516,12 @@ Task write_to(const Channel& ch, int peer, uint64_t remote, const void* src, siz
 // out[0, count) = the reduction, in rank order, of every rank's `count`
 // elements at byte offset `in_off` of its sendbuf (ours at `own_in`). Rank
 // order is the same everywhere, so results are bit-identical on all ranks.
-// scratch: 2 * piece_bytes.
+// With `push` (all_reduce: out is slice `in_off` of recvbuf), each finished
+// piece is averaged if AVG and written to the same place in every peer's
+// recvbuf. scratch: 2 * piece_bytes.
 Task reduce_reading_peers(const Channel& ch, const CollArgs& a, const std::vector<PeerBuffers>& addr,
-                          const char* own_in, size_t in_off, char* out, size_t count, char* scratch) {
+                          const char* own_in, size_t in_off, char* out, size_t count, char* scratch,
+                          bool push = false) {
   const int n = ch.nranks, r = ch.rank;
   const size_t esize = dtype_size(a.dtype);
   const size_t chunk = std::max<size_t>(1, ch.piece_bytes / esize);  // elements per read
@@ -549,6 +552,15 @@ Task reduce_reading_peers(const Channel& ch, const CollArgs& a, const std::vecto
       }
     }
     copy_if_distinct(out + off, acc, bytes);  // n == 1 only
+    if (push) {
+      // The finished piece, still in cache, goes straight to its place in
+      // every peer's output: only this rank reads or writes that place.
+      finish_avg(a, out + off, len, n);
+      for (int s = 1; s < n; ++s) {
+        const int p = mod(r + s, n);
+        co_await write_to(ch, p, addr[p].recv + in_off + off, out + off, bytes);
+      }
+    }
   }
 }
 
@@ -560,20 +572,13 @@ Task peer_read_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
   char* out = static_cast<char*>(a.recvbuf);
   std::vector<PeerBuffers> addr;
   co_await exchange_buffers(ch, a, &addr);
-  // 1. Reduce our slice; 2. wait until every slice is final; 3. copy the
-  // other slices from their owners' outputs; 4. nobody reuses its buffers
-  // while another rank still reads them.
+  // Every rank reduces its slice and writes each finished piece into every
+  // rank's output; then nobody reuses its buffers while another rank still
+  // reads or writes them.
   Split slice(a.count, static_cast<size_t>(n));
   const size_t begin = slice.begin(static_cast<size_t>(r)), len = slice.size(static_cast<size_t>(r));
   co_await reduce_reading_peers(ch, a, addr, static_cast<const char*>(a.sendbuf) + begin * esize,
-                                begin * esize, out + begin * esize, len, scratch);
-  finish_avg(a, out + begin * esize, len, n);
-  co_await sync_all(ch);
-  for (int s = 1; s < n; ++s) {
-    const int p = mod(r + s, n);
-    const size_t off = slice.begin(static_cast<size_t>(p)) * esize;
-    co_await read_from(ch, p, out + off, addr[p].recv + off, slice.size(static_cast<size_t>(p)) * esize);
-  }
+                                begin * esize, out + begin * esize, len, scratch, true);
   co_await sync_all(ch);
 }
 

@@ -24,6 +24,12 @@ constexpr double kTcpAlphaPerRankPerCore = 12.5, kTcpBytesPerUsOversubscribed = 
 constexpr double kPeerReadBytesPerUs = 2800;  // process_vm_readv without fast string copies
 constexpr double kPeerReadBytesPerUsOversubscribed = 1700;
 constexpr double kPeerReadAllReducePerRankPerCore = 0.4;  // its byte cost against the ring's, oversubscribed
+// all_reduce's peer reads on ranks with cores of their own: each finished
+// piece is written straight into every peer's output while in cache, and
+// the schedule waits twice for every peer. 2 ranks on the VM moved 1.2-1.4x
+// the ring's bytes per microsecond from 256 KiB to 32 MiB, in place and out.
+constexpr double kPeerReadAllReduceBytesPerUs = 5400;
+constexpr double kPeerReadAllReduceRounds = 4;  // message latencies per peer
 // Posting one more message in the same step (direct sends n-1 at once).
 constexpr double kShmMessageUs = 0.3, kShmMessageUsPerRankPerCore = 1.5;
 constexpr double kTcpMessageUs = 5.0, kTcpMessageUsPerRankPerCore = 6.0;
@@ -334,9 +340,11 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
           // (bench/tune_sweep.py, 3 sweeps): 0.77-0.91 of its time at 2
           // ranks per core, 0.9-1.5x at 4.
           // Fitted at 2 and 4 ranks per core; fewer than 2 keep 2's share.
+          if (!over)
+            return kPeerReadAllReduceRounds * (n - 1) * in.alpha_us +
+                   2 * (n - 1) / n * S / kPeerReadAllReduceBytesPerUs;
           const double read_beta =
-              over ? in.beta_us_per_byte * std::max(2.0, sh.ranks_per_core) * kPeerReadAllReducePerRankPerCore
-                   : pr_beta;
+              in.beta_us_per_byte * std::max(2.0, sh.ranks_per_core) * kPeerReadAllReducePerRankPerCore;
           return 10 * (n - 1) * in.alpha_us + 2 * (n - 1) / n * S * read_beta;
         }
         case Algo::kHierarchical: {
