@@ -497,7 +497,10 @@ Task exchange_buffers(const Channel& ch, const CollArgs& a, std::vector<PeerBuff
 Task peer_copy(const Channel& ch, int peer, bool write, void* local, uint64_t remote, size_t bytes) {
   if (bytes == 0) co_return;
   Connection* c = ch.to(peer);
-  Status st = write ? c->write_peer(remote, local, bytes) : c->read_peer(local, remote, bytes);
+  // A peer that failed may have returned from this call and reused the
+  // buffer: no write lands there once its failure is known.
+  Status st = write ? c->peer_failure() : Status::ok();
+  if (st) st = write ? c->write_peer(remote, local, bytes) : c->read_peer(local, remote, bytes);
   if (st) c->count_moved(bytes);
   if (!st) {
     FailOp fail{st};  // named: see checked_call
