@@ -215,25 +215,27 @@ TEST(Tuner, OversubscribedAllReduceReadsPeersAtTwoRanksPerCore) {
 
 TEST(Tuner, MeasuredPeerReadsDecideCopyCollectives) {
   // Where init timed peer reads at 0.58 of a slot round (2 ranks with a
-  // core each), a broadcast reads the root's buffer from the threshold up;
-  // where reads were slower than slots, or nothing was measured (the fixed
-  // rate), it passes slots. Below the threshold it never reads.
+  // core each), a broadcast reads the root's buffer from the threshold up
+  // (copies' own: 64 KiB); where reads were slower than slots, or nothing
+  // was measured (the fixed rate), it passes slots. Below the threshold it
+  // never reads.
   JobShape fast = one_host(2);
   fast.peer_read_speedup = 1.0 / 0.58;
   JobShape slow = one_host(2);
   slow.peer_read_speedup = 0.8;
   const Tuner f(fast, AlgoChoice{}), s(slow, AlgoChoice{}), fixed(one_host(2), AlgoChoice{});
-  for (size_t bytes : {size_t{256} << 10, size_t{1} << 20, size_t{8} << 20}) {
+  for (size_t bytes : {size_t{64} << 10, size_t{256} << 10, size_t{1} << 20, size_t{8} << 20}) {
     EXPECT_EQ(f.pick(Coll::kBroadcast, bytes), Algo::kPeerRead) << bytes;
     EXPECT_EQ(s.pick(Coll::kBroadcast, bytes), Algo::kRing) << bytes;
     EXPECT_EQ(fixed.pick(Coll::kBroadcast, bytes), Algo::kRing) << bytes;
     EXPECT_EQ(f.pick(Coll::kAllGather, bytes), Algo::kPeerRead) << bytes;
     EXPECT_EQ(s.pick(Coll::kAllGather, bytes), Algo::kRing) << bytes;
   }
-  EXPECT_EQ(f.pick(Coll::kBroadcast, 128 << 10), Algo::kRing);
+  EXPECT_NE(f.pick(Coll::kBroadcast, 32 << 10), Algo::kPeerRead);
+  EXPECT_NE(f.pick(Coll::kAllGather, 32 << 10), Algo::kPeerRead);
   // A threshold that is no power of two starts reads inside a bucket.
   JobShape odd = fast;
-  odd.peer_read_min_bytes = 300000;
+  odd.copy_peer_read_min_bytes = 300000;
   const Tuner o(odd, AlgoChoice{});
   EXPECT_EQ(o.pick(Coll::kBroadcast, 299999), Algo::kRing);
   EXPECT_EQ(o.pick(Coll::kBroadcast, 300000), Algo::kPeerRead);
@@ -265,7 +267,8 @@ TEST(Tuner, TableLookupAgreesWithTheModelAtEverySize) {
             EXPECT_LE(blocks ? bytes / shape.nranks : bytes, shape.direct_max_bytes);
           }
           if (a == Algo::kPeerRead && forced[c] != Algo::kPeerRead) {
-            EXPECT_GE(bytes, shape.peer_read_min_bytes);
+            const bool copies = c == Coll::kBroadcast || c == Coll::kAllGather;
+            EXPECT_GE(bytes, copies ? shape.copy_peer_read_min_bytes : shape.peer_read_min_bytes);
           }
         }
       }

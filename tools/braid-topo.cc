@@ -157,6 +157,7 @@ void simulate(Report* r) {
   shape.piece_bytes = std::min(config.shm_slot_bytes, config.tcp_slot_bytes);
   shape.direct_max_bytes = config.direct_max_bytes;
   shape.peer_read_min_bytes = config.peer_read_min_bytes;
+  shape.copy_peer_read_min_bytes = config.copy_peer_read_min_bytes;
   r->tuner = braid::Tuner(shape, config.algo);
 }
 

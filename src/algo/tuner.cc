@@ -386,7 +386,7 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
           return std::max(path, (n - 1) * S * beta * (multi ? kTcpHopWork : 1) / cores());
         }
         case Algo::kPeerRead:
-          return 5 * (n - 1) * in.alpha_us + S * read_beta(hop_beta(false, reduces));
+          return peer_read_rounds() * (n - 1) * in.alpha_us + S * read_beta(hop_beta(false, reduces));
         case Algo::kHierarchical:
           // A chain across hosts and chains inside them (in parallel), one
           // phase after the other.
@@ -414,7 +414,7 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
                (n - L) * (msg_out + f * b * out.beta_us_per_byte);
       }
       if (a == Algo::kPeerRead)
-        return 5 * (n - 1) * in.alpha_us +
+        return peer_read_rounds() * (n - 1) * in.alpha_us +
                (n - 1) / n * S * (c == Coll::kAllGather ? read_beta(2 * l.beta_us_per_byte) : pr_beta);
       if (a == Algo::kHierarchical) {
         // A ring across hosts of one block each, then a ring inside the
@@ -426,6 +426,14 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
       break;
   }
   return -1;
+}
+
+double Tuner::peer_read_rounds() const {
+  // A copy that reads peers exchanges addresses, reads, and waits until
+  // nobody reads its buffers: two rounds of messages, as fixed costs of 2
+  // ranks with cores of their own measured (1.4 us). Where ranks share
+  // cores, the fitted 5: every round waits for ranks to be scheduled.
+  return shape_.oversubscribed ? 5 : 2;
 }
 
 double Tuner::cores() const {
@@ -461,6 +469,15 @@ bool Tuner::hierarchical_reads_peers(size_t bytes) const {
          1.0 / pr_bytes_per_us < intra().beta_us_per_byte;
 }
 
+size_t Tuner::peer_read_min(Coll c) const {
+  // Copies gain from a peer read sooner than reductions, which read every
+  // peer piece by piece: from 64 KiB, 2 ranks broadcast 1.2-1.6x faster by
+  // reading than through a chain's slots, and all_gather 1.1-1.5x faster
+  // than direct sends and 1.3-1.9x than the ring.
+  return c == Coll::kBroadcast || c == Coll::kAllGather ? shape_.copy_peer_read_min_bytes
+                                                        : shape_.peer_read_min_bytes;
+}
+
 bool Tuner::direct_within_bound(Coll c, size_t bytes) const {
   // A gather's messages are blocks: on 8 ranks sharing 2 cores, direct
   // all_gather and reduce_scatter ran 1.3-2x faster than the ring at 32 and
@@ -479,13 +496,13 @@ Algo Tuner::pick(Coll c, size_t bytes) const {
   const Algo a = table_[static_cast<int>(c)][k];
   // A threshold inside the bucket: peer reads may be allowed above it where
   // the bucket's 2^k was below it.
-  const size_t low = bytes == 0 ? 0 : size_t{1} << k;
-  const bool reads_begin_inside = low < shape_.peer_read_min_bytes && bytes >= shape_.peer_read_min_bytes;
+  const size_t low = bytes == 0 ? 0 : size_t{1} << k, read_min = peer_read_min(c);
+  const bool reads_begin_inside = low < read_min && bytes >= read_min;
   const bool exact =
       !reads_begin_inside &&
       (a != Algo::kDirect ||
        (bytes <= shape_.piece_bytes && (direct_within_bound(c, bytes) || forced_[c] == Algo::kDirect))) &&
-      (a != Algo::kPeerRead || bytes >= shape_.peer_read_min_bytes || forced_[c] == Algo::kPeerRead);
+      (a != Algo::kPeerRead || bytes >= read_min || forced_[c] == Algo::kPeerRead);
   return exact ? a : choose(c, bytes);
 }
 
@@ -497,7 +514,7 @@ Algo Tuner::choose(Coll c, size_t bytes) const {
   for (Algo a : algos_of(c)) {
     // The measured thresholds bound the model where it is least accurate.
     if (a == Algo::kDirect && !direct_within_bound(c, bytes)) continue;
-    if (a == Algo::kPeerRead && bytes < shape_.peer_read_min_bytes) continue;
+    if (a == Algo::kPeerRead && bytes < peer_read_min(c)) continue;
     const double t = predict_us(c, a, bytes);
     if (t >= 0 && t < best_us) {
       best_us = t;

@@ -55,8 +55,9 @@ struct JobShape {
   bool oversubscribed = false;   // more ranks on one machine than it has cores
   double ranks_per_core = 1;     // the most on any machine (simulated hosts share one)
   size_t piece_bytes = 256 * 1024;
-  size_t direct_max_bytes = 16 * 1024;      // BRAID_DIRECT_MAX_BYTES
-  size_t peer_read_min_bytes = 256 * 1024;  // BRAID_PEER_READ_MIN_BYTES
+  size_t direct_max_bytes = 16 * 1024;          // BRAID_DIRECT_MAX_BYTES
+  size_t peer_read_min_bytes = 256 * 1024;      // BRAID_PEER_READ_MIN_BYTES: reductions
+  size_t copy_peer_read_min_bytes = 64 * 1024;  // broadcast and all_gather (the same variable sets both)
   // A slot round's time over a peer read's for 256 KiB, measured at init
   // where ranks have cores of their own (0: not measured).
   double peer_read_speedup = 0;
@@ -89,6 +90,10 @@ class Tuner {
   // bounds one message (all_reduce's whole buffer, all_gather's and
   // reduce_scatter's block of bytes / nranks).
   bool direct_within_bound(Coll c, size_t bytes) const;
+  // The smallest buffer `c` reads from peers (BRAID_PEER_READ_MIN_BYTES).
+  size_t peer_read_min(Coll c) const;
+  // Message latencies per peer that broadcast's and all_gather's peer reads pay.
+  double peer_read_rounds() const;
   // Predicted time in microseconds; negative when `a` cannot run.
   double predict_us(Coll c, Algo a, size_t bytes) const;
 

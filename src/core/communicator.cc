@@ -349,6 +349,7 @@ void Communicator::build_schedules(const std::vector<PeerInfo>& infos) {
   shape.piece_bytes = coll_channel_.piece_bytes;
   shape.direct_max_bytes = config_.direct_max_bytes;
   shape.peer_read_min_bytes = config_.peer_read_min_bytes;
+  shape.copy_peer_read_min_bytes = config_.copy_peer_read_min_bytes;
   if (nhosts > 1 && shape.ranks_per_host > 1) {
     const auto& mine = members[host_index_[rank_]];
     std::vector<int> across;

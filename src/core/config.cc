@@ -128,6 +128,7 @@ Status Config::from_env(Config* out) {
   c.shm_peer_reads = reads != 0;
   BRAID_RETURN_IF_ERROR(
       env_size("BRAID_PEER_READ_MIN_BYTES", 0, size_t{1} << 40, &c.peer_read_min_bytes, &present));
+  if (present) c.copy_peer_read_min_bytes = c.peer_read_min_bytes;
   BRAID_RETURN_IF_ERROR(
       env_size("BRAID_SHM_STREAM_MIN_BYTES", 0, size_t{1} << 40, &c.shm_stream_min_bytes, &present));
   c.shm_stream_set = present;

@@ -21,6 +21,7 @@ struct Config {
   int shm_slots = 4;                                   // BRAID_SHM_SLOTS
   bool shm_peer_reads = true;                          // BRAID_SHM_PEER_READS=0: no process_vm_readv
   size_t peer_read_min_bytes = 256 * 1024;             // BRAID_PEER_READ_MIN_BYTES
+  size_t copy_peer_read_min_bytes = 64 * 1024;         // the same for broadcast and all_gather; set by it too
   // Copies into shm slots of [min, max) bytes use streaming stores, by
   // default only where every rank of the machine has a core of its own;
   // either variable set applies the band as given.
