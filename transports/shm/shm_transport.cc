@@ -28,14 +28,19 @@ constexpr uint64_t kSegmentMagic = 0x67657344494152ull;  // "BRAIDseg"
 constexpr size_t kCacheLine = 64;
 
 // A value in each process that peers read once at setup to learn whether
-// cross-memory attach (process_vm_readv) is permitted between them.
+// cross-memory attach (process_vm_readv) is permitted between them, and a
+// word they write it into (process_vm_writev: peer-read collectives write
+// finished pieces into each other's buffers). Every writer stores the same
+// value, so concurrent probes do not matter.
 const uint64_t kPeerReadProbe = 0x6272616964636d61ull;
+uint64_t g_peer_write_probe = 0;
 
 struct alignas(kCacheLine) SegmentHeader {
   uint64_t magic;
   int32_t pid;
   int32_t rank;
-  uint64_t probe_addr;  // &kPeerReadProbe in the owner's address space
+  uint64_t probe_addr;        // &kPeerReadProbe in the owner's address space
+  uint64_t write_probe_addr;  // &g_peer_write_probe there
   alignas(kCacheLine) Doorbell bell;
   alignas(kCacheLine) std::atomic<uint32_t> failed;  // 0, or the braid_result_t that failed this rank
   char reason[512];
@@ -331,13 +336,17 @@ class ShmConnection : public Connection {
   bool peer_reads_ = false;
 };
 
-// Whether process_vm_readv can read `peer`'s probe value (permissions,
-// seccomp and Yama can each forbid it).
+// Whether process_vm_readv can read `peer`'s probe value and
+// process_vm_writev write it back into its probe word (permissions,
+// seccomp and Yama can each forbid either).
 bool probe_peer_reads(const SegmentHeader* peer) {
   uint64_t got = 0;
   iovec local{&got, sizeof(got)}, far{reinterpret_cast<void*>(peer->probe_addr), sizeof(got)};
-  return process_vm_readv(peer->pid, &local, 1, &far, 1, 0) == static_cast<ssize_t>(sizeof(got)) &&
-         got == kPeerReadProbe;
+  if (process_vm_readv(peer->pid, &local, 1, &far, 1, 0) != static_cast<ssize_t>(sizeof(got)) ||
+      got != kPeerReadProbe)
+    return false;
+  iovec to{reinterpret_cast<void*>(peer->write_probe_addr), sizeof(got)};
+  return process_vm_writev(peer->pid, &local, 1, &to, 1, 0) == static_cast<ssize_t>(sizeof(got));
 }
 
 Status map_segment(const std::string& name, size_t bytes, bool create, void** base) {
@@ -402,6 +411,7 @@ Status ShmTransport::setup(Bootstrap& bootstrap, const std::vector<int>& host_gr
       h->pid = static_cast<int32_t>(getpid());
       h->rank = me;
       h->probe_addr = reinterpret_cast<uint64_t>(&kPeerReadProbe);
+      h->write_probe_addr = reinterpret_cast<uint64_t>(&g_peer_write_probe);
       h->failed.store(0);
       std::memset(h->reason, 0, sizeof(h->reason));
       t->maps_.push_back(std::move(m));
