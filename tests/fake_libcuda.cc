@@ -404,9 +404,11 @@ FAKE_API int cuCtxGetDevice(int* device) {
 }
 
 FAKE_API int cuDeviceGetPCIBusId(char* bus_id, int len, int device) {
-  if (device != 3 || len < 13) return kInvalidValue;
   std::lock_guard<std::mutex> lock(g_streams_mu);
-  std::snprintf(bus_id, static_cast<size_t>(len), "%s", g_bus_id.c_str());
+  const size_t peer = static_cast<size_t>(device - 4);
+  if (len < 13 || device < 3 || (device > 3 && peer >= g_peer_bus_ids.size())) return kInvalidValue;
+  std::snprintf(bus_id, static_cast<size_t>(len), "%s",
+                device == 3 ? g_bus_id.c_str() : g_peer_bus_ids[peer].c_str());
   return kSuccess;
 }
 

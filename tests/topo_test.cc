@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -218,6 +219,17 @@ TEST(P2p, PairsFollowTheirPathAndTheLevel) {
   EXPECT_EQ(path, "SYS");
   EXPECT_FALSE(p2p_allowed(no_nvml, &nvl, "0000:03:00.0", "0000:04:00.0", &path, &w));
   EXPECT_EQ(path, "PIX");
+  // A matrix with no link between GPUs is as good as none.
+  HostTopology empty_matrix = t;
+  for (auto& row : empty_matrix.nvlink_mbyte_s) std::fill(row.begin(), row.end(), 0);
+  EXPECT_TRUE(p2p_allowed(empty_matrix, nullptr, "0000:03:00.0", "0000:84:00.0", &path, &w)) << w;
+  // SYS where a GPU's package is unknown (or NUMA nodes of one package):
+  // not known to cross the sockets, so the driver decides.
+  HostTopology unplaced = t;
+  unplaced.gpus[5].location.package = -1;
+  unplaced.gpus[5].location.numa = -1;
+  EXPECT_TRUE(p2p_allowed(unplaced, nullptr, "0000:03:00.0", "0000:84:00.0", &path, &w)) << w;
+  EXPECT_EQ(path, "SYS");
 }
 
 TEST(P2p, LevelNames) {

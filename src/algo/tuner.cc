@@ -26,10 +26,14 @@ constexpr double kPeerReadBytesPerUsOversubscribed = 1700;
 constexpr double kPeerReadAllReducePerRankPerCore = 0.4;  // its byte cost against the ring's, oversubscribed
 // all_reduce's peer reads on ranks with cores of their own: each finished
 // piece is written straight into every peer's output while in cache, and
-// the schedule waits twice for every peer. 2 ranks on the VM moved 1.2-1.4x
-// the ring's bytes per microsecond from 256 KiB to 32 MiB, in place and out.
+// the schedule has two rounds of messages, plus a write per peer and piece.
+// 2 ranks on the VM moved 1.2-1.4x the ring's bytes per microsecond from
+// 256 KiB to 32 MiB, in place and out.
 constexpr double kPeerReadAllReduceBytesPerUs = 5400;
-constexpr double kPeerReadAllReduceRounds = 4;  // message latencies per peer
+// Message latencies per peer the peer-read models were fitted with where
+// ranks share cores (reduce_scatter keeps it everywhere: never re-measured).
+constexpr double kPeerReadFittedRounds = 5;
+constexpr double kPeerReadAllReduceRounds = 4;  // message latencies per peer: 2 rounds and the writes
 // Posting one more message in the same step (direct sends n-1 at once).
 constexpr double kShmMessageUs = 0.3, kShmMessageUsPerRankPerCore = 1.5;
 constexpr double kTcpMessageUs = 5.0, kTcpMessageUsPerRankPerCore = 6.0;
@@ -339,10 +343,10 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
           // grows with the ranks per core. Against the ring from 1 MiB
           // (bench/tune_sweep.py, 3 sweeps): 0.77-0.91 of its time at 2
           // ranks per core, 0.9-1.5x at 4.
-          // Fitted at 2 and 4 ranks per core; fewer than 2 keep 2's share.
           if (!over)
             return kPeerReadAllReduceRounds * (n - 1) * in.alpha_us +
                    2 * (n - 1) / n * S / kPeerReadAllReduceBytesPerUs;
+          // Fitted at 2 and 4 ranks per core; fewer than 2 keep 2's share.
           const double read_beta =
               in.beta_us_per_byte * std::max(2.0, sh.ranks_per_core) * kPeerReadAllReducePerRankPerCore;
           return 10 * (n - 1) * in.alpha_us + 2 * (n - 1) / n * S * read_beta;
@@ -414,7 +418,7 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
                (n - L) * (msg_out + f * b * out.beta_us_per_byte);
       }
       if (a == Algo::kPeerRead)
-        return peer_read_rounds() * (n - 1) * in.alpha_us +
+        return (c == Coll::kAllGather ? peer_read_rounds() : kPeerReadFittedRounds) * (n - 1) * in.alpha_us +
                (n - 1) / n * S * (c == Coll::kAllGather ? read_beta(2 * l.beta_us_per_byte) : pr_beta);
       if (a == Algo::kHierarchical) {
         // A ring across hosts of one block each, then a ring inside the
@@ -433,7 +437,7 @@ double Tuner::peer_read_rounds() const {
   // nobody reads its buffers: two rounds of messages, as fixed costs of 2
   // ranks with cores of their own measured (1.4 us). Where ranks share
   // cores, the fitted 5: every round waits for ranks to be scheduled.
-  return shape_.oversubscribed ? 5 : 2;
+  return shape_.oversubscribed ? kPeerReadFittedRounds : 2;
 }
 
 double Tuner::cores() const {

@@ -39,6 +39,7 @@ struct PeerInfo {
   uint64_t algo;     // BRAID_ALGO, encoded
   uint64_t direct_max_bytes;
   uint64_t peer_read_min_bytes;
+  uint64_t copy_peer_read_min_bytes;
   uint64_t cuda_chunk_bytes;
   int32_t cuda_ipc;
   int32_t pad;
@@ -118,6 +119,7 @@ Status Communicator::setup_transports() {
   mine.algo = config_.algo.encode();
   mine.direct_max_bytes = config_.direct_max_bytes;
   mine.peer_read_min_bytes = config_.peer_read_min_bytes;
+  mine.copy_peer_read_min_bytes = config_.copy_peer_read_min_bytes;
   mine.cuda_chunk_bytes = config_.cuda_chunk_bytes;
   mine.cuda_ipc = config_.cuda_ipc ? 1 : 0;
   std::vector<uint8_t> raw;
@@ -139,6 +141,9 @@ Status Communicator::setup_transports() {
       check_same(infos, "BRAID_DIRECT_MAX_BYTES", [](const PeerInfo& p) { return p.direct_max_bytes; }));
   BRAID_RETURN_IF_ERROR(check_same(infos, "BRAID_PEER_READ_MIN_BYTES",
                                    [](const PeerInfo& p) { return p.peer_read_min_bytes; }));
+  // Set or not, it decides broadcast's and all_gather's threshold (64 KiB unset).
+  BRAID_RETURN_IF_ERROR(check_same(infos, "BRAID_PEER_READ_MIN_BYTES (set on some ranks only)",
+                                   [](const PeerInfo& p) { return p.copy_peer_read_min_bytes; }));
   // Every rank must take CUDA IPC or host staging for the same call.
   BRAID_RETURN_IF_ERROR(check_same(infos, "BRAID_CUDA_IPC", [](const PeerInfo& p) { return p.cuda_ipc; }));
   BRAID_RETURN_IF_ERROR(

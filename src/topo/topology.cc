@@ -672,7 +672,11 @@ int gpu_by_bus_id(const HostTopology& topology, const std::string& bus_id) {
 bool p2p_allowed(const HostTopology& topology, const P2pLevel* level, const std::string& bus_a,
                  const std::string& bus_b, std::string* path, std::string* why) {
   const int a = gpu_by_bus_id(topology, bus_a), b = gpu_by_bus_id(topology, bus_b);
-  const bool nvlink_known = !topology.nvlink_mbyte_s.empty();
+  // A matrix without one link between GPUs says nothing (hwloc's NVML
+  // backend may not resolve NVSwitch paths): NVLink counts as unseen then.
+  bool nvlink_known = false;
+  for (const auto& row : topology.nvlink_mbyte_s)
+    for (uint64_t v : row) nvlink_known = nvlink_known || v > 0;
   P2pLevel reach = P2pLevel::kSys;
   *path = "unknown";
   if (a >= 0 && b >= 0) {
@@ -696,7 +700,11 @@ bool p2p_allowed(const HostTopology& topology, const P2pLevel* level, const std:
             : pair + " are farther apart than BRAID_CUDA_P2P_LEVEL=" + p2p_level_name(*level);
     return false;
   }
-  if (a >= 0 && b >= 0 && nvlink_known && reach == P2pLevel::kSys) {
+  // SYS also stands for an unknown locality and for NUMA nodes of one
+  // package: refused by default only where both packages are known and differ.
+  const int pa = a >= 0 ? topology.gpus[a].location.package : -1;
+  const int pb = b >= 0 ? topology.gpus[b].location.package : -1;
+  if (nvlink_known && reach == P2pLevel::kSys && pa >= 0 && pb >= 0 && pa != pb) {
     *why = pair +
            " have no NVLink and cross the link between sockets, where reading peer memory is "
            "slower than staging through host memory (BRAID_CUDA_P2P_LEVEL=SYS allows it)";

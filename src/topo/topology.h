@@ -190,9 +190,9 @@ int gpu_by_bus_id(const HostTopology& topology, const std::string& bus_id);
 // Whether ranks on the GPUs at these two bus ids may read each other's
 // memory, by the path between them. `level` unset (BRAID_CUDA_P2P_LEVEL
 // not given): refused only where the topology shows the pair is joined by
-// neither NVLink nor a path inside one socket (SYS, with hwloc's NVLink
-// matrix present, so a missing NVLink is known, not unseen); everything
-// else is left to the driver (cuDeviceCanAccessPeer). With a level, a
+// no NVLink (hwloc's NVLink matrix holds links, so a missing one is known,
+// not unseen) and sits under two different packages; everything else is
+// left to the driver (cuDeviceCanAccessPeer). With a level, a
 // pair farther than it is refused; a GPU the topology does not hold counts
 // as SYS. *path is the pair's code ("NV2", "PIX", ..., "unknown"); *why
 // says why a pair was refused.

@@ -24,7 +24,8 @@
 namespace braid {
 namespace {
 
-constexpr uint64_t kSegmentMagic = 0x67657344494152ull;  // "BRAIDseg"
+constexpr uint64_t kSegmentMagic =
+    0x32657344494152ull;  // "RAIDse2" in memory: the header holds the write probe
 constexpr size_t kCacheLine = 64;
 
 // A value in each process that peers read once at setup to learn whether
