@@ -51,10 +51,9 @@ struct Report {
   // BRAID_ALGO and thresholds.
   std::vector<int> order;
   braid::Tuner tuner;
-  // BRAID_CUDA_P2P_LEVEL, when set: which GPU pairs device collectives read
-  // each other's memory across (CUDA IPC).
-  bool p2p_level_set = false;
-  topo::P2pLevel p2p_level = topo::P2pLevel::kSys;
+  // This environment's BRAID_* settings (BRAID_CUDA_P2P_LEVEL: which GPU
+  // pairs device collectives read each other's memory across).
+  braid::Config config;
 };
 
 void usage(FILE* f) {
@@ -132,11 +131,7 @@ void simulate(Report* r) {
               std::to_string(kMaxSimulatedRanks) + " are shown");
   r->ranks = topo::simulated_placements(t, r->hosts, r->ranks_per_host);
 
-  braid::Config config;
-  if (braid::Status st = braid::Config::from_env(&config); !st.is_ok()) {
-    std::fprintf(stderr, "braid-topo: %s\n", st.message().c_str());
-    std::exit(1);
-  }
+  const braid::Config& config = r->config;
   const int n = r->hosts * r->ranks_per_host;
   std::vector<std::string> host(n);
   std::vector<int> numa(n);
@@ -234,7 +229,7 @@ std::vector<std::vector<bool>> gpu_ipc_matrix(const Report& r) {
     for (size_t j = 0; j < gpus.size(); ++j) {
       std::string path, why;
       if (i != j)
-        m[i][j] = topo::p2p_allowed(r.topology, r.p2p_level_set ? &r.p2p_level : nullptr,
+        m[i][j] = topo::p2p_allowed(r.topology, r.config.cuda_p2p_level ? &*r.config.cuda_p2p_level : nullptr,
                                     gpus[i].location.pci_bus_id, gpus[j].location.pci_bus_id, &path, &why);
     }
   }
@@ -242,7 +237,7 @@ std::vector<std::vector<bool>> gpu_ipc_matrix(const Report& r) {
 }
 
 std::string p2p_level_text(const Report& r) {
-  return r.p2p_level_set ? topo::p2p_level_name(r.p2p_level) : "unset";
+  return r.config.cuda_p2p_level ? topo::p2p_level_name(*r.config.cuda_p2p_level) : "unset";
 }
 
 void print_gpu_ipc_section(const Report& r) {
@@ -445,13 +440,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "braid-topo: %s\n", st.message().c_str());
     return 1;
   }
-  braid::Config config;
-  if (st = braid::Config::from_env(&config); !st.is_ok()) {
+  if (st = braid::Config::from_env(&r.config); !st.is_ok()) {
     std::fprintf(stderr, "braid-topo: %s\n", st.message().c_str());
     return 1;
   }
-  r.p2p_level_set = !config.cuda_p2p_level.empty();
-  if (r.p2p_level_set) topo::parse_p2p_level(config.cuda_p2p_level, &r.p2p_level);
   simulate(&r);
   if (r.options.json)
     print_json(r);

@@ -966,13 +966,9 @@ Status Communicator::connect_ipc(const CudaDriver& cu, void* ctx) {
   IpcSetup setup{&cu, ctx, config_.cuda_chunk_bytes, [e = engine_.get()] { e->wake_if_sleeping(); },
                  &ipc_bytes_};
   // Two GPUs' ranks read each other's memory only over a path the topology
-  // (or BRAID_CUDA_P2P_LEVEL) accepts; the level was checked at init.
-  std::optional<topo::P2pLevel> level;
-  if (!config_.cuda_p2p_level.empty()) {
-    level.emplace();
-    BRAID_RETURN_IF_ERROR(topo::parse_p2p_level(config_.cuda_p2p_level, &*level));
-  }
-  setup.gpu_path_allowed = [topology = topology_, level](const std::string& mine, const std::string& theirs) {
+  // (or BRAID_CUDA_P2P_LEVEL) accepts.
+  setup.gpu_path_allowed = [topology = topology_, level = config_.cuda_p2p_level](const std::string& mine,
+                                                                                  const std::string& theirs) {
     std::string path, why;
     if (topo::p2p_allowed(*topology, level ? &*level : nullptr, mine, theirs, &path, &why))
       return Status::ok();

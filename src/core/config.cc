@@ -7,8 +7,6 @@
 #include <cstring>
 #include <fstream>
 
-#include "src/topo/topology.h"
-
 namespace braid {
 namespace {
 
@@ -165,7 +163,7 @@ Status Config::from_env(Config* out) {
     topo::P2pLevel level;
     if (!topo::parse_p2p_level(v, &level))
       return bad("BRAID_CUDA_P2P_LEVEL", v, "LOC, NVL, PIX, PXB, PHB, NODE or SYS");
-    c.cuda_p2p_level = v;
+    c.cuda_p2p_level = level;
   }
   // Whole 256-byte lines: slices of a chunk stay aligned for the kernels.
   c.cuda_chunk_bytes = c.cuda_chunk_bytes / 256 * 256;

@@ -3,10 +3,12 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string>
 
 #include "src/algo/tuner.h"
 #include "src/core/status.h"
+#include "src/topo/topology.h"
 
 namespace braid {
 
@@ -42,7 +44,7 @@ struct Config {
   bool check_calls = false;                  // BRAID_CHECK_CALLS=1: compare every call
   bool cuda_ipc = true;                      // BRAID_CUDA_IPC=0: device data through host staging
   size_t cuda_chunk_bytes = 32u << 20;       // BRAID_CUDA_CHUNK_BYTES: each half of the IPC window
-  std::string cuda_p2p_level;                // BRAID_CUDA_P2P_LEVEL (topo::P2pLevel's names); empty: unset
+  std::optional<topo::P2pLevel> cuda_p2p_level;  // BRAID_CUDA_P2P_LEVEL; unset: the topology's default
 
   static Status from_env(Config* out);
 };
