@@ -152,6 +152,17 @@ TEST(Tuner, RootedChainsCostOneWayHops) {
   EXPECT_EQ(t.pick(Coll::kBroadcast, 2 << 20), Algo::kRing);
   // With a core per rank nothing waits to be scheduled: the chain.
   EXPECT_EQ(Tuner(one_host(8), AlgoChoice{}).pick(Coll::kBroadcast, 4096), Algo::kRing);
+  // Large broadcasts read the root's buffer where ranks share cores: from
+  // 4 MiB the reads took 0.7-0.95 of the chain's time at 4 and 8 ranks on
+  // 2 cores; at 1-2 MiB they were mixed, below they lost.
+  const Tuner t4(sharing_cores(one_host(4), 2), AlgoChoice{});
+  for (const Tuner* crowd : {static_cast<const Tuner*>(&t), &t4}) {
+    EXPECT_NE(crowd->pick(Coll::kBroadcast, 2 << 20), Algo::kPeerRead);
+    EXPECT_EQ(crowd->pick(Coll::kBroadcast, 4 << 20), Algo::kPeerRead);
+    EXPECT_EQ(crowd->pick(Coll::kBroadcast, 64 << 20), Algo::kPeerRead);
+  }
+  // Reduce never reads peers.
+  EXPECT_NE(t.pick(Coll::kReduce, 64 << 20), Algo::kPeerRead);
   // Across hosts a reduce chain starts after the root and ends at it,
   // crossing every host boundary; the hierarchical reduce crosses once
   // fewer, and won from 256 KiB on 2 hosts x 2 ranks.

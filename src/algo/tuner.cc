@@ -34,6 +34,9 @@ constexpr double kPeerReadAllReduceBytesPerUs = 5400;
 // ranks share cores (reduce_scatter keeps it everywhere: never re-measured).
 constexpr double kPeerReadFittedRounds = 5;
 constexpr double kPeerReadAllReduceRounds = 4;  // message latencies per peer: 2 rounds and the writes
+// A broadcast's peer reads where ranks share cores: their time against a
+// chain's, and a fixed cost per peer, fitted to the sweeps cited there.
+constexpr double kPeerReadBroadcastOfChain = 0.8, kPeerReadBroadcastPeerUs = 15;
 // Posting one more message in the same step (direct sends n-1 at once).
 constexpr double kShmMessageUs = 0.3, kShmMessageUsPerRankPerCore = 1.5;
 constexpr double kTcpMessageUs = 5.0, kTcpMessageUsPerRankPerCore = 6.0;
@@ -390,6 +393,16 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
           return std::max(path, (n - 1) * S * beta * (multi ? kTcpHopWork : 1) / cores());
         }
         case Algo::kPeerRead:
+          if (over && !multi && !reduces) {
+            // Where ranks share cores, receivers' reads take turns on them
+            // as a chain's hops do, so a read is priced against the chain:
+            // on the VM (bench/tune_sweep.py, 3 sweeps of 4 and 8 ranks)
+            // the reads took 0.7-0.95 of the chain's time from 4 MiB, were
+            // mixed at 1-2 MiB and lost below, at 4 and at 8 ranks alike:
+            // the fixed cost per peer does not grow with ranks per core.
+            return (n - 1) * kPeerReadBroadcastPeerUs +
+                   kPeerReadBroadcastOfChain * chain_us(sh.nranks - 1, 0, S, false, 1);
+          }
           return peer_read_rounds() * (n - 1) * in.alpha_us + S * read_beta(hop_beta(false, reduces));
         case Algo::kHierarchical:
           // A chain across hosts and chains inside them (in parallel), one
