@@ -194,6 +194,29 @@ TEST(Tuner, DirectGatherIsBoundedPerBlock) {
   EXPECT_NE(low.pick(Coll::kAllGather, 64 << 10), Algo::kDirect);
 }
 
+TEST(Tuner, BytesCostMoreWhereMoreRanksShareACore) {
+  // 8 ranks on 2 cores (bench/tune_sweep.py, 4 sweeps): recursive doubling
+  // beat direct from 8 KiB, Rabenseifner beat it at 32 KiB and the ring
+  // beat Rabenseifner at 64 KiB. Pricing bytes as at 2 ranks per core kept
+  // each of them one or two sizes too long.
+  const Tuner t(sharing_cores(one_host(8), 4), AlgoChoice{});
+  EXPECT_EQ(t.pick(Coll::kAllReduce, 4 << 10), Algo::kDirect);
+  EXPECT_EQ(t.pick(Coll::kAllReduce, 8 << 10), Algo::kRecursiveDoubling);
+  EXPECT_EQ(t.pick(Coll::kAllReduce, 32 << 10), Algo::kRabenseifner);
+  EXPECT_EQ(t.pick(Coll::kAllReduce, 64 << 10), Algo::kRing);
+  // 4 ranks on 2 cores are what the rates were fitted with: direct holds
+  // to 16 KiB, where its one step beat the ring's six.
+  const Tuner four(sharing_cores(one_host(4), 2), AlgoChoice{});
+  EXPECT_EQ(four.pick(Coll::kAllReduce, 16 << 10), Algo::kDirect);
+  // A ring's bytes cost twice as much at 4 ranks per core as at 2.
+  const Tuner two(sharing_cores(one_host(8), 2), AlgoChoice{});
+  auto ring_bytes_us = [](const Tuner& x) {
+    return x.predict_us(Coll::kAllReduce, Algo::kRing, 1 << 20) -
+           x.predict_us(Coll::kAllReduce, Algo::kRing, 0);
+  };
+  EXPECT_DOUBLE_EQ(ring_bytes_us(t), 2 * ring_bytes_us(two));
+}
+
 TEST(Tuner, AllReduceReadsPeersFromTheThresholdOnCoresOfTheirOwn) {
   // 2 ranks on 2 cores: the reads, writing each finished piece into the
   // peer's output, moved 1.2-1.4x the ring's bytes per microsecond from

@@ -45,9 +45,7 @@ constexpr double kTcpMessageUs = 5.0, kTcpMessageUsPerRankPerCore = 6.0;
 // a core, the likelier that neighbour is descheduled. Fitted to
 // bench/tune_sweep.py (8 B all_reduce on the VM): a ring step cost 0.43 of
 // a recursive-doubling exchange at 2 ranks per core and 0.64 at 4, where a
-// flat step cost made it 0.5 at both, and 8 ranks picked the ring at 64 KiB
-// where Rabenseifner ran 1.3-1.4x faster (at 128 KiB the two took turns
-// ahead; this puts the switch between). Never below the flat step:
+// flat step cost made it 0.5 at both. Never below the flat step:
 // at 2 ranks per core that one puts the switch from direct at 32 KiB, as
 // measured.
 constexpr double kRingStepPerRankPerCore = 0.3;
@@ -213,7 +211,18 @@ Tuner::Tuner(const JobShape& shape, const AlgoChoice& forced) : shape_(shape), f
 
 LinkCost Tuner::intra() const {
   if (!shape_.oversubscribed) return kShm;
-  return {kShmAlphaPerRankPerCore * shape_.ranks_per_core, 1.0 / kShmBytesPerUsOversubscribed};
+  return {kShmAlphaPerRankPerCore * shape_.ranks_per_core, crowding() / kShmBytesPerUsOversubscribed};
+}
+
+double Tuner::crowding() const {
+  // The oversubscribed byte rates were fitted at 2 ranks per core; with
+  // more, each rank's copies get a smaller share of a core. Latencies grow
+  // with ranks per core on their own (kShmAlphaPerRankPerCore), and with
+  // only those growing, 8 ranks on 2 cores kept latency-bound algorithms
+  // 2-4x too long: direct all_reduce at 8 KiB ran 1.3-1.4x recursive
+  // doubling's time, recursive doubling at 32 KiB 1.3-1.6x Rabenseifner's,
+  // Rabenseifner at 64 KiB 1.1-2x the ring's (bench/tune_sweep.py).
+  return shape_.oversubscribed ? std::max(1.0, shape_.ranks_per_core / 2) : 1.0;
 }
 
 LinkCost Tuner::inter() const {
@@ -257,7 +266,7 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
   const double L = multi ? std::max(1, sh.ranks_per_host) : n;
   const double msg_in = over ? kShmMessageUsPerRankPerCore * sh.ranks_per_core : kShmMessageUs;
   const double msg_out = over ? kTcpMessageUsPerRankPerCore * sh.ranks_per_core : kTcpMessageUs;
-  const double pr_beta = 1.0 / (over ? kPeerReadBytesPerUsOversubscribed : kPeerReadBytesPerUs);
+  const double pr_beta = over ? crowding() / kPeerReadBytesPerUsOversubscribed : 1.0 / kPeerReadBytesPerUs;
   // Where init measured it (ranks on cores of their own), a peer read of
   // some bytes costs 1/speedup of passing them through a slot, whose cost
   // per byte the copy collectives' slot paths price at `slot_beta`. The
@@ -480,8 +489,9 @@ double Tuner::chain_us(int hops_in, int hops_out, double bytes, bool reduces, in
 
 bool Tuner::hierarchical_reads_peers(size_t bytes) const {
   // Where reading a peer's memory copies faster than passing slots.
+  // Crowding slows both alike.
   const double pr_bytes_per_us =
-      shape_.oversubscribed ? kPeerReadBytesPerUsOversubscribed : kPeerReadBytesPerUs;
+      shape_.oversubscribed ? kPeerReadBytesPerUsOversubscribed / crowding() : kPeerReadBytesPerUs;
   return shape_.host_peer_reads && bytes >= shape_.peer_read_min_bytes &&
          1.0 / pr_bytes_per_us < intra().beta_us_per_byte;
 }

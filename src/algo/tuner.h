@@ -109,6 +109,9 @@ class Tuner {
   LinkCost flat() const { return shape_.nhosts > 1 ? inter() : intra(); }
   // The cores the job's ranks share (the ranks, when each has its own).
   double cores() const;
+  // How much more a byte costs each rank for sharing its core with more
+  // ranks than the oversubscribed rates were fitted with (1 up to there).
+  double crowding() const;
   // The latency of one one-way hop through shm (chains and trees).
   double shm_hop_us() const;
   // A pipelined one-way chain (broadcast, reduce) of hops inside hosts and
