@@ -34,7 +34,7 @@ struct Config {
   int tcp_slots = 4;                         // BRAID_TCP_SLOTS
   int tcp_sockets = 1;                       // BRAID_TCP_SOCKETS, per peer and channel
   size_t tcp_read_ahead = 4096;              // BRAID_TCP_READ_AHEAD: bytes a short read asks for (0: none)
-  double spin_us = 30.0;                     // BRAID_SPIN_US: spin this long before blocking
+  double spin_us = 300.0;                    // BRAID_SPIN_US: spin this long before blocking
   AlgoChoice algo;                           // BRAID_ALGO=ring or all_reduce:tree;...
   size_t direct_max_bytes = 16 * 1024;       // BRAID_DIRECT_MAX_BYTES
   std::string trace_file;                    // BRAID_TRACE_FILE (%r rank, %h host, %p pid)
