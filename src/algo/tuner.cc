@@ -61,13 +61,7 @@ constexpr double kHopCopyBytesPerUs = 20000, kHopReduceBytesPerUs = 10000, kHopT
 constexpr double kTcpHopWork = 2;     // a TCP hop copies at both ends: sender and receiver
 constexpr double kTreeLevelHops = 3;  // a tree level serves two children, one after the other
 constexpr double kTreeByteFactor = 1.5;
-// The handoff from a hierarchical schedule's first phase to its second,
-// beyond the hops both phases already pay. At 2 us the chain kept small
-// broadcasts on 2 hosts x 2 and x 4 ranks, and missed the best forced time
-// by 1.2-1.6x at 6 of 7 sizes up to 32 KiB in two sweeps; with hier there,
-// the sweeps that followed met it at 20, 19 and 9 of 22 sizes (the chain:
-// 12 and 11). Simulated hosts on one 2-core VM swing 2-3x at these sizes.
-constexpr double kHierPhaseUs = 0.2;
+constexpr double kHierPhaseUs = 2;  // a hierarchical schedule's second phase starts when the first ends
 
 // A one-way hop's cost per byte: over TCP across hosts, else through shm,
 // where a reduce also combines what it passes on.
