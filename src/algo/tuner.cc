@@ -218,10 +218,11 @@ double Tuner::crowding() const {
   // The oversubscribed byte rates were fitted at 2 ranks per core; with
   // more, each rank's copies get a smaller share of a core. Latencies grow
   // with ranks per core on their own (kShmAlphaPerRankPerCore), and with
-  // only those growing, 8 ranks on 2 cores kept latency-bound algorithms
-  // 2-4x too long: direct all_reduce at 8 KiB ran 1.3-1.4x recursive
-  // doubling's time, recursive doubling at 32 KiB 1.3-1.6x Rabenseifner's,
-  // Rabenseifner at 64 KiB 1.1-2x the ring's (bench/tune_sweep.py).
+  // only those growing, 8 ranks on 2 cores kept each latency-bound
+  // all_reduce one or two sizes too long: direct at 8 KiB ran 1.3-1.4x
+  // recursive doubling's time, recursive doubling at 32 KiB 1.3-1.6x
+  // Rabenseifner's, Rabenseifner at 64 KiB 1.1-2x the ring's
+  // (bench/tune_sweep.py, 4 sweeps).
   return shape_.oversubscribed ? std::max(1.0, shape_.ranks_per_core / 2) : 1.0;
 }
 
