@@ -267,7 +267,7 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
   const double L = multi ? std::max(1, sh.ranks_per_host) : n;
   const double msg_in = over ? kShmMessageUsPerRankPerCore * sh.ranks_per_core : kShmMessageUs;
   const double msg_out = over ? kTcpMessageUsPerRankPerCore * sh.ranks_per_core : kTcpMessageUs;
-  const double pr_beta = over ? crowding() / kPeerReadBytesPerUsOversubscribed : 1.0 / kPeerReadBytesPerUs;
+  const double pr_beta = peer_read_beta();
   // Where init measured it (ranks on cores of their own), a peer read of
   // some bytes costs 1/speedup of passing them through a slot, whose cost
   // per byte the copy collectives' slot paths price at `slot_beta`. The
@@ -490,11 +490,13 @@ double Tuner::chain_us(int hops_in, int hops_out, double bytes, bool reduces, in
 
 bool Tuner::hierarchical_reads_peers(size_t bytes) const {
   // Where reading a peer's memory copies faster than passing slots.
-  // Crowding slows both alike.
-  const double pr_bytes_per_us =
-      shape_.oversubscribed ? kPeerReadBytesPerUsOversubscribed / crowding() : kPeerReadBytesPerUs;
   return shape_.host_peer_reads && bytes >= shape_.peer_read_min_bytes &&
-         1.0 / pr_bytes_per_us < intra().beta_us_per_byte;
+         peer_read_beta() < intra().beta_us_per_byte;
+}
+
+double Tuner::peer_read_beta() const {
+  // Crowding slows reads as it slows slots.
+  return shape_.oversubscribed ? crowding() / kPeerReadBytesPerUsOversubscribed : 1.0 / kPeerReadBytesPerUs;
 }
 
 size_t Tuner::peer_read_min(Coll c) const {
