@@ -8,6 +8,8 @@ prints per size each algorithm's time, the best one, the tuner's pick, and
 pick/best: the picked algorithm's forced time against the best forced time
 (1.00 is a perfect pick; the issue's bar is 1.10). The tuner's communicator
 is timed too ('tuner'): the same algorithm as the pick, measured once more.
+On one host every communicator times peer reads against the ring at init and
+picks by what it measured, so there the ratio is the 'tuner' column's.
 
   bench/tune_sweep.py --build build --shapes 4x1,8x1,4x2,8x2 -b 8 -e 16M
 
@@ -135,8 +137,16 @@ def main():
         tune = run_perf(args, coll, nranks, hosts)
         picks = parse_picks(tune, coll)
         print(f"tuner: {tune}")
-        print("ratio: the picked algorithm's own column against the best column; 'tuner' times the")
-        print("tuner's communicator, which runs the same code as the pick's")
+        # On one host each communicator times peer reads against the ring at
+        # init (Communicator::probe_peer_reads), so the logged line comes from
+        # another communicator than the timed one, and may differ from its picks.
+        measured = hosts == 1
+        if measured:
+            print("ratio: the tuner's communicator ('tuner') against the best column; on one host each")
+            print("communicator times peer reads at init, so 'pick' (another run's log) may differ from it")
+        else:
+            print("ratio: the picked algorithm's own column against the best column; 'tuner' times the")
+            print("tuner's communicator, which runs the same code as the pick's")
         print(f"{'size':>10} " + " ".join(f"{a:>10}" for a in algos) +
               f" {'tuner':>10} {'pick':>10} {'best':>10} {'ratio':>6}")
         for size in sorted(results["auto"]):
@@ -154,7 +164,7 @@ def main():
             auto_t = results["auto"][size]
             pick = pick_at(picks, size)
             pick_t = results.get(pick, {}).get(size) if pick in algos and runs(pick, nranks, hosts, size) else None
-            ratio = (pick_t if pick_t is not None else auto_t) / best_t
+            ratio = (pick_t if pick_t is not None and not measured else auto_t) / best_t
             worst = max(worst, ratio)
             print(f"{size:>10} " + " ".join(row) +
                   f" {auto_t:>10.1f} {pick or '?':>10} {best:>10} {ratio:>6.2f}")

@@ -111,6 +111,26 @@ bool any_line(const std::vector<LogLine>& lines, int rank, const std::string& su
   return false;
 }
 
+// 2 ranks of one host logging `subsys` at INFO into files in `dir`, with
+// `env` added; each sums `count` ones with all_reduce and checks the 2s.
+braid::launcher::LaunchResult two_ranks_logging(const std::string& dir, const char* subsys, const Env& env,
+                                                size_t count) {
+  braid::launcher::LaunchOptions o;
+  o.nranks = 2;
+  o.env = {
+      {"BRAID_DEBUG", "INFO"}, {"BRAID_DEBUG_SUBSYS", subsys}, {"BRAID_DEBUG_FILE", dir + "/log-%p.txt"}};
+  o.env.insert(o.env.end(), env.begin(), env.end());
+  return braid::launcher::fork_ranks(o, [count](braid_comm_t comm, int, int, const braid_unique_id_t&) {
+    std::vector<float> x(count, 1.0f);
+    if (braid_all_reduce(x.data(), x.data(), x.size(), BRAID_FLOAT32, BRAID_SUM, comm, nullptr) !=
+        BRAID_SUCCESS)
+      return 1;
+    for (float v : x)
+      if (v != 2.0f) return 1;
+    return 0;
+  });
+}
+
 // Ranks 0-1 on simulated host "hostA", 2-3 on "hostB".
 void two_hosts(int rank) {
   setenv("BRAID_HOST_ID", rank < 2 ? "hostA" : "hostB", 1);
@@ -162,20 +182,9 @@ TEST(Observability, ShmSlotCopiesFollowTheirMeasurement) {
   for (bool set : {false, true}) {
     const ScratchDir scratch("stream");
     const std::string& dir = scratch.path;
-    braid::launcher::LaunchOptions o;
-    o.nranks = 2;
-    o.env = {
-        {"BRAID_DEBUG", "INFO"}, {"BRAID_DEBUG_SUBSYS", "SHM"}, {"BRAID_DEBUG_FILE", dir + "/log-%p.txt"}};
-    if (set) o.env.push_back({"BRAID_SHM_STREAM_MAX_BYTES", "128K"});
-    auto result = braid::launcher::fork_ranks(o, [](braid_comm_t comm, int, int, const braid_unique_id_t&) {
-      std::vector<float> x(1 << 14, 1.0f);  // 64 KiB: inside the band
-      if (braid_all_reduce(x.data(), x.data(), x.size(), BRAID_FLOAT32, BRAID_SUM, comm, nullptr) !=
-          BRAID_SUCCESS)
-        return 1;
-      for (float v : x)
-        if (v != 2.0f) return 1;
-      return 0;
-    });
+    // 64 KiB: inside the band.
+    auto result =
+        two_ranks_logging(dir, "SHM", set ? Env{{"BRAID_SHM_STREAM_MAX_BYTES", "128K"}} : Env{}, 1 << 14);
     ASSERT_TRUE(result.ok()) << result.describe();
     std::vector<std::string> said(2);
     for (const LogLine& l : parse_logs(dir))
@@ -207,6 +216,54 @@ TEST(Observability, ShmSlotCopiesFollowTheirMeasurement) {
       EXPECT_NE(m.find("slot copies of 16 KiB up to 256 KiB use streaming stores;"), std::string::npos) << m;
     else
       EXPECT_NE(m.find("slot copies use plain stores;"), std::string::npos) << m;
+  }
+}
+
+// On one host each collective that may read peers' buffers is timed both
+// ways at init: every rank logs the same times, and the tuner's line
+// follows them. A collective BRAID_ALGO forces is not timed, and without
+// peer reads nothing is.
+TEST(Observability, PeerReadsAreTimedAtInitAndDecide) {
+  struct Case {
+    Env env;
+    std::vector<std::string> timed;
+  };
+  const Case cases[] = {
+      {{}, {"all_reduce", "all_gather", "reduce_scatter"}},
+      {{{"BRAID_ALGO", "all_reduce:ring"}}, {"all_gather", "reduce_scatter"}},
+      {{{"BRAID_SHM_PEER_READS", "0"}}, {}},
+  };
+  for (const Case& c : cases) {
+    const ScratchDir scratch("probe");
+    const std::string& dir = scratch.path;
+    auto result = two_ranks_logging(dir, "TUNE", c.env, 1 << 18);  // 1 MiB, where the timed choice applies
+    ASSERT_TRUE(result.ok()) << result.describe();
+    std::map<std::string, std::string> timed[2], picks[2];
+    for (const LogLine& l : parse_logs(dir)) {
+      const size_t colon = l.message.find(':');
+      const std::string head = l.message.substr(0, l.message.find(' '));
+      if (l.message.find(" of 1 MiB: ") != std::string::npos)
+        timed[l.rank][head] = l.message;
+      else if (colon != std::string::npos && colon == head.size() - 1)
+        picks[l.rank][head.substr(0, colon)] = l.message;
+    }
+    EXPECT_EQ(timed[0], timed[1]) << "both ranks decide from the same times";
+    EXPECT_EQ(picks[0], picks[1]);
+    std::set<std::string> names;
+    for (const auto& [name, line] : timed[0]) names.insert(name);
+    EXPECT_EQ(names, std::set<std::string>(c.timed.begin(), c.timed.end()));
+    for (const auto& [name, line] : timed[0]) {
+      double reads = 0, ring = 0;
+      ASSERT_EQ(std::sscanf(line.c_str() + name.size(), " of 1 MiB: %lf us reading peers, %lf us on the ring",
+                            &reads, &ring),
+                2)
+          << line;
+      EXPECT_GT(reads, 0) << line;
+      EXPECT_GT(ring, 0) << line;
+      // At 1 MiB on 2 ranks the ring is the model's best non-reading choice.
+      const bool reads_picked = picks[0][name].find("<= peer_read") != std::string::npos;
+      EXPECT_EQ(reads_picked, reads < ring) << line << "; " << picks[0][name];
+    }
   }
 }
 

@@ -279,6 +279,33 @@ TEST(Tuner, MeasuredPeerReadsDecideCopyCollectives) {
     EXPECT_EQ(f.pick(Coll::kAllReduce, bytes), fixed.pick(Coll::kAllReduce, bytes)) << bytes;
 }
 
+TEST(Tuner, TimedPeerReadsArePricedAgainstTheRing) {
+  // Init timed each collective reading peers against its ring: the reads
+  // cost that ratio of the ring's modelled time at every size, for 2 ranks
+  // with cores of their own and for 4 sharing 2 cores alike. Slower reads
+  // are never picked; faster ones from the threshold up, and not below it.
+  for (JobShape base : {one_host(2), sharing_cores(one_host(4), 2)}) {
+    JobShape slow = base, fast = base;
+    for (Coll c : {Coll::kAllReduce, Coll::kAllGather, Coll::kReduceScatter}) {
+      slow.peer_read_vs_ring[static_cast<int>(c)] = 1.8;
+      fast.peer_read_vs_ring[static_cast<int>(c)] = 0.6;
+    }
+    const Tuner s(slow, AlgoChoice{}), f(fast, AlgoChoice{});
+    for (Coll c : {Coll::kAllReduce, Coll::kAllGather, Coll::kReduceScatter}) {
+      for (size_t bytes : {size_t{256} << 10, size_t{1} << 20, size_t{64} << 20}) {
+        EXPECT_NE(s.pick(c, bytes), Algo::kPeerRead) << coll_name(c) << " " << bytes;
+        EXPECT_EQ(f.pick(c, bytes), Algo::kPeerRead) << coll_name(c) << " " << bytes;
+        EXPECT_DOUBLE_EQ(s.predict_us(c, Algo::kPeerRead, bytes), 1.8 * s.predict_us(c, Algo::kRing, bytes));
+      }
+      EXPECT_NE(f.pick(c, f.peer_read_min(c) - 1), Algo::kPeerRead) << coll_name(c);
+    }
+    // Broadcast was not timed: it keeps its model.
+    const Tuner plain(base, AlgoChoice{});
+    for (size_t bytes : {size_t{256} << 10, size_t{8} << 20})
+      EXPECT_EQ(s.pick(Coll::kBroadcast, bytes), plain.pick(Coll::kBroadcast, bytes)) << bytes;
+  }
+}
+
 TEST(Tuner, TableLookupAgreesWithTheModelAtEverySize) {
   // pick() reads a table per power of two plus exact checks; it must give
   // what choose() computes for sizes in between too.

@@ -259,6 +259,12 @@ bool Tuner::can_run(Coll c, Algo a, size_t bytes) const {
 double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
   if (!can_run(c, a, bytes)) return -1;
   const JobShape& sh = shape_;
+  // Measured beats modelled: the kernel's cross-memory copies ran 1.2-1.4x
+  // the ring's speed on one VM and 0.4-0.75x on another (a CPU whose
+  // memcpy is fast and whose caches hold the buffers), which no fixed rate
+  // fits both ways.
+  if (a == Algo::kPeerRead && sh.peer_read_vs_ring[static_cast<int>(c)] > 0)
+    return sh.peer_read_vs_ring[static_cast<int>(c)] * predict_us(c, Algo::kRing, bytes);
   const double n = sh.nranks, S = static_cast<double>(bytes);
   if (n <= 1) return 0;
   const bool multi = sh.nhosts > 1, over = sh.oversubscribed;

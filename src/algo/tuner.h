@@ -61,6 +61,10 @@ struct JobShape {
   // A slot round's time over a peer read's for 256 KiB, measured at init
   // where ranks have cores of their own (0: not measured).
   double peer_read_speedup = 0;
+  // A peer-read call's time over the ring's, [Coll], timed at init on one
+  // host (Communicator::probe_peer_reads; 0: not measured). Where set, it
+  // prices that collective's peer reads at every size.
+  std::array<double, kNumTunedColls> peer_read_vs_ring{};
 };
 
 // Cost of one message step and of each byte, on one kind of link.

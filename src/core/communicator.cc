@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
@@ -223,7 +224,88 @@ Status Communicator::setup_transports() {
       for (Connection* c : list) c->shutdown(why);
   });
   // Nobody may send before every rank has its engine (and its slots) ready.
-  return bootstrap_->barrier(deadline);
+  BRAID_RETURN_IF_ERROR(bootstrap_->barrier(deadline));
+  return probe_peer_reads(deadline);
+}
+
+// The kernel's cross-memory copies (process_vm_readv) pin every page they
+// touch: on one VM they copied at a third of memcpy's speed and the peer
+// reads still beat the ring from 256 KiB (they copy each byte fewer
+// times); on another (AMD EPYC, 32 MiB of L3, memcpy 4x faster than the
+// kernel's copy) they ran 1.3-2.5x slower than the ring from 1 MiB. So each
+// collective the tuner may run by reading peers is timed both ways at init,
+// 1 MiB, best of 4 turns taken alternately after 2 untimed ones (where
+// ranks share cores the first turns ran up to 6x slower), the slowest
+// rank's time counting: 12 calls per collective, a few milliseconds with
+// cores to spare, 15 ms for 4 ranks on 2 cores.
+Status Communicator::probe_peer_reads(Deadline deadline) {
+  const JobShape& sh = tuner_.shape();
+  if (!sh.peer_reads || nranks_ < 2) return Status::ok();
+  constexpr Coll kProbed[] = {Coll::kAllReduce, Coll::kAllGather, Coll::kReduceScatter};
+  constexpr int kWarmups = 2, kRounds = 4;
+  struct Times {
+    float us[3][2] = {};  // [probed collective][peer_read, ring]; 0: not timed
+  } mine;
+  const size_t count = kPeerReadProbeBytes / sizeof(float) / static_cast<size_t>(nranks_);
+  std::vector<float> in(count * static_cast<size_t>(nranks_), 1.0f), out(in.size());
+  bool any = false;
+  for (int i = 0; i < 3; ++i) {
+    const Coll c = kProbed[i];
+    if (tuner_.forced()[c] != Algo::kAuto || !tuner_.can_run(c, Algo::kPeerRead, kPeerReadProbeBytes))
+      continue;
+    any = true;
+    CollArgs a;
+    a.dtype = BRAID_FLOAT32;
+    a.op = BRAID_SUM;
+    OpKind kind = OpKind::kAllReduce;
+    if (c == Coll::kAllReduce) {
+      a.sendbuf = a.recvbuf = in.data();  // in place, as DDP's buckets
+      a.count = in.size();
+    } else {
+      kind = c == Coll::kAllGather ? OpKind::kAllGather : OpKind::kReduceScatter;
+      a.sendbuf = in.data();
+      a.recvbuf = out.data();
+      a.count = count;
+    }
+    double best[2] = {1e30, 1e30};
+    for (int round = 0; round < kWarmups + kRounds; ++round) {
+      for (int k = 0; k < 2; ++k) {
+        std::shared_ptr<Op> op = make_op(kind, a, false, k == 0 ? Algo::kPeerRead : Algo::kRing);
+        op->untraceable = true;
+        const auto t0 = std::chrono::steady_clock::now();
+        engine_->post(op);
+        BRAID_RETURN_IF_ERROR(engine_->wait(*op).with_context(std::string("timing ") + coll_name(c) +
+                                                              " at init (peer reads against the ring)"));
+        const double us =
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+        if (round >= kWarmups) best[k] = std::min(best[k], us);
+      }
+      if (c == Coll::kAllReduce) std::fill(in.begin(), in.end(), 1.0f);  // sums grow; keep them finite
+    }
+    mine.us[i][0] = static_cast<float>(best[0]);
+    mine.us[i][1] = static_cast<float>(best[1]);
+  }
+  if (!any) return Status::ok();
+  std::vector<uint8_t> raw;
+  // Also the point after which no rank runs a probe any more.
+  BRAID_RETURN_IF_ERROR(bootstrap_->all_gather(&mine, sizeof(mine), &raw, deadline));
+  engine_->restart_collective_seq();
+  JobShape shape = sh;
+  for (int i = 0; i < 3; ++i) {
+    float slowest[2] = {0, 0};
+    for (int r = 0; r < nranks_; ++r) {
+      Times t;
+      std::memcpy(&t, raw.data() + sizeof(Times) * static_cast<size_t>(r), sizeof(t));
+      for (int k = 0; k < 2; ++k) slowest[k] = std::max(slowest[k], t.us[i][k]);
+    }
+    if (slowest[0] <= 0 || slowest[1] <= 0) continue;
+    shape.peer_read_vs_ring[static_cast<int>(kProbed[i])] = slowest[0] / slowest[1];
+    BRAID_INFO(
+        "TUNE", rank_, "%s of %s: %.1f us reading peers, %.1f us on the ring (slowest rank, best of %d)",
+        coll_name(kProbed[i]), bytes_text(kPeerReadProbeBytes).c_str(), slowest[0], slowest[1], kRounds);
+  }
+  tuner_ = Tuner(shape, config_.algo);
+  return Status::ok();
 }
 
 // Streaming stores for mid-size shm slot copies: on some machines they
@@ -634,7 +716,8 @@ bool keep_args_or_skip(OpKind kind, Op& op, CollArgs& a, int rank, int nranks, R
 
 }  // namespace
 
-std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, bool async) {
+std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, bool async, Algo forced) {
+  auto pick = [&](Coll c, size_t bytes) { return forced != Algo::kAuto ? forced : tuner_.pick(c, bytes); };
   auto op = new_op();
   op->name = op_kind_name(kind);
   op->async = async;
@@ -688,12 +771,12 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
   }
   switch (kind) {
     case OpKind::kAllReduce:
-      op->task = all_reduce_task(op.get(), a);
+      op->task = all_reduce_task(op.get(), a, pick(Coll::kAllReduce, a.count * esize));
       break;
     case OpKind::kBroadcast:
     case OpKind::kReduce: {
       const Coll c = kind == OpKind::kBroadcast ? Coll::kBroadcast : Coll::kReduce;
-      const Algo algo = tuner_.pick(c, a.count * esize);
+      const Algo algo = pick(c, a.count * esize);
       op->algo = algo == Algo::kRing ? "chain" : algo_name(algo);
       if (algo == Algo::kPeerRead) {
         op->task = peer_read_broadcast(coll_channel_, a);
@@ -724,7 +807,7 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
       break;
     }
     case OpKind::kAllGather: {
-      const Algo algo = tuner_.pick(Coll::kAllGather, out_bytes);
+      const Algo algo = pick(Coll::kAllGather, out_bytes);
       op->algo = algo_name(algo);
       if (algo == Algo::kPeerRead) {
         op->task = peer_read_all_gather(coll_channel_, a);
@@ -739,7 +822,7 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
       break;
     }
     case OpKind::kReduceScatter: {
-      const Algo algo = tuner_.pick(Coll::kReduceScatter, in_bytes);
+      const Algo algo = pick(Coll::kReduceScatter, in_bytes);
       op->algo = algo_name(algo);
       if (algo == Algo::kPeerRead) {
         op->work.resize(2 * std::min(coll_channel_.piece_bytes, out_bytes));
@@ -777,9 +860,8 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
   return checked(std::move(op));
 }
 
-Task Communicator::all_reduce_task(Op* op, const CollArgs& a) {
+Task Communicator::all_reduce_task(Op* op, const CollArgs& a, Algo algo) {
   const size_t bytes = a.count * dtype_size(a.dtype);
-  const Algo algo = tuner_.pick(Coll::kAllReduce, bytes);
   op->algo = algo_name(algo);
   switch (algo) {
     case Algo::kDirect:

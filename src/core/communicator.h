@@ -47,8 +47,9 @@ class Communicator {
   // Collective over this communicator. *out is null for BRAID_SPLIT_NOCOLOR.
   Status split(int color, int key, std::shared_ptr<Communicator>* out);
 
-  // Builds the operation; arguments must already be validated.
-  std::shared_ptr<Op> make_op(OpKind kind, const CollArgs& args, bool async);
+  // Builds the operation; arguments must already be validated. `algo`
+  // other than kAuto runs that algorithm where the tuner would pick.
+  std::shared_ptr<Op> make_op(OpKind kind, const CollArgs& args, bool async, Algo algo = Algo::kAuto);
   // A stream-ordered call (transports/cuda/stream_staging.h), in two steps:
   // the staging it needs (a block taken, copies listed, the stream's context
   // current on this thread), then, once that is enqueued, the op to post.
@@ -70,7 +71,12 @@ class Communicator {
   Status choose_slot_copies(const std::vector<int>& host_group, Deadline deadline);
   static constexpr size_t kStreamProbeBytes = 64 * 1024;  // inside the default streaming band
   static constexpr size_t kReadProbeBytes = 256 * 1024;   // where peer_read may start (the default)
-  Task all_reduce_task(Op* op, const CollArgs& a);
+  // Times each reducing and gathering collective reading peers against its
+  // ring, on one host, and gives the tuner the ratios (JobShape::
+  // peer_read_vs_ring). Collective: every rank calls it at init.
+  Status probe_peer_reads(Deadline deadline);
+  static constexpr size_t kPeerReadProbeBytes = 1024 * 1024;
+  Task all_reduce_task(Op* op, const CollArgs& a, Algo algo);
   void log_summary() const;
   // With BRAID_CHECK_CALLS, runs the op's task behind a comparison of calls.
   std::shared_ptr<Op> checked(std::shared_ptr<Op> op);

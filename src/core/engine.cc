@@ -339,7 +339,7 @@ Status Engine::error() const {
 
 void Engine::admit(Op& op) {
   op.deadline = Deadline::after_seconds(timeout_s_.load());
-  op.traced = trace_ != nullptr;
+  op.traced = trace_ != nullptr && !op.untraceable;
 }
 
 void Engine::start(Op& op) {
@@ -892,7 +892,7 @@ bool Engine::run_blocking(const std::shared_ptr<Op>& op, Status* result) {
   // and the driver's lock keeps every other driver out.
   // The deadline is set if the op has to wait in its lane (below): an op
   // done here reads no clock for it.
-  op->traced = trace_ != nullptr;
+  op->traced = trace_ != nullptr && !op->untraceable;
   start(*op);
   // Untraced, the start time is only for dumps, which see the op only once
   // it waits in its lane: an op done here reads no clock.

@@ -103,6 +103,7 @@ class Op {
   uint64_t wait_since_ticks = 0;
   uint32_t wait_checks = 0;  // failed readiness checks of the current wait
   bool traced = false;
+  bool untraceable = false;  // the communicator's own (init probes): never in a trace
 
   // Engine state (driver thread only, except `done` and `status` after done).
   bool started = false;
@@ -165,6 +166,9 @@ class Engine {
   double timeout_s() const { return timeout_s_.load(); }
   void set_timeout_s(double s) { timeout_s_.store(s); }
   uint64_t next_collective_seq() { return coll_seq_.fetch_add(1); }
+  // The user's first collective is #0 whatever init ran before it: every
+  // rank calls this at the same point, with no collective in flight.
+  void restart_collective_seq() { coll_seq_.store(0); }
   // Records a timeline of every op from now on (before any op is posted).
   void set_trace(TraceRecorder* trace) { trace_ = trace; }
   // The connections collectives use, indexed by rank (this rank's is skipped):
