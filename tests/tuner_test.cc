@@ -284,6 +284,7 @@ TEST(Tuner, TimedPeerReadsArePricedAgainstTheRing) {
   // cost that ratio of the ring's modelled time at every size, for 2 ranks
   // with cores of their own and for 4 sharing 2 cores alike. Slower reads
   // are never picked; faster ones from the threshold up, and not below it.
+  // (Broadcast: below.)
   for (JobShape base : {one_host(2), sharing_cores(one_host(4), 2)}) {
     JobShape slow = base, fast = base;
     for (Coll c : {Coll::kAllReduce, Coll::kAllGather, Coll::kReduceScatter}) {
@@ -299,10 +300,33 @@ TEST(Tuner, TimedPeerReadsArePricedAgainstTheRing) {
       }
       EXPECT_NE(f.pick(c, f.peer_read_min(c) - 1), Algo::kPeerRead) << coll_name(c);
     }
-    // Broadcast was not timed: it keeps its model.
-    const Tuner plain(base, AlgoChoice{});
-    for (size_t bytes : {size_t{256} << 10, size_t{8} << 20})
-      EXPECT_EQ(s.pick(Coll::kBroadcast, bytes), plain.pick(Coll::kBroadcast, bytes)) << bytes;
+  }
+}
+
+TEST(Tuner, TimedBroadcastReadsMatchTheProbeWhereRanksShareCores) {
+  // 2 ranks with cores of their own: the ratio prices every size, as for
+  // the other collectives. Ranks sharing cores: timed at 4 MiB, the model
+  // keeps its fixed cost per peer and gives the measured ratio at 4 MiB, so
+  // reads that won there by 20% still lose at 256 KiB.
+  JobShape two = one_host(2);
+  two.peer_read_vs_ring[static_cast<int>(Coll::kBroadcast)] = 0.7;
+  const Tuner t(two, AlgoChoice{});
+  EXPECT_EQ(peer_read_probe_bytes(Coll::kBroadcast, two), size_t{1} << 20);
+  for (size_t bytes : {size_t{64} << 10, size_t{1} << 20, size_t{32} << 20}) {
+    EXPECT_DOUBLE_EQ(t.predict_us(Coll::kBroadcast, Algo::kPeerRead, bytes),
+                     0.7 * t.predict_us(Coll::kBroadcast, Algo::kRing, bytes));
+    EXPECT_EQ(t.pick(Coll::kBroadcast, bytes), Algo::kPeerRead) << bytes;
+  }
+  for (double ratio : {0.8, 1.3}) {
+    JobShape four = sharing_cores(one_host(4), 2);
+    four.peer_read_vs_ring[static_cast<int>(Coll::kBroadcast)] = ratio;
+    const Tuner f(four, AlgoChoice{});
+    const size_t probed = peer_read_probe_bytes(Coll::kBroadcast, four);
+    EXPECT_EQ(probed, size_t{4} << 20);
+    EXPECT_NEAR(f.predict_us(Coll::kBroadcast, Algo::kPeerRead, probed),
+                ratio * f.predict_us(Coll::kBroadcast, Algo::kRing, probed), 1e-6 * probed);
+    EXPECT_NE(f.pick(Coll::kBroadcast, 256 << 10), Algo::kPeerRead);
+    EXPECT_EQ(f.pick(Coll::kBroadcast, 64 << 20) == Algo::kPeerRead, ratio < 1) << ratio;
   }
 }
 

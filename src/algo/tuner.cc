@@ -263,8 +263,9 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
   // the ring's speed on one VM and 0.4-0.75x on another (a CPU whose
   // memcpy is fast and whose caches hold the buffers), which no fixed rate
   // fits both ways.
-  if (a == Algo::kPeerRead && sh.peer_read_vs_ring[static_cast<int>(c)] > 0)
-    return sh.peer_read_vs_ring[static_cast<int>(c)] * predict_us(c, Algo::kRing, bytes);
+  const double timed = sh.peer_read_vs_ring[static_cast<int>(c)];
+  if (a == Algo::kPeerRead && timed > 0 && !(c == Coll::kBroadcast && sh.oversubscribed))
+    return timed * predict_us(c, Algo::kRing, bytes);
   const double n = sh.nranks, S = static_cast<double>(bytes);
   if (n <= 1) return 0;
   const bool multi = sh.nhosts > 1, over = sh.oversubscribed;
@@ -416,8 +417,15 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
             // the reads took 0.7-0.95 of the chain's time from 4 MiB, were
             // mixed at 1-2 MiB and lost below, at 4 and at 8 ranks alike:
             // the fixed cost per peer does not grow with ranks per core.
-            return (n - 1) * kPeerReadBroadcastPeerUs +
-                   kPeerReadBroadcastOfChain * chain_us(sh.nranks - 1, 0, S, false, 1);
+            // Where init timed both, the share of the chain is what makes
+            // the model give the measured ratio at the probe's size.
+            double of_chain = kPeerReadBroadcastOfChain;
+            if (timed > 0) {
+              const double probed = static_cast<double>(peer_read_probe_bytes(c, sh));
+              const double chain = chain_us(sh.nranks - 1, 0, probed, false, 1);
+              of_chain = std::max(0.0, timed - (n - 1) * kPeerReadBroadcastPeerUs / chain);
+            }
+            return (n - 1) * kPeerReadBroadcastPeerUs + of_chain * chain_us(sh.nranks - 1, 0, S, false, 1);
           }
           return peer_read_rounds() * (n - 1) * in.alpha_us + S * read_beta(hop_beta(false, reduces));
         case Algo::kHierarchical:
@@ -459,6 +467,10 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
       break;
   }
   return -1;
+}
+
+size_t peer_read_probe_bytes(Coll c, const JobShape& shape) {
+  return c == Coll::kBroadcast && shape.oversubscribed ? 4u << 20 : 1u << 20;
 }
 
 double Tuner::peer_read_rounds() const {

@@ -61,11 +61,16 @@ struct JobShape {
   // A slot round's time over a peer read's for 256 KiB, measured at init
   // where ranks have cores of their own (0: not measured).
   double peer_read_speedup = 0;
-  // A peer-read call's time over the ring's, [Coll], timed at init on one
-  // host (Communicator::probe_peer_reads; 0: not measured). Where set, it
-  // prices that collective's peer reads at every size.
+  // A peer-read call's time over the ring's (broadcast: the chain's), [Coll],
+  // timed at init on one host (Communicator::probe_peer_reads; 0: not
+  // measured) for peer_read_probe_bytes(). Where set, it prices that
+  // collective's peer reads.
   std::array<double, kNumTunedColls> peer_read_vs_ring{};
 };
+
+// The buffer the init probe times `c` with: 1 MiB, but 4 MiB for a
+// broadcast whose ranks share cores, where reads overtake the chain.
+size_t peer_read_probe_bytes(Coll c, const JobShape& shape);
 
 // Cost of one message step and of each byte, on one kind of link.
 struct LinkCost {

@@ -233,37 +233,38 @@ Status Communicator::setup_transports() {
 // reads still beat the ring from 256 KiB (they copy each byte fewer
 // times); on another (AMD EPYC, 32 MiB of L3, memcpy 4x faster than the
 // kernel's copy) they ran 1.3-2.5x slower than the ring from 1 MiB. So each
-// collective the tuner may run by reading peers is timed both ways at init,
-// 1 MiB, best of 4 turns taken alternately after 2 untimed ones (where
+// collective the tuner may run by reading peers is timed both ways at init
+// (peer_read_probe_bytes: 1 MiB, 4 MiB for broadcast where ranks share
+// cores), best of 4 turns taken alternately after 2 untimed ones (where
 // ranks share cores the first turns ran up to 6x slower), the slowest
 // rank's time counting: 12 calls per collective, a few milliseconds with
-// cores to spare, 15 ms for 4 ranks on 2 cores.
+// cores to spare, 30 ms for 4 ranks on 2 cores.
 Status Communicator::probe_peer_reads(Deadline deadline) {
   const JobShape& sh = tuner_.shape();
   if (!sh.peer_reads || nranks_ < 2) return Status::ok();
-  constexpr Coll kProbed[] = {Coll::kAllReduce, Coll::kAllGather, Coll::kReduceScatter};
-  constexpr int kWarmups = 2, kRounds = 4;
+  constexpr Coll kProbed[] = {Coll::kAllReduce, Coll::kBroadcast, Coll::kAllGather, Coll::kReduceScatter};
+  constexpr int kNumProbed = 4, kWarmups = 2, kRounds = 4;
   struct Times {
-    float us[3][2] = {};  // [probed collective][peer_read, ring]; 0: not timed
+    float us[kNumProbed][2] = {};  // [probed collective][peer_read, ring]; 0: not timed
   } mine;
-  const size_t count = kPeerReadProbeBytes / sizeof(float) / static_cast<size_t>(nranks_);
-  std::vector<float> in(count * static_cast<size_t>(nranks_), 1.0f), out(in.size());
+  std::vector<float> in, out;
   bool any = false;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < kNumProbed; ++i) {
     const Coll c = kProbed[i];
-    if (tuner_.forced()[c] != Algo::kAuto || !tuner_.can_run(c, Algo::kPeerRead, kPeerReadProbeBytes))
-      continue;
+    const size_t bytes = peer_read_probe_bytes(c, sh);
+    if (tuner_.forced()[c] != Algo::kAuto || !tuner_.can_run(c, Algo::kPeerRead, bytes)) continue;
     any = true;
+    const size_t count = bytes / sizeof(float) / static_cast<size_t>(nranks_);
+    in.assign(count * static_cast<size_t>(nranks_), 1.0f);
+    out.resize(in.size());
     CollArgs a;
     a.dtype = BRAID_FLOAT32;
     a.op = BRAID_SUM;
-    OpKind kind = OpKind::kAllReduce;
-    if (c == Coll::kAllReduce) {
-      a.sendbuf = a.recvbuf = in.data();  // in place, as DDP's buckets
-      a.count = in.size();
-    } else {
+    a.sendbuf = a.recvbuf = in.data();  // all_reduce and broadcast in place, as DDP calls them
+    a.count = in.size();
+    OpKind kind = c == Coll::kAllReduce ? OpKind::kAllReduce : OpKind::kBroadcast;
+    if (c == Coll::kAllGather || c == Coll::kReduceScatter) {
       kind = c == Coll::kAllGather ? OpKind::kAllGather : OpKind::kReduceScatter;
-      a.sendbuf = in.data();
       a.recvbuf = out.data();
       a.count = count;
     }
@@ -291,7 +292,7 @@ Status Communicator::probe_peer_reads(Deadline deadline) {
   BRAID_RETURN_IF_ERROR(bootstrap_->all_gather(&mine, sizeof(mine), &raw, deadline));
   engine_->restart_collective_seq();
   JobShape shape = sh;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < kNumProbed; ++i) {
     float slowest[2] = {0, 0};
     for (int r = 0; r < nranks_; ++r) {
       Times t;
@@ -299,10 +300,11 @@ Status Communicator::probe_peer_reads(Deadline deadline) {
       for (int k = 0; k < 2; ++k) slowest[k] = std::max(slowest[k], t.us[i][k]);
     }
     if (slowest[0] <= 0 || slowest[1] <= 0) continue;
-    shape.peer_read_vs_ring[static_cast<int>(kProbed[i])] = slowest[0] / slowest[1];
-    BRAID_INFO(
-        "TUNE", rank_, "%s of %s: %.1f us reading peers, %.1f us on the ring (slowest rank, best of %d)",
-        coll_name(kProbed[i]), bytes_text(kPeerReadProbeBytes).c_str(), slowest[0], slowest[1], kRounds);
+    const Coll c = kProbed[i];
+    shape.peer_read_vs_ring[static_cast<int>(c)] = slowest[0] / slowest[1];
+    BRAID_INFO("TUNE", rank_, "%s of %s: %.1f us reading peers, %.1f us on the %s (slowest rank, best of %d)",
+               coll_name(c), bytes_text(peer_read_probe_bytes(c, sh)).c_str(), slowest[0], slowest[1],
+               c == Coll::kBroadcast ? "chain" : "ring", kRounds);
   }
   tuner_ = Tuner(shape, config_.algo);
   return Status::ok();

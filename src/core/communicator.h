@@ -71,11 +71,11 @@ class Communicator {
   Status choose_slot_copies(const std::vector<int>& host_group, Deadline deadline);
   static constexpr size_t kStreamProbeBytes = 64 * 1024;  // inside the default streaming band
   static constexpr size_t kReadProbeBytes = 256 * 1024;   // where peer_read may start (the default)
-  // Times each reducing and gathering collective reading peers against its
-  // ring, on one host, and gives the tuner the ratios (JobShape::
-  // peer_read_vs_ring). Collective: every rank calls it at init.
+  // Times each collective that may read peers (all_reduce, broadcast,
+  // all_gather, reduce_scatter) against its ring or chain, on one host, and
+  // gives the tuner the ratios (JobShape::peer_read_vs_ring). Collective:
+  // every rank calls it at init.
   Status probe_peer_reads(Deadline deadline);
-  static constexpr size_t kPeerReadProbeBytes = 1024 * 1024;
   Task all_reduce_task(Op* op, const CollArgs& a, Algo algo);
   void log_summary() const;
   // With BRAID_CHECK_CALLS, runs the op's task behind a comparison of calls.
