@@ -247,23 +247,17 @@ TEST(Tuner, OversubscribedAllReduceReadsPeersAtTwoRanksPerCore) {
   EXPECT_EQ(Tuner(three, AlgoChoice{}).pick(Coll::kAllReduce, 256 << 10), Algo::kRing);
 }
 
-TEST(Tuner, MeasuredPeerReadsDecideCopyCollectives) {
-  // Where init timed peer reads at 0.58 of a slot round (2 ranks with a
-  // core each), a broadcast reads the root's buffer from the threshold up
-  // (copies' own: 64 KiB); where reads were slower than slots, or nothing
-  // was measured (the fixed rate), it passes slots. Below the threshold it
-  // never reads.
+TEST(Tuner, TimedCopyReadsStartAtTheirThreshold) {
+  // Where init timed a broadcast's and an all_gather's reads at 0.58 of
+  // the chain's and the ring's time (2 ranks with a core each), they read
+  // from the copies' threshold up (64 KiB), and never below it.
   JobShape fast = one_host(2);
-  fast.peer_read_speedup = 1.0 / 0.58;
-  JobShape slow = one_host(2);
-  slow.peer_read_speedup = 0.8;
-  const Tuner f(fast, AlgoChoice{}), s(slow, AlgoChoice{}), fixed(one_host(2), AlgoChoice{});
+  fast.peer_read_vs_ring[static_cast<int>(Coll::kBroadcast)] = 0.58;
+  fast.peer_read_vs_ring[static_cast<int>(Coll::kAllGather)] = 0.58;
+  const Tuner f(fast, AlgoChoice{});
   for (size_t bytes : {size_t{64} << 10, size_t{256} << 10, size_t{1} << 20, size_t{8} << 20}) {
     EXPECT_EQ(f.pick(Coll::kBroadcast, bytes), Algo::kPeerRead) << bytes;
-    EXPECT_EQ(s.pick(Coll::kBroadcast, bytes), Algo::kRing) << bytes;
-    EXPECT_EQ(fixed.pick(Coll::kBroadcast, bytes), Algo::kRing) << bytes;
     EXPECT_EQ(f.pick(Coll::kAllGather, bytes), Algo::kPeerRead) << bytes;
-    EXPECT_EQ(s.pick(Coll::kAllGather, bytes), Algo::kRing) << bytes;
   }
   EXPECT_NE(f.pick(Coll::kBroadcast, 32 << 10), Algo::kPeerRead);
   EXPECT_NE(f.pick(Coll::kAllGather, 32 << 10), Algo::kPeerRead);
@@ -274,9 +268,10 @@ TEST(Tuner, MeasuredPeerReadsDecideCopyCollectives) {
   EXPECT_EQ(o.pick(Coll::kBroadcast, 299999), Algo::kRing);
   EXPECT_EQ(o.pick(Coll::kBroadcast, 300000), Algo::kPeerRead);
   EXPECT_EQ(o.pick(Coll::kBroadcast, 400000), Algo::kPeerRead);
-  // The probe times copies, not reductions: all_reduce keeps its choice.
+  // Untimed, at the fixed rate, 2 ranks broadcast through the chain.
+  const Tuner fixed(one_host(2), AlgoChoice{});
   for (size_t bytes : {size_t{256} << 10, size_t{8} << 20})
-    EXPECT_EQ(f.pick(Coll::kAllReduce, bytes), fixed.pick(Coll::kAllReduce, bytes)) << bytes;
+    EXPECT_EQ(fixed.pick(Coll::kBroadcast, bytes), Algo::kRing) << bytes;
 }
 
 TEST(Tuner, TimedPeerReadsArePricedAgainstTheRing) {

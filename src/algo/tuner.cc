@@ -274,17 +274,9 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
   const double L = multi ? std::max(1, sh.ranks_per_host) : n;
   const double msg_in = over ? kShmMessageUsPerRankPerCore * sh.ranks_per_core : kShmMessageUs;
   const double msg_out = over ? kTcpMessageUsPerRankPerCore * sh.ranks_per_core : kTcpMessageUs;
+  // Untimed peer reads (braid-topo's table, or a job init did not time)
+  // copy at the fixed rate of the VM the model was fitted on.
   const double pr_beta = peer_read_beta();
-  // Where init measured it (ranks on cores of their own), a peer read of
-  // some bytes costs 1/speedup of passing them through a slot, whose cost
-  // per byte the copy collectives' slot paths price at `slot_beta`. The
-  // fixed rate above fits one VM's kernel (no fast string copies); another
-  // read 256 KiB in 0.56-0.62 of a slot round, and its broadcast ran
-  // 1.6-1.8x faster by reading from 256 KiB to 1 MiB. The probe times
-  // copies only: collectives that reduce keep the fixed rate.
-  auto read_beta = [&](double slot_beta) {
-    return sh.peer_read_speedup > 0 ? slot_beta / sh.peer_read_speedup : pr_beta;
-  };
   const double depth = std::floor(std::log2(n));  // levels below a binary tree's root
   // Recursive doubling and halving pair ranks 1, 2, 4, ... apart among the
   // largest power of two p2: steps below Li stay inside a host when hosts
@@ -427,7 +419,7 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
             }
             return (n - 1) * kPeerReadBroadcastPeerUs + of_chain * chain_us(sh.nranks - 1, 0, S, false, 1);
           }
-          return peer_read_rounds() * (n - 1) * in.alpha_us + S * read_beta(hop_beta(false, reduces));
+          return peer_read_rounds() * (n - 1) * in.alpha_us + S * pr_beta;
         case Algo::kHierarchical:
           // A chain across hosts and chains inside them (in parallel), one
           // phase after the other.
@@ -456,7 +448,7 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
       }
       if (a == Algo::kPeerRead)
         return (c == Coll::kAllGather ? peer_read_rounds() : kPeerReadFittedRounds) * (n - 1) * in.alpha_us +
-               (n - 1) / n * S * (c == Coll::kAllGather ? read_beta(2 * l.beta_us_per_byte) : pr_beta);
+               (n - 1) / n * S * pr_beta;
       if (a == Algo::kHierarchical) {
         // A ring across hosts of one block each, then a ring inside the
         // host per host's worth of blocks (reduce_scatter: the reverse).

@@ -58,9 +58,6 @@ struct JobShape {
   size_t direct_max_bytes = 16 * 1024;          // BRAID_DIRECT_MAX_BYTES
   size_t peer_read_min_bytes = 256 * 1024;      // BRAID_PEER_READ_MIN_BYTES: reductions
   size_t copy_peer_read_min_bytes = 64 * 1024;  // broadcast and all_gather (the same variable sets both)
-  // A slot round's time over a peer read's for 256 KiB, measured at init
-  // where ranks have cores of their own (0: not measured).
-  double peer_read_speedup = 0;
   // A peer-read call's time over the ring's (broadcast: the chain's), [Coll],
   // timed at init on one host (Communicator::probe_peer_reads; 0: not
   // measured) for peer_read_probe_bytes(). Where set, it prices that

@@ -320,14 +320,14 @@ Status Communicator::probe_peer_reads(Deadline deadline) {
 Status Communicator::choose_slot_copies(const std::vector<int>& host_group, Deadline deadline) {
   struct Verdict {
     uint8_t measured = 0, streaming = 0;
-    float plain_us = 0, streaming_us = 0, slot_us = 0, peer_read_us = 0;
+    float plain_us = 0, streaming_us = 0;
   } mine;
   const bool measure = host_group.size() > 1 && !tuner_.shape().oversubscribed;
   if (measure && (rank_ == host_group[0] || rank_ == host_group[1])) {
     const bool sender = rank_ == host_group[0];
     ShmTransport::CopyTimes t;
-    Status st = shm_->time_slot_copies(sender ? host_group[1] : host_group[0], sender, kStreamProbeBytes,
-                                       kReadProbeBytes, 9, deadline, &t);
+    Status st = shm_->time_slot_copies(sender ? host_group[1] : host_group[0], sender, kStreamProbeBytes, 9,
+                                       deadline, &t);
     if (!st) {
       // The partner may be spinning on our next round: a failed flag ends
       // its wait with this reason, where silence would last until the
@@ -341,28 +341,9 @@ Status Communicator::choose_slot_copies(const std::vector<int>& host_group, Dead
     mine.streaming = t.streaming_us < 0.85 * t.plain_us ? 1 : 0;
     mine.plain_us = static_cast<float>(t.plain_us);
     mine.streaming_us = static_cast<float>(t.streaming_us);
-    mine.slot_us = static_cast<float>(t.slot_us);
-    mine.peer_read_us = static_cast<float>(t.peer_read_us);
   }
   std::vector<uint8_t> raw;
   BRAID_RETURN_IF_ERROR(bootstrap_->all_gather(&mine, sizeof(mine), &raw, deadline));
-  // The tuner weighs peer reads against slots by the slowest host's ratio:
-  // every rank computes it from the same all-gather, so all build one table.
-  double speedup = 0;
-  for (int r = 0; r < nranks_; ++r) {
-    Verdict v;
-    std::memcpy(&v, raw.data() + sizeof(Verdict) * static_cast<size_t>(r), sizeof(v));
-    if (!v.measured || v.peer_read_us <= 0) continue;
-    const double ratio = static_cast<double>(v.slot_us) / v.peer_read_us;
-    speedup = speedup == 0 ? ratio : std::min(speedup, ratio);
-  }
-  if (speedup > 0) {
-    JobShape shape = tuner_.shape();
-    shape.peer_read_speedup = speedup;
-    tuner_ = Tuner(shape, config_.algo);
-    BRAID_INFO("TUNE", rank_, "peer reads move %s in %.2f of a slot round's time (slowest host)",
-               bytes_text(kReadProbeBytes).c_str(), 1.0 / speedup);
-  }
   if (host_group.size() < 2) return Status::ok();
   Verdict leader;
   std::memcpy(&leader, raw.data() + sizeof(Verdict) * static_cast<size_t>(host_group[0]), sizeof(leader));
@@ -374,9 +355,6 @@ Status Communicator::choose_slot_copies(const std::vector<int>& host_group, Dead
                   "; a %s copy between ranks %d and %d took %.2f us plain, %.2f us streaming",
                   bytes_text(kStreamProbeBytes).c_str(), host_group[0], host_group[1], leader.plain_us,
                   leader.streaming_us);
-  if (leader.measured && leader.peer_read_us > 0)
-    BRAID_INFO("SHM", rank_, "%s took %.2f us through a slot, %.2f us read by the peer",
-               bytes_text(kReadProbeBytes).c_str(), leader.slot_us, leader.peer_read_us);
   if (config_.shm_stream_set) {
     shm_->stream_copies(config_.shm_stream_min_bytes, config_.shm_stream_max_bytes);
     BRAID_INFO("SHM", rank_, "slot copies of %s use streaming stores, as BRAID_SHM_STREAM_*_BYTES say%s",

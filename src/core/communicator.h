@@ -70,7 +70,6 @@ class Communicator {
   void build_schedules(const std::vector<PeerInfo>& infos);
   Status choose_slot_copies(const std::vector<int>& host_group, Deadline deadline);
   static constexpr size_t kStreamProbeBytes = 64 * 1024;  // inside the default streaming band
-  static constexpr size_t kReadProbeBytes = 256 * 1024;   // where peer_read may start (the default)
   // Times each collective that may read peers (all_reduce, broadcast,
   // all_gather, reduce_scatter) against its ring or chain, on one host, and
   // gives the tuner the ratios (JobShape::peer_read_vs_ring). Collective:

@@ -521,54 +521,39 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-Status ShmTransport::time_slot_copies(int peer, bool sender, size_t bytes, size_t read_bytes, int rounds,
-                                      Deadline deadline, CopyTimes* out) {
+Status ShmTransport::time_slot_copies(int peer, bool sender, size_t bytes, int rounds, Deadline deadline,
+                                      CopyTimes* out) {
   auto* c = static_cast<ShmConnection*>(connection(0, peer));
   if (c == nullptr) return Status::internal("no shm connection to rank " + std::to_string(peer));
   bytes = std::min(bytes, c->slot_bytes());
-  read_bytes = c->supports_peer_reads() ? std::min(read_bytes, c->slot_bytes()) : 0;
-  std::vector<char> buffer(std::max(bytes, read_bytes), 1);
-  // Round kinds, in turn: slot copy of `bytes` plain, streaming; then, if
-  // reads are timed, slot copy of `read_bytes`, and the peer reading it.
-  enum Kind { kPlain, kStreaming, kSlot, kRead };
-  const int kinds = read_bytes > 0 ? 4 : 2;
-  std::vector<double> took[4];
+  std::vector<char> buffer(bytes, 1);
+  // Rounds take turns: slot copy of `bytes` plain, then streaming.
+  enum Kind { kPlain, kStreaming };
+  constexpr int kinds = 2;
+  std::vector<double> took[kinds];
   // One round of each kind warms the slots and the caches.
   for (int i = 0; i < kinds * (rounds + 1); ++i) {
     const Kind kind = static_cast<Kind>(i % kinds);
-    // A read round's message carries the address to read from.
-    const size_t n_send = kind == kRead ? sizeof(uint64_t) : kind == kSlot ? read_bytes : bytes;
     const void* data = nullptr;
     size_t n = 0;
     void* slot = nullptr;
     if (sender) {
       const auto t0 = std::chrono::steady_clock::now();
       BRAID_RETURN_IF_ERROR(
-          spin_until(c, peer, deadline, [&] { return (slot = c->send_slot(n_send)) != nullptr; }));
-      if (kind == kStreaming) {
-        kernels::copy_streaming(slot, buffer.data(), n_send);
-      } else if (kind == kRead) {
-        const uint64_t addr = reinterpret_cast<uint64_t>(buffer.data());
-        std::memcpy(slot, &addr, sizeof(addr));
-      } else {
-        std::memcpy(slot, buffer.data(), n_send);
-      }
-      c->commit_send(n_send, CallTag{});
+          spin_until(c, peer, deadline, [&] { return (slot = c->send_slot(bytes)) != nullptr; }));
+      if (kind == kStreaming)
+        kernels::copy_streaming(slot, buffer.data(), bytes);
+      else
+        std::memcpy(slot, buffer.data(), bytes);
+      c->commit_send(bytes, CallTag{});
       BRAID_RETURN_IF_ERROR(spin_until(c, peer, deadline, [&] { return c->recv_ready(&data, &n); }));
       c->release_recv();
       const std::chrono::duration<double, std::micro> t = std::chrono::steady_clock::now() - t0;
       if (i >= kinds) took[kind].push_back(t.count());
     } else {
       BRAID_RETURN_IF_ERROR(spin_until(c, peer, deadline, [&] { return c->recv_ready(&data, &n); }));
-      if (kind == kRead) {
-        uint64_t addr = 0;
-        std::memcpy(&addr, data, sizeof(addr));
-        c->release_recv();
-        BRAID_RETURN_IF_ERROR(c->read_peer(buffer.data(), addr, read_bytes));
-      } else {
-        std::memcpy(buffer.data(), data, std::min(n, buffer.size()));
-        c->release_recv();
-      }
+      std::memcpy(buffer.data(), data, std::min(n, buffer.size()));
+      c->release_recv();
       BRAID_RETURN_IF_ERROR(
           spin_until(c, peer, deadline, [&] { return (slot = c->send_slot(0)) != nullptr; }));
       c->commit_send(0, CallTag{});
@@ -577,10 +562,6 @@ Status ShmTransport::time_slot_copies(int peer, bool sender, size_t bytes, size_
   if (sender && rounds > 0) {
     out->plain_us = median(took[kPlain]);
     out->streaming_us = median(took[kStreaming]);
-    if (read_bytes > 0) {
-      out->slot_us = median(took[kSlot]);
-      out->peer_read_us = median(took[kRead]);
-    }
   }
   return Status::ok();
 }

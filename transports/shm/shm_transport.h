@@ -50,20 +50,15 @@ class ShmTransport {
   // plain and streaming alternately, `rounds` of each after a warm-up, a
   // round ending when the peer has copied the message out and answered.
   // The peer calls this with sender = false and only answers. Both must
-  // call it at once, before anything else uses the connection.
-  // With `read_bytes` > 0 it also times, alternately, a plain slot round of
-  // that size against the peer reading as much straight out of the
-  // sender's memory (process_vm_readv) and answering: what the tuner needs
-  // to judge peer_read against the slot path on this machine.
+  // call it at once, before anything else uses the connection. (Peer
+  // reads are timed later, as whole collectives: Communicator::
+  // probe_peer_reads.)
   struct CopyTimes {
     // Medians, on the sender: `bytes` through a slot with plain and with
-    // streaming stores; `read_bytes` through a slot, and read by the peer
-    // (0 where nothing was measured).
+    // streaming stores.
     double plain_us = 0, streaming_us = 0;
-    double slot_us = 0, peer_read_us = 0;
   };
-  Status time_slot_copies(int peer, bool sender, size_t bytes, size_t read_bytes, int rounds,
-                          Deadline deadline, CopyTimes* out);
+  Status time_slot_copies(int peer, bool sender, size_t bytes, int rounds, Deadline deadline, CopyTimes* out);
 
   struct Mapping;
 
