@@ -358,6 +358,10 @@ void print_tuner_section(const Report& r) {
   std::printf("\nTuner (%d ranks, %d host(s)%s): where each algorithm takes over\n", sh.nranks, sh.nhosts,
               sh.oversubscribed ? ", more ranks than cores" : "");
   for (const std::string& line : r.tuner.describe()) std::printf("  %s\n", line.c_str());
+  if (sh.peer_reads)
+    std::printf(
+        "  (peer reads at the model's fixed rates: a job on one host times them against the ring\n"
+        "   at init and may choose otherwise; BRAID_DEBUG=INFO logs the times and its choice)\n");
   std::vector<std::vector<std::string>> rows;
   rows.push_back({"all_reduce bytes"});
   const auto& algos = braid::algos_of(braid::Coll::kAllReduce);
