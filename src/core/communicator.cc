@@ -248,12 +248,17 @@ Status Communicator::probe_peer_reads(Deadline deadline) {
     float us[kNumProbed][2] = {};  // [probed collective][peer_read, ring]; 0: not timed
   } mine;
   std::vector<float> in, out;
-  bool any = false;
+  auto timed_here = [&](Coll c) {
+    return tuner_.forced()[c] == Algo::kAuto &&
+           tuner_.can_run(c, Algo::kPeerRead, peer_read_probe_bytes(c, sh));
+  };
+  const int probed = static_cast<int>(std::count_if(std::begin(kProbed), std::end(kProbed), timed_here));
+  if (probed == 0) return Status::ok();
+  bool budget_checked = false;
   for (int i = 0; i < kNumProbed; ++i) {
     const Coll c = kProbed[i];
     const size_t bytes = peer_read_probe_bytes(c, sh);
-    if (tuner_.forced()[c] != Algo::kAuto || !tuner_.can_run(c, Algo::kPeerRead, bytes)) continue;
-    any = true;
+    if (!timed_here(c)) continue;
     const size_t count = bytes / sizeof(float) / static_cast<size_t>(nranks_);
     in.assign(count * static_cast<size_t>(nranks_), 1.0f);
     out.resize(in.size());
@@ -269,6 +274,7 @@ Status Communicator::probe_peer_reads(Deadline deadline) {
       a.count = count;
     }
     double best[2] = {1e30, 1e30};
+    float first_turn_us = 0;
     for (int round = 0; round < kWarmups + kRounds; ++round) {
       for (int k = 0; k < 2; ++k) {
         std::shared_ptr<Op> op = make_op(kind, a, false, k == 0 ? Algo::kPeerRead : Algo::kRing);
@@ -280,13 +286,38 @@ Status Communicator::probe_peer_reads(Deadline deadline) {
         const double us =
             std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
         if (round >= kWarmups) best[k] = std::min(best[k], us);
+        first_turn_us += round == 0 ? us : 0;
+      }
+      if (!budget_checked) {
+        // The probe takes a tenth of the init timeout at most: the first
+        // turn (the slowest rank's, cold, so an overestimate) times the
+        // turns to come decides, the same way on every rank. A sanitizer
+        // build with BRAID_TIMEOUT=1 would spend more than the timeout.
+        budget_checked = true;
+        std::vector<uint8_t> firsts;
+        BRAID_RETURN_IF_ERROR(
+            bootstrap_->all_gather(&first_turn_us, sizeof(first_turn_us), &firsts, deadline));
+        float slowest = 0;
+        for (int r = 0; r < nranks_; ++r) {
+          float t;
+          std::memcpy(&t, firsts.data() + sizeof(t) * static_cast<size_t>(r), sizeof(t));
+          slowest = std::max(slowest, t);
+        }
+        const double projected_s = 1e-6 * slowest * (kWarmups + kRounds) * probed;
+        if (projected_s > 0.1 * config_.timeout_s) {
+          engine_->restart_collective_seq();
+          BRAID_INFO("TUNE", rank_,
+                     "peer reads not timed: about %.2f s at init, over a tenth of the timeout (%.1f s); the "
+                     "model's fixed rates stand",
+                     projected_s, config_.timeout_s);
+          return Status::ok();
+        }
       }
       if (c == Coll::kAllReduce) std::fill(in.begin(), in.end(), 1.0f);  // sums grow; keep them finite
     }
     mine.us[i][0] = static_cast<float>(best[0]);
     mine.us[i][1] = static_cast<float>(best[1]);
   }
-  if (!any) return Status::ok();
   std::vector<uint8_t> raw;
   // Also the point after which no rank runs a probe any more.
   BRAID_RETURN_IF_ERROR(bootstrap_->all_gather(&mine, sizeof(mine), &raw, deadline));
