@@ -118,7 +118,7 @@ class Tuner {
   // How much more a byte costs each rank for sharing its core with more
   // ranks than the oversubscribed rates were fitted with (1 up to there).
   double crowding() const;
-  // A peer read's fixed cost per byte (where init measured no speedup).
+  // A peer read's fixed cost per byte (where init timed no peer reads).
   double peer_read_beta() const;
   // The latency of one one-way hop through shm (chains and trees).
   double shm_hop_us() const;

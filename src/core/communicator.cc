@@ -228,6 +228,24 @@ Status Communicator::setup_transports() {
   return probe_peer_reads(deadline);
 }
 
+namespace {
+
+// Each of `n` values becomes its largest over the ranks (one all-gather):
+// every rank then decides from the same numbers.
+Status slowest_over_ranks(Bootstrap& bootstrap, float* values, size_t n, Deadline deadline) {
+  std::vector<uint8_t> raw;
+  BRAID_RETURN_IF_ERROR(bootstrap.all_gather(values, n * sizeof(float), &raw, deadline));
+  for (size_t r = 0; r < raw.size() / (n * sizeof(float)); ++r)
+    for (size_t i = 0; i < n; ++i) {
+      float v;
+      std::memcpy(&v, raw.data() + (r * n + i) * sizeof(float), sizeof(v));
+      values[i] = std::max(values[i], v);
+    }
+  return Status::ok();
+}
+
+}  // namespace
+
 // The kernel's cross-memory copies (process_vm_readv) pin every page they
 // touch: on one VM they copied at a third of memcpy's speed and the peer
 // reads still beat the ring from 256 KiB (they copy each byte fewer
@@ -244,9 +262,7 @@ Status Communicator::probe_peer_reads(Deadline deadline) {
   if (!sh.peer_reads || nranks_ < 2) return Status::ok();
   constexpr Coll kProbed[] = {Coll::kAllReduce, Coll::kBroadcast, Coll::kAllGather, Coll::kReduceScatter};
   constexpr int kNumProbed = 4, kWarmups = 2, kRounds = 4;
-  struct Times {
-    float us[kNumProbed][2] = {};  // [probed collective][peer_read, ring]; 0: not timed
-  } mine;
+  float times_us[kNumProbed][2] = {};  // [probed collective][peer_read, ring]; 0: not timed
   std::vector<float> in, out;
   auto timed_here = [&](Coll c) {
     return tuner_.forced()[c] == Algo::kAuto &&
@@ -294,16 +310,8 @@ Status Communicator::probe_peer_reads(Deadline deadline) {
         // turns to come decides, the same way on every rank. A sanitizer
         // build with BRAID_TIMEOUT=1 would spend more than the timeout.
         budget_checked = true;
-        std::vector<uint8_t> firsts;
-        BRAID_RETURN_IF_ERROR(
-            bootstrap_->all_gather(&first_turn_us, sizeof(first_turn_us), &firsts, deadline));
-        float slowest = 0;
-        for (int r = 0; r < nranks_; ++r) {
-          float t;
-          std::memcpy(&t, firsts.data() + sizeof(t) * static_cast<size_t>(r), sizeof(t));
-          slowest = std::max(slowest, t);
-        }
-        const double projected_s = 1e-6 * slowest * (kWarmups + kRounds) * probed;
+        BRAID_RETURN_IF_ERROR(slowest_over_ranks(*bootstrap_, &first_turn_us, 1, deadline));
+        const double projected_s = 1e-6 * first_turn_us * (kWarmups + kRounds) * probed;
         if (projected_s > 0.1 * config_.timeout_s) {
           engine_->restart_collective_seq();
           BRAID_INFO("TUNE", rank_,
@@ -315,21 +323,15 @@ Status Communicator::probe_peer_reads(Deadline deadline) {
       }
       if (c == Coll::kAllReduce) std::fill(in.begin(), in.end(), 1.0f);  // sums grow; keep them finite
     }
-    mine.us[i][0] = static_cast<float>(best[0]);
-    mine.us[i][1] = static_cast<float>(best[1]);
+    times_us[i][0] = static_cast<float>(best[0]);
+    times_us[i][1] = static_cast<float>(best[1]);
   }
-  std::vector<uint8_t> raw;
   // Also the point after which no rank runs a probe any more.
-  BRAID_RETURN_IF_ERROR(bootstrap_->all_gather(&mine, sizeof(mine), &raw, deadline));
+  BRAID_RETURN_IF_ERROR(slowest_over_ranks(*bootstrap_, &times_us[0][0], 2 * kNumProbed, deadline));
   engine_->restart_collective_seq();
   JobShape shape = sh;
   for (int i = 0; i < kNumProbed; ++i) {
-    float slowest[2] = {0, 0};
-    for (int r = 0; r < nranks_; ++r) {
-      Times t;
-      std::memcpy(&t, raw.data() + sizeof(Times) * static_cast<size_t>(r), sizeof(t));
-      for (int k = 0; k < 2; ++k) slowest[k] = std::max(slowest[k], t.us[i][k]);
-    }
+    const float* slowest = times_us[i];
     if (slowest[0] <= 0 || slowest[1] <= 0) continue;
     const Coll c = kProbed[i];
     shape.peer_read_vs_ring[static_cast<int>(c)] = slowest[0] / slowest[1];
