@@ -403,8 +403,8 @@ Task hierarchical_all_gather(const Channel& host, const Channel& across, const H
   const size_t block = a.count * dtype_size(a.dtype);
   char* out = static_cast<char*>(a.recvbuf);
   auto at = [out, block](int global) { return out + static_cast<size_t>(global) * block; };
-  copy_if_distinct(at(across.global(across.rank)), a.sendbuf, block);
-  co_await ring_gather_blocks(across, block, [&](int k) { return at(across.global(k)); });
+  co_await ring_gather_blocks(
+      across, block, [&](int k) { return at(across.global(k)); }, a.sendbuf);
   for (size_t h = 0; h < grid.size(); ++h)
     co_await ring_gather_blocks(host, block, [&](int j) { return at(grid[h][j]); });
 }
@@ -684,14 +684,21 @@ Task chain_reduce(const Channel& ch, CollArgs a) {
   if (r == a.root) finish_avg(a, out, a.count, n);
 }
 
-Task ring_gather_blocks(const Channel& ch, size_t block, BlockAt at) {
+Task ring_gather_blocks(const Channel& ch, size_t block, BlockAt at, const void* own) {
   const int n = ch.nranks, r = ch.rank;
-  if (n == 1) co_return;
+  const char* mine = own ? static_cast<const char*>(own) : at(r);
+  if (n == 1) {
+    copy_if_distinct(at(r), mine, block);
+    co_return;
+  }
   const int next = mod(r + 1, n), prev = mod(r - 1, n);
   auto blk = [&](int k) { return at(mod(k, n)); };
   for (size_t off = 0; off < block; off += ch.piece_bytes) {
     size_t len = std::min(ch.piece_bytes, block - off);
-    co_await send_piece(ch, next, blk(r) + off, len);
+    // The own block goes out from the input and into place piece by piece,
+    // while the piece is in cache: it is read from memory once, not twice.
+    co_await send_piece(ch, next, mine + off, len);
+    copy_if_distinct(blk(r) + off, mine + off, len);
     for (int s = 1; s < n - 1; ++s) co_await recv_copy_send(ch, prev, next, blk(r - s) + off, len);
     co_await recv_piece(ch, prev, blk(r + 1) + off, len);
   }
@@ -702,8 +709,7 @@ Task ring_all_gather(const Channel& ch, CollArgs a) {
   char* out = static_cast<char*>(a.recvbuf);
   // Blocks sit in communicator rank order, whatever order the ring visits.
   auto at = [&ch, out, block](int k) { return out + static_cast<size_t>(ch.global(k)) * block; };
-  copy_if_distinct(at(ch.rank), a.sendbuf, block);
-  co_await ring_gather_blocks(ch, block, at);
+  co_await ring_gather_blocks(ch, block, at, a.sendbuf);
 }
 
 Task ring_reduce_blocks(const Channel& ch, size_t count, braid_dtype_t dtype, braid_redop_t op,

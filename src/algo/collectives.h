@@ -98,8 +98,9 @@ Task chain_reduce(const Channel& ch, CollArgs a);
 // buffer is laid out, say), for rings that visit members in another order.
 using BlockAt = std::function<char*(int member)>;
 using ConstBlockAt = std::function<const char*(int member)>;
-// Every member's block to every member; this rank's is already at its place.
-Task ring_gather_blocks(const Channel& ch, size_t block, BlockAt at);
+// Every member's block to every member. This rank's is at its place, or at
+// own (then copied to its place on the way).
+Task ring_gather_blocks(const Channel& ch, size_t block, BlockAt at, const void* own = nullptr);
 // This rank's block, reduced over the members (op applied as is: no AVG).
 Task ring_reduce_blocks(const Channel& ch, size_t count, braid_dtype_t dtype, braid_redop_t op,
                         ConstBlockAt in, char* out);
