@@ -66,6 +66,14 @@ grep -qE "^#.* launched +variant +variant/launched$" "$dir/env" || fail "env: no
 grep -qF "# variant: BRAID_TRACE_FILE=$dir/e-%r.json" "$dir/env" || fail "env: the variant's setting is not printed"
 [ "$(ls "$dir" | grep -c '^e-')" -eq 2 ] || fail "env: expected exactly the variant's two trace files: $(ls "$dir")"
 
+# -R 1: registered buffers, checked, in and out of place, above and below
+# the window threshold (16 KiB), and MPI on the same buffers.
+for coll in all_reduce broadcast all_gather reduce_scatter; do
+  run "registered_$coll" 2 "$bin/${coll}_perf" -b 4K -e 256K -f 8 -n 3 -w 1 -c 1 -R 1 --compare mpi
+  grep -q "^# braid version .*registered host memory" "$dir/registered_$coll" ||
+    fail "registered_$coll: the header does not say the buffers are registered"
+done
+
 # Bad input: exit status 2 and the flag named.
 bad() {  # bad COLLECTIVE MESSAGE ARGS...
   local coll=$1 want=$2
@@ -75,6 +83,7 @@ bad() {  # bad COLLECTIVE MESSAGE ARGS...
   [ $rc -ne 0 ] || fail "'$*' was accepted"
   grep -qF -- "$want" "$dir/bad" || fail "'$*' did not say '$want': $(head -3 "$dir/bad")"
 }
+bad all_reduce "-R: expected 0 or 1" -R 2
 bad all_reduce "--trace-compare: cannot be combined with --compare" --trace-compare x.json --compare mpi
 bad all_reduce "--trace-compare: cannot be combined with --algos" --trace-compare x.json --algos ring
 bad all_reduce "--rounds: expected 1 to 1000 rounds" --algos ring --rounds 0

@@ -364,8 +364,9 @@ namespace {
 struct Options : braid_bench::Sweep {
   std::vector<braid_dtype_t> dtypes{BRAID_FLOAT32};
   std::vector<braid_redop_t> ops{BRAID_SUM};
-  long root = 0;             // -1: every root
-  bool compare_mpi = false;  // --compare mpi
+  long root = 0;                  // -1: every root
+  bool compare_mpi = false;       // --compare mpi
+  bool register_buffers = false;  // -R 1: buffers from braid_mem_alloc, registered on every communicator
   // --algos: one communicator per entry (BRAID_ALGO=<collective>:<entry>;
   // "auto" leaves the choice to the tuner), timed in turn at every size.
   std::vector<std::string> algos;
@@ -439,6 +440,8 @@ void print_usage(FILE* out, const char* prog, const CollDesc& desc) {
                "                             float|float32 double|float64, or all (default float)\n"
                "  -o, --op <op>              sum prod min max avg band bor bxor, or all (default sum)%s\n"
                "  -r, --root <rank>          root rank, or all (default 0)%s\n"
+               "  -R, --register <0|1>       1: buffers from braid_mem_alloc, registered on every\n"
+               "                             communicator (braid_comm_register; default 0)\n"
                "      --compare mpi          also run each size through MPI's own collective (out of\n"
                "                             place, same buffers and iterations) and print its time,\n"
                "                             busbw and braid's busbw / MPI's\n"
@@ -478,6 +481,7 @@ ParseResult parse_args(int argc, char** argv, const CollDesc& desc, Options* opt
                                         {"datatype", required_argument, nullptr, 'd'},
                                         {"op", required_argument, nullptr, 'o'},
                                         {"root", required_argument, nullptr, 'r'},
+                                        {"register", required_argument, nullptr, 'R'},
                                         {"compare", required_argument, nullptr, kCompareFlag},
                                         {"algos", required_argument, nullptr, kAlgosFlag},
                                         {"rounds", required_argument, nullptr, kRoundsFlag},
@@ -493,7 +497,7 @@ ParseResult parse_args(int argc, char** argv, const CollDesc& desc, Options* opt
   opterr = 0;
   optind = 1;
   for (;;) {
-    const int c = getopt_long(argc, argv, ":b:e:f:i:n:w:c:d:o:r:h", kLongOptions, nullptr);
+    const int c = getopt_long(argc, argv, ":b:e:f:i:n:w:c:d:o:r:R:h", kLongOptions, nullptr);
     if (c == -1) break;
     // The flag as the user wrote it when getopt rejected it, else its short form.
     auto long_name = [](int f) -> const char* {
@@ -541,6 +545,12 @@ ParseResult parse_args(int argc, char** argv, const CollDesc& desc, Options* opt
           return fail(flag, "the root must be a rank, all, or -1 (all)");
         }
         break;
+      case 'R': {
+        long v = 0;
+        if (!parse_long(arg, 0, 1, &v)) return fail(flag, "expected 0 or 1");
+        opt->register_buffers = v == 1;
+        break;
+      }
       case kCompareFlag:
         if (std::strcmp(arg, "mpi") != 0) {
           return fail(flag, "unknown comparison '" + std::string(arg) + "' (expected mpi)");
@@ -919,8 +929,17 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
 
   // Buffers for the largest size: no buffer of any step exceeds max_bytes.
   const size_t alloc = (opt.max_bytes + kGuardBytes + 4095) / 4096 * 4096;
-  auto* sendbuf = static_cast<unsigned char*>(std::aligned_alloc(4096, alloc));
-  auto* recvbuf = static_cast<unsigned char*>(std::aligned_alloc(4096, alloc));
+  unsigned char *sendbuf = nullptr, *recvbuf = nullptr;
+  if (opt.register_buffers) {
+    void *s = nullptr, *r = nullptr;
+    if (braid_mem_alloc(&s, alloc) == BRAID_SUCCESS && braid_mem_alloc(&r, alloc) == BRAID_SUCCESS) {
+      sendbuf = static_cast<unsigned char*>(s);
+      recvbuf = static_cast<unsigned char*>(r);
+    }
+  } else {
+    sendbuf = static_cast<unsigned char*>(std::aligned_alloc(4096, alloc));
+    recvbuf = static_cast<unsigned char*>(std::aligned_alloc(4096, alloc));
+  }
   if (sendbuf == nullptr || recvbuf == nullptr) {
     std::fprintf(stderr, "braid-tests: rank %d: cannot allocate 2 x %zu bytes (-e)\n", rank, alloc);
     MPI_Abort(MPI_COMM_WORLD, 1);
@@ -961,13 +980,23 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
     if (r != BRAID_SUCCESS) die(ctx, ("making the communicator of column " + v.label).c_str(), r);
     variant_comms.push_back(c);
   }
+  std::vector<braid_comm_t> all_comms = variant_comms;
+  all_comms.push_back(comm);
+  if (opt.register_buffers) {
+    for (braid_comm_t c : all_comms)
+      for (unsigned char* b : {sendbuf, recvbuf})
+        if (braid_result_t r = braid_comm_register(c, b, alloc); r != BRAID_SUCCESS)
+          die(ctx, "braid_comm_register (-R 1)", r);
+  }
 
   if (rank == 0) {
     int version = 0;
     braid_get_version(&version);
     std::printf("# braid-tests: %s nranks %d\n", prog.c_str(), nranks);
-    std::printf("# braid version %d.%d.%d, host memory, blocking calls%s\n", version / 10000,
-                version / 100 % 100, version % 100,
+    std::printf("# braid version %d.%d.%d, %s, blocking calls%s\n", version / 10000, version / 100 % 100,
+                version % 100,
+                opt.register_buffers ? "registered host memory (braid_mem_alloc + braid_comm_register)"
+                                     : "host memory",
                 set_lo ? ", BRAID_SOCKET_IFNAME=lo (all ranks on one node)" : "");
     if (opt.step_factor != 0) {
       std::printf(
@@ -1178,6 +1207,12 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
     std::fflush(stdout);
   }
 
+  if (opt.register_buffers) {
+    for (braid_comm_t c : all_comms)
+      for (unsigned char* b : {sendbuf, recvbuf})
+        if (braid_result_t r = braid_comm_deregister(c, b); r != BRAID_SUCCESS)
+          die(ctx, "braid_comm_deregister (-R 1)", r);
+  }
   for (braid_comm_t c : variant_comms) {
     if (braid_result_t r = braid_comm_destroy(c); r != BRAID_SUCCESS)
       die(ctx, (std::string("braid_comm_destroy (") + variants_flag(opt) + ")").c_str(), r);
@@ -1187,8 +1222,13 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
     die(ctx, "braid_comm_destroy", r);
   }
   if (mpi_comm != MPI_COMM_NULL) MPI_Comm_free(&mpi_comm);
-  std::free(sendbuf);
-  std::free(recvbuf);
+  if (opt.register_buffers) {
+    if (braid_mem_free(sendbuf) != BRAID_SUCCESS || braid_mem_free(recvbuf) != BRAID_SUCCESS)
+      die(ctx, "braid_mem_free (-R 1)", BRAID_ERR_INTERNAL);
+  } else {
+    std::free(sendbuf);
+    std::free(recvbuf);
+  }
   MPI_Finalize();
   return bad > 0 ? 1 : 0;
 }

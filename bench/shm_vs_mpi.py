@@ -55,10 +55,10 @@ def rows(text):
     return out
 
 
-def perf(build, coll, np_, lo, hi, factor, iters, rounds, dtype, compare):
+def perf(build, coll, np_, lo, hi, factor, iters, rounds, dtype, compare, register=False):
     cmd = MPIRUN + ["-np", str(np_), "-x", "BRAID_SOCKET_IFNAME", f"{build}/bench/{coll}_perf",
                     "-b", lo, "-e", hi, "-f", str(factor), "-n", str(iters), "-w", str(max(5, iters // 10)),
-                    "-c", "1", "-d", dtype, "--rounds", str(rounds)]
+                    "-c", "1", "-d", dtype, "--rounds", str(rounds), "-R", "1" if register else "0"]
     if compare:
         cmd += ["--compare", "mpi"]
     table = {}
@@ -112,14 +112,18 @@ def main():
     ap.add_argument("--large-iters", type=int, default=40, help="iterations per size, 64 KiB to 32 MiB")
     ap.add_argument("--rounds", type=int, default=3,
                     help="turns of braid and MPI per size, best kept (the perf binaries' --rounds)")
+    ap.add_argument("--register", action="store_true",
+                    help="buffers from braid_mem_alloc, registered (the perf binaries' -R 1); MPI uses them too")
     args = ap.parse_args()
+    reg = args.register
+    what = ", registered buffers (`-R 1`)" if reg else ""
     nps = [int(x) for x in args.nps.split(",")]
     colls = args.collectives.split(",")
 
     for coll in colls:
         for np_ in nps:
-            small = perf(args.build, coll, np_, "8", "32K", 4, args.small_iters, args.rounds, "float", True)
-            large = perf(args.build, coll, np_, "64K", "32M", 2, args.large_iters, args.rounds, "float", True)
+            small = perf(args.build, coll, np_, "8", "32K", 4, args.small_iters, args.rounds, "float", True, reg)
+            large = perf(args.build, coll, np_, "64K", "32M", 2, args.large_iters, args.rounds, "float", True, reg)
             body = []
             for size, t in sorted({**small, **large}.items()):
                 cells = [fmt_size(size), f"{t['oop']:.2f}", f"{t['mpi']:.2f}", f"{t['mpi'] / t['oop']:.2f}x"]
@@ -129,7 +133,7 @@ def main():
             header = ["size", "braid us", "MPI us", "MPI/braid"]
             if coll == "broadcast":
                 header += ["braid in place us", "MPI/braid in place"]
-            markdown(f"### {coll}, {np_} ranks, float sum (`--compare mpi -c 1`)", header, body)
+            markdown(f"### {coll}, {np_} ranks, float sum (`--compare mpi -c 1`{what})", header, body)
 
     if "all_reduce" in colls:
         for dtype in ("float", "bfloat16"):
@@ -137,7 +141,7 @@ def main():
                 if np_ > 4:
                     continue
                 ours = perf(args.build, "all_reduce", np_, "64K", "32M", 2, args.large_iters, args.rounds, dtype,
-                            False)
+                            False, reg)
                 ceil = ceiling(args.build, np_, "64K", "32M", 2, args.large_iters, dtype, args.rounds)
                 body = []
                 for size in sorted(ours):
@@ -145,7 +149,7 @@ def main():
                     body.append([fmt_size(size), f"{c:.2f}", f"{ours[size]['oop_bus']:.2f}",
                                  f"{ours[size]['oop_bus'] / c:.0%}", f"{ours[size]['ip_bus']:.2f}",
                                  f"{ours[size]['ip_bus'] / c:.0%}"])
-                markdown(f"### all_reduce against the in-process ceiling, {np_} ranks, {dtype} sum (busbw GB/s)",
+                markdown(f"### all_reduce against the in-process ceiling, {np_} ranks, {dtype} sum (busbw GB/s{what})",
                          ["size", "ceiling", "braid out of place", "share", "braid in place", "share"], body)
 
 

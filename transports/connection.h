@@ -108,6 +108,12 @@ class Connection {
     return Status::unsupported("this transport cannot write a peer's memory");
   }
 
+  // Maps the peer's braid_mem_alloc memory whose memfd is `fd` there,
+  // `bytes` long (shm, where supports_peer_reads() is true).
+  virtual Status map_peer_memory(int /*fd*/, size_t /*bytes*/, char** /*out*/) {
+    return Status::unsupported("this transport cannot map a peer's memory");
+  }
+
   // Tells the peer this side failed and why (after what was already sent),
   // then stops sending. The peer reports the same code.
   virtual void shutdown(const Status& /*why*/) {}

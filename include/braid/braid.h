@@ -158,6 +158,31 @@ braid_result_t braid_comm_dump(braid_comm_t comm);
  * over tcp). */
 braid_result_t braid_comm_transport_bytes(braid_comm_t comm, const char* transport, uint64_t* bytes);
 
+/* ---- registered host memory ----
+ * Host memory from braid_mem_alloc, registered on a communicator whose ranks
+ * all run on this host, lets all_reduce, broadcast, all_gather and
+ * reduce_scatter (calls of BRAID_WINDOW_MIN_BYTES, default 16 KiB, or more)
+ * read and write the ranks' buffers directly, with no copy through the
+ * transport: where every buffer the call reads on another rank (for
+ * all_reduce also every output) lies in a registered range, on every rank.
+ * Otherwise the call runs as it would without registration. The bytes moved
+ * this way are counted as transport "shm_window". */
+/* Zero-filled memory of at least `bytes`, which ranks of this host can map. */
+braid_result_t braid_mem_alloc(void** ptr, size_t bytes);
+/* Frees what braid_mem_alloc returned; refused (BRAID_ERR_INVALID_USAGE) while
+ * a live communicator has it registered. NULL is a no-op. */
+braid_result_t braid_mem_free(void* ptr);
+/* Collective over comm: every rank registers one range [buf, buf + bytes)
+ * inside its braid_mem_alloc memory (sizes may differ between ranks). If
+ * any rank's range is not such memory, or a rank cannot map another's, every
+ * rank returns BRAID_ERR_INVALID_ARGUMENT naming that rank, and nothing is
+ * registered. Where ranks span hosts the registration is kept but changes
+ * nothing. */
+braid_result_t braid_comm_register(braid_comm_t comm, void* buf, size_t bytes);
+/* Collective: every rank names the buf it registered. Ranks that name
+ * different registrations all get BRAID_ERR_MISMATCH, and nothing changes. */
+braid_result_t braid_comm_deregister(braid_comm_t comm, void* buf);
+
 /* ---- requests ---- */
 /* Waits for the operation, frees the request and sets *request = NULL.
  * Returns the operation's result. */

@@ -23,6 +23,7 @@
 #include "src/core/dtype.h"
 #include "src/core/logging.h"
 #include "transports/cuda/stream_staging.h"
+#include "transports/shm/shared_memory.h"
 
 #define BRAID_API extern "C" __attribute__((visibility("default")))
 
@@ -649,6 +650,32 @@ BRAID_API braid_result_t braid_comm_transport_bytes(braid_comm_t handle, const c
   if (st && bytes == nullptr) st = Status::invalid_argument("bytes is NULL");
   if (st) st = comm->transport_bytes(transport, bytes);
   if (!st) return finish(st.with_context("comm_transport_bytes"), comm.get());
+  return BRAID_SUCCESS;
+}
+
+// ---- registered host memory ----
+
+BRAID_API braid_result_t braid_mem_alloc(void** ptr, size_t bytes) {
+  return finish(shared_alloc(bytes, ptr).with_context("mem_alloc"));
+}
+
+BRAID_API braid_result_t braid_mem_free(void* ptr) {
+  return finish(shared_free(ptr).with_context("mem_free"));
+}
+
+BRAID_API braid_result_t braid_comm_register(braid_comm_t handle, void* buf, size_t bytes) {
+  std::shared_ptr<Communicator> comm;
+  Status st = lookup(handle, &comm);
+  if (st) st = comm->register_window(buf, bytes);
+  if (!st) return finish(st.with_context("comm_register"), comm.get());
+  return BRAID_SUCCESS;
+}
+
+BRAID_API braid_result_t braid_comm_deregister(braid_comm_t handle, void* buf) {
+  std::shared_ptr<Communicator> comm;
+  Status st = lookup(handle, &comm);
+  if (st) st = comm->deregister_window(buf);
+  if (!st) return finish(st.with_context("comm_deregister"), comm.get());
   return BRAID_SUCCESS;
 }
 

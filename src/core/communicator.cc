@@ -19,6 +19,7 @@
 #include "transports/cuda/ipc_window.h"
 #include "transports/cuda/stream_staging.h"
 #include "transports/self/self_connection.h"
+#include "transports/shm/shared_memory.h"
 #include "transports/shm/shm_transport.h"
 #include "transports/tcp/tcp_transport.h"
 
@@ -42,6 +43,7 @@ struct PeerInfo {
   uint64_t peer_read_min_bytes;
   uint64_t copy_peer_read_min_bytes;
   uint64_t cuda_chunk_bytes;
+  uint64_t window_min_bytes;
   int32_t cuda_ipc;
   int32_t pad;
   topo::RankPlacement placement;
@@ -122,6 +124,7 @@ Status Communicator::setup_transports() {
   mine.peer_read_min_bytes = config_.peer_read_min_bytes;
   mine.copy_peer_read_min_bytes = config_.copy_peer_read_min_bytes;
   mine.cuda_chunk_bytes = config_.cuda_chunk_bytes;
+  mine.window_min_bytes = config_.window_min_bytes;
   mine.cuda_ipc = config_.cuda_ipc ? 1 : 0;
   std::vector<uint8_t> raw;
   BRAID_RETURN_IF_ERROR(bootstrap_->all_gather(&mine, sizeof(mine), &raw, deadline));
@@ -145,6 +148,9 @@ Status Communicator::setup_transports() {
   // Set or not, it decides broadcast's and all_gather's threshold (64 KiB unset).
   BRAID_RETURN_IF_ERROR(check_same(infos, "BRAID_PEER_READ_MIN_BYTES (set on some ranks only)",
                                    [](const PeerInfo& p) { return p.copy_peer_read_min_bytes; }));
+  // Every rank must offer the same calls registered windows.
+  BRAID_RETURN_IF_ERROR(check_same(infos, "BRAID_WINDOW_MIN_BYTES (set on some ranks only, or differing)",
+                                   [](const PeerInfo& p) { return p.window_min_bytes; }));
   // Every rank must take CUDA IPC or host staging for the same call.
   BRAID_RETURN_IF_ERROR(check_same(infos, "BRAID_CUDA_IPC", [](const PeerInfo& p) { return p.cuda_ipc; }));
   BRAID_RETURN_IF_ERROR(
@@ -217,6 +223,12 @@ Status Communicator::setup_transports() {
   engine_->set_trace(trace_.get());
   engine_->set_collective_conns(coll_channel_.conns);
   engine_->set_oversubscribed(tuner_.shape().oversubscribed);
+  // Offering windows costs a call two rounds of messages; where ranks share
+  // cores each round waits for them to be scheduled (10 us for 4 ranks on 2
+  // cores), so only larger calls gain (bench: -R 1, --env-compare).
+  window_min_bytes_ = config_.window_min_bytes != SIZE_MAX ? config_.window_min_bytes
+                      : tuner_.shape().oversubscribed      ? size_t{128} << 10
+                                                           : size_t{16} << 10;
   ShmTransport* shm = shm_.get();
   engine_->set_failure_notifier([shm, peers](const Status& why) {
     shm->mark_failed(why);
@@ -542,14 +554,16 @@ const char* Communicator::transport_to(int peer) const {
 }
 
 Status Communicator::transport_bytes(const char* transport, uint64_t* bytes) const {
-  if (transport == nullptr) return Status::invalid_argument("transport is NULL (shm, tcp, self or cuda_ipc)");
+  if (transport == nullptr)
+    return Status::invalid_argument("transport is NULL (shm, tcp, self, cuda_ipc or shm_window)");
   const std::string kind = transport;
-  if (kind == "cuda_ipc") {
-    *bytes = ipc_bytes_.load(std::memory_order_relaxed);
+  if (kind == "cuda_ipc" || kind == "shm_window") {
+    *bytes = (kind == "cuda_ipc" ? ipc_bytes_ : window_bytes_).load(std::memory_order_relaxed);
     return Status::ok();
   }
   if (kind != "shm" && kind != "tcp" && kind != "self")
-    return Status::invalid_argument("transport '" + kind + "' is not one of shm, tcp, self, cuda_ipc");
+    return Status::invalid_argument("transport '" + kind +
+                                    "' is not one of shm, tcp, self, cuda_ipc, shm_window");
   uint64_t total = 0;
   for (const Channel* ch : {&coll_channel_, &p2p_channel_})
     for (const Connection* c : ch->conns)
@@ -870,7 +884,128 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
     default:
       break;
   }
+  offer_windows(kind, *op, a);
   return checked(std::move(op));
+}
+
+void Communicator::offer_windows(OpKind kind, Op& op, const CollArgs& a) {
+  Coll c;
+  switch (kind) {
+    case OpKind::kAllReduce:
+      c = Coll::kAllReduce;
+      break;
+    case OpKind::kBroadcast:
+      c = Coll::kBroadcast;
+      break;
+    case OpKind::kAllGather:
+      c = Coll::kAllGather;
+      break;
+    case OpKind::kReduceScatter:
+      c = Coll::kReduceScatter;
+      break;
+    default:
+      return;
+  }
+  if (op.bytes < window_min_bytes_) return;  // the larger of input and output
+  std::shared_ptr<const HostWindows> windows;
+  {
+    std::lock_guard<std::mutex> lock(windows_mu_);
+    windows = windows_;
+  }
+  if (windows == nullptr) return;
+  op.work.resize(std::max(op.work.size(), kWindowScratchBytes));
+  op.task = window_or(coll_channel_, *windows, c, a, std::move(op.task), op.work.data(), &window_bytes_);
+}
+
+Status Communicator::register_window(void* buf, size_t bytes) {
+  if (buf == nullptr) return Status::invalid_argument("buf is NULL");
+  if (bytes == 0) return Status::invalid_argument("bytes is 0");
+  WindowRecord mine;
+  SharedAllocation alloc;
+  char* p = static_cast<char*>(buf);
+  if (find_shared(buf, bytes, &alloc)) {
+    mine.ok = 1;
+    mine.fd = alloc.fd;
+    mine.alloc_bytes = alloc.bytes;
+    mine.offset = static_cast<uint64_t>(p - alloc.base);
+    mine.bytes = bytes;
+  } else {
+    char addr[64];
+    std::snprintf(addr, sizeof(addr), "%p", buf);
+    mine.set_failure("rank " + std::to_string(rank_) + ": buf " + addr + " (" + std::to_string(bytes) +
+                     " bytes) does not lie in memory from braid_mem_alloc");
+  }
+  // Windows need every rank on this host, reading each other's memory.
+  if (!one_machine_ || nranks_ < 2 || !channel_reads_peers(coll_channel_)) {
+    if (!mine.ok) return Status::invalid_argument(mine.why);
+    std::lock_guard<std::mutex> lock(windows_mu_);
+    unshared_.emplace_back(p, bytes);
+    BRAID_INFO("SHM", rank_,
+               "comm_register: %s kept, but collectives here take their usual path (windows need every rank "
+               "on one host, reading each other's memory)",
+               bytes_text(bytes).c_str());
+    return Status::ok();
+  }
+  auto w = std::make_shared<HostWindow>();
+  w->local = p;
+  w->bytes = bytes;
+  {
+    std::lock_guard<std::mutex> lock(windows_mu_);
+    w->id = next_window_id_++;
+  }
+  std::shared_ptr<Op> op = make_setup_op("comm_register", "window", kWindowRegisterTag);
+  std::string why;
+  op->task = window_connect(coll_channel_, mine, w.get(), &why);
+  engine_->post(op);
+  BRAID_RETURN_IF_ERROR(engine_->wait(*op));
+  if (!why.empty()) return Status::invalid_argument(why);
+  // braid_mem_free refuses the allocation until the window is gone.
+  shared_retain(alloc.base);
+  w->on_release = [base = alloc.base] { shared_release(base); };
+  std::lock_guard<std::mutex> lock(windows_mu_);
+  auto next = std::make_shared<HostWindows>(windows_ ? *windows_ : HostWindows{});
+  next->push_back(std::move(w));
+  windows_ = std::move(next);
+  return Status::ok();
+}
+
+Status Communicator::deregister_window(void* buf) {
+  if (buf == nullptr) return Status::invalid_argument("buf is NULL");
+  std::shared_ptr<const HostWindow> found;
+  bool shared = false;
+  {
+    std::lock_guard<std::mutex> lock(windows_mu_);
+    for (auto it = unshared_.begin(); it != unshared_.end(); ++it) {
+      if (it->first == buf) {
+        unshared_.erase(it);
+        return Status::ok();
+      }
+    }
+    shared = windows_ != nullptr || next_window_id_ > 0;
+    if (windows_)
+      for (const auto& w : *windows_)
+        if (w->local == buf) found = w;
+  }
+  char addr[64];
+  std::snprintf(addr, sizeof(addr), "%p", buf);
+  if (!shared)
+    return Status::invalid_argument(std::string("buf ") + addr + " was never registered on this comm");
+  // Every rank joins, even one that names no window: the others learn it
+  // and fail alike instead of waiting for it.
+  std::shared_ptr<Op> op = make_setup_op("comm_deregister", "window", kWindowDeregisterTag);
+  std::string why;
+  op->task = window_disconnect(coll_channel_, found ? found->id : kNoWindow, &why);
+  engine_->post(op);
+  BRAID_RETURN_IF_ERROR(engine_->wait(*op));
+  if (!why.empty()) return Status(BRAID_ERR_MISMATCH, why);
+  if (!found) return Status::invalid_argument(std::string("buf ") + addr + " is not registered on this comm");
+  found->release();
+  std::lock_guard<std::mutex> lock(windows_mu_);
+  auto next = std::make_shared<HostWindows>();
+  for (const auto& w : *windows_)
+    if (w != found) next->push_back(w);
+  windows_ = next->empty() ? nullptr : std::move(next);
+  return Status::ok();
 }
 
 Task Communicator::all_reduce_task(Op* op, const CollArgs& a, Algo algo) {
@@ -1043,10 +1178,10 @@ bool Communicator::ipc_candidate(OpKind kind) const {
   }
 }
 
-std::shared_ptr<Op> Communicator::make_ipc_setup_op(const char* name, uint8_t tag_kind) {
+std::shared_ptr<Op> Communicator::make_setup_op(const char* name, const char* algo, uint8_t tag_kind) {
   std::shared_ptr<Op> op = new_op();
   op->name = name;
-  op->algo = "cuda_ipc";
+  op->algo = algo;
   op->async = true;
   op->lane = LaneKind::kCollective;
   op->seq = engine_->next_collective_seq();
@@ -1056,7 +1191,7 @@ std::shared_ptr<Op> Communicator::make_ipc_setup_op(const char* name, uint8_t ta
 }
 
 Status Communicator::connect_ipc(const CudaDriver& cu, void* ctx) {
-  std::shared_ptr<Op> op = make_ipc_setup_op("cuda_ipc_setup", kIpcConnectTag);
+  std::shared_ptr<Op> op = make_setup_op("cuda_ipc_setup", "cuda_ipc", kIpcConnectTag);
   std::string why;
   IpcSetup setup{&cu, ctx, config_.cuda_chunk_bytes, [e = engine_.get()] { e->wake_if_sleeping(); },
                  &ipc_bytes_};
@@ -1140,7 +1275,7 @@ std::shared_ptr<Op> Communicator::make_ipc_op(OpKind kind, const CollArgs& args,
 void Communicator::disconnect_ipc() {
   std::lock_guard<std::mutex> lock(ipc_mu_);
   if (ipc_ == nullptr) return;
-  std::shared_ptr<Op> op = make_ipc_setup_op("cuda_ipc_teardown", kIpcDisconnectTag);
+  std::shared_ptr<Op> op = make_setup_op("cuda_ipc_teardown", "cuda_ipc", kIpcDisconnectTag);
   // Destroy is local: peers that do not destroy theirs soon leave this
   // rank's window allocated (the teardown says so), not this call hanging.
   engine_->set_timeout_s(std::min(engine_->timeout_s(), kIpcTeardownSeconds));

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "src/algo/collectives.h"
+#include "src/algo/window_collectives.h"
 #include "src/core/bootstrap.h"
 #include "src/core/config.h"
 #include "src/core/engine.h"
@@ -61,6 +62,15 @@ class Communicator {
                            CollArgs* staged_args);
   std::shared_ptr<Op> make_stream_op(OpKind kind, const CollArgs& staged_args, const StagedCall& call);
 
+  // braid_comm_register / braid_comm_deregister, collective. On a
+  // communicator of one host whose ranks read each other's memory, every
+  // rank maps every other's registered range, and collectives whose buffers
+  // lie in those ranges move data straight between them
+  // (src/algo/window_collectives.h). Elsewhere a registration is kept but
+  // changes nothing.
+  Status register_window(void* buf, size_t bytes);
+  Status deregister_window(void* buf);
+
   void set_last_error(const std::string& message);
   std::string last_error();
 
@@ -84,11 +94,14 @@ class Communicator {
   // op over the window, and the teardown at destroy.
   bool ipc_candidate(OpKind kind) const;
   Status connect_ipc(const CudaDriver& cu, void* ctx);
-  // The op of the setup or the teardown: a collective of its own.
-  std::shared_ptr<Op> make_ipc_setup_op(const char* name, uint8_t tag_kind);
   // input_copy: scratch for an input that overlaps its output (or null).
   std::shared_ptr<Op> make_ipc_op(OpKind kind, const CollArgs& args, char* input_copy);
   void disconnect_ipc();
+  // The op of a registration or deregistration: a collective of its own.
+  std::shared_ptr<Op> make_setup_op(const char* name, const char* algo, uint8_t tag_kind);
+  // Wraps the task of an all_reduce, broadcast, all_gather or
+  // reduce_scatter in window_or where windows may carry it.
+  void offer_windows(OpKind kind, Op& op, const CollArgs& a);
 
   int rank_ = 0;
   int nranks_ = 1;
@@ -122,6 +135,14 @@ class Communicator {
   IpcState ipc_state_ = IpcState::kUntried;
   std::unique_ptr<IpcWindow> ipc_;
   std::atomic<uint64_t> ipc_bytes_{0};  // read from peers' windows (transport_bytes "cuda_ipc")
+  // Registered ranges (register_window), replaced whole on every change so
+  // a call takes a snapshot with one copy. Null while there are none.
+  std::mutex windows_mu_;
+  std::shared_ptr<const HostWindows> windows_;
+  std::vector<std::pair<char*, size_t>> unshared_;  // registered where windows cannot work
+  uint32_t next_window_id_ = 0;
+  size_t window_min_bytes_ = 0;            // BRAID_WINDOW_MIN_BYTES or its default for this job
+  std::atomic<uint64_t> window_bytes_{0};  // transport_bytes "shm_window"
   std::mutex error_mu_;
   std::string last_error_;
   uint64_t p2p_send_seq_ = 0;

@@ -144,6 +144,8 @@ Status Config::from_env(Config* out) {
   BRAID_RETURN_IF_ERROR(env_double("BRAID_SPIN_US", 0, 1e6, &c.spin_us, &present));
   if (const char* a = env("BRAID_ALGO")) BRAID_RETURN_IF_ERROR(parse_algo_spec(a, &c.algo));
   BRAID_RETURN_IF_ERROR(env_size("BRAID_DIRECT_MAX_BYTES", 0, 1u << 30, &c.direct_max_bytes, &present));
+  BRAID_RETURN_IF_ERROR(
+      env_size("BRAID_WINDOW_MIN_BYTES", 0, size_t{1} << 40, &c.window_min_bytes, &present));
   if (const char* v = env("BRAID_TRACE_FILE")) c.trace_file = v;
   BRAID_RETURN_IF_ERROR(env_double("BRAID_TRACE_MIN_WAIT_US", 0, 1e9, &c.trace_min_wait_us, &present));
   BRAID_RETURN_IF_ERROR(

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -37,13 +38,16 @@ struct Config {
   double spin_us = 300.0;                    // BRAID_SPIN_US: spin this long before blocking
   AlgoChoice algo;                           // BRAID_ALGO=ring or all_reduce:tree;...
   size_t direct_max_bytes = 16 * 1024;       // BRAID_DIRECT_MAX_BYTES
-  std::string trace_file;                    // BRAID_TRACE_FILE (%r rank, %h host, %p pid)
-  double trace_min_wait_us = 20.0;           // BRAID_TRACE_MIN_WAIT_US
-  size_t trace_max_events = 4u << 20;        // BRAID_TRACE_MAX_EVENTS
-  bool dump_on_signal = true;                // BRAID_DUMP_SIGNAL=0: no SIGUSR1 handler
-  bool check_calls = false;                  // BRAID_CHECK_CALLS=1: compare every call
-  bool cuda_ipc = true;                      // BRAID_CUDA_IPC=0: device data through host staging
-  size_t cuda_chunk_bytes = 32u << 20;       // BRAID_CUDA_CHUNK_BYTES: each half of the IPC window
+  // BRAID_WINDOW_MIN_BYTES: the smallest call offered registered windows;
+  // unset (SIZE_MAX): 16 KiB, or 128 KiB where ranks share cores.
+  size_t window_min_bytes = SIZE_MAX;
+  std::string trace_file;                        // BRAID_TRACE_FILE (%r rank, %h host, %p pid)
+  double trace_min_wait_us = 20.0;               // BRAID_TRACE_MIN_WAIT_US
+  size_t trace_max_events = 4u << 20;            // BRAID_TRACE_MAX_EVENTS
+  bool dump_on_signal = true;                    // BRAID_DUMP_SIGNAL=0: no SIGUSR1 handler
+  bool check_calls = false;                      // BRAID_CHECK_CALLS=1: compare every call
+  bool cuda_ipc = true;                          // BRAID_CUDA_IPC=0: device data through host staging
+  size_t cuda_chunk_bytes = 32u << 20;           // BRAID_CUDA_CHUNK_BYTES: each half of the IPC window
   std::optional<topo::P2pLevel> cuda_p2p_level;  // BRAID_CUDA_P2P_LEVEL; unset: the topology's default
 
   static Status from_env(Config* out);

@@ -56,6 +56,8 @@ std::string describe_call(const CallTag& t) {
   if (t.kind == kCallCheckTag) return "the call check of #" + std::to_string(t.seq) + " (BRAID_CHECK_CALLS)";
   if (t.kind == kIpcConnectTag) return "the CUDA IPC setup #" + std::to_string(t.seq);
   if (t.kind == kIpcDisconnectTag) return "the CUDA IPC teardown #" + std::to_string(t.seq);
+  if (t.kind == kWindowRegisterTag) return "comm_register #" + std::to_string(t.seq);
+  if (t.kind == kWindowDeregisterTag) return "comm_deregister #" + std::to_string(t.seq);
   std::string s = std::string(op_kind_name(kind)) + " #" + std::to_string(t.seq);
   std::string args;
   auto add = [&](const std::string& x) { args += (args.empty() ? "" : ", ") + x; };

@@ -55,6 +55,8 @@ constexpr uint8_t kCallCheckTag = 0xfe;
 // The tags of setting up and tearing down device collectives through CUDA
 // IPC (src/algo/ipc_collectives.h), which run as collectives of their own.
 constexpr uint8_t kIpcConnectTag = 0xfd, kIpcDisconnectTag = 0xfc;
+// braid_comm_register and braid_comm_deregister (src/algo/window_collectives.h).
+constexpr uint8_t kWindowRegisterTag = 0xfb, kWindowDeregisterTag = 0xfa;
 // "all_reduce #5 (count 1024, float32, sum)": what a tag says was called.
 std::string describe_call(const CallTag& tag);
 // A message from `peer` was sent by another call than this rank's.

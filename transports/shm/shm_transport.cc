@@ -20,6 +20,7 @@
 
 #include "kernels/cpu/copy_kernels.h"
 #include "src/core/logging.h"
+#include "transports/shm/shared_memory.h"
 
 namespace braid {
 namespace {
@@ -234,6 +235,9 @@ class ShmConnection : public Connection {
   }
   Status write_peer(uint64_t remote, const void* src, size_t bytes) override {
     return cross_copy(true, const_cast<char*>(static_cast<const char*>(src)), remote, bytes);
+  }
+  Status map_peer_memory(int fd, size_t bytes, char** out) override {
+    return map_peer_allocation(peer_pidfd_, fd, bytes, out);
   }
   void enable_peer_reads() {
     peer_reads_ = true;

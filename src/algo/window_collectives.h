@@ -1,0 +1,76 @@
+// Collectives over registered host memory (braid_comm_register on memory
+// from braid_mem_alloc, transports/shm/shared_memory.h) between the ranks of
+// one host. Registration is collective: every rank maps every other rank's
+// registered range, so all ranks hold the same windows under the same ids.
+//
+// A call that may use them first tells every rank where its buffers lie
+// (window and offset). If every buffer it reads or writes on another rank
+// lies in a window, it moves the data with loads and stores straight
+// between the ranks' buffers, as threads of one process would (the pattern
+// of bench/ceiling); otherwise the algorithm the tuner picked runs. Every
+// rank decides from the same exchanged spots, so all decide alike.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "src/algo/collectives.h"
+#include "src/algo/tuner.h"
+
+namespace braid {
+
+// One registration on one rank. Unmaps the peers' ranges when the last
+// call that uses it is done.
+struct HostWindow {
+  HostWindow() = default;
+  HostWindow(const HostWindow&) = delete;
+  HostWindow& operator=(const HostWindow&) = delete;
+  ~HostWindow();
+  uint32_t id = 0;        // the same on every rank
+  char* local = nullptr;  // this rank's registered range
+  size_t bytes = 0;
+  std::vector<char*> at;                       // every rank's range as mapped here; at[rank] = local
+  std::vector<std::pair<char*, size_t>> maps;  // what to unmap: the peers' whole allocations
+  // Once: at deregistration, else by the destructor (then the allocation
+  // may be freed).
+  mutable std::function<void()> on_release;
+  void release() const;
+};
+using HostWindows = std::vector<std::shared_ptr<const HostWindow>>;
+
+// What a rank tells the others when it registers: its allocation's memfd
+// (ok = 0: it cannot register, and `why` says why).
+struct WindowRecord {
+  int32_t ok = 0;
+  int32_t fd = -1;
+  uint64_t alloc_bytes = 0;  // the whole allocation, as the peer maps it
+  uint64_t offset = 0;       // of the registered range in the allocation
+  uint64_t bytes = 0;
+  char why[160] = {};
+  void set_failure(const std::string& reason);
+};
+
+// Collective over `ch` (every rank of a communicator on one host): maps
+// every peer's registered range into *w (whose id and local range are set).
+// If any rank cannot (its buffer is not braid_mem_alloc memory, a mapping
+// failed), every rank unmaps what it mapped and sets *why to the first such
+// rank's reason; the communicator stays usable.
+Task window_connect(const Channel& ch, WindowRecord mine, HostWindow* w, std::string* why);
+// Collective: every rank names the window it deregisters (its id, or
+// kNoWindow for a buffer it never registered). If they differ, every rank
+// sets *why, naming two ranks that differ, and keeps its windows.
+constexpr uint32_t kNoWindow = ~0u;
+Task window_disconnect(const Channel& ch, uint32_t id, std::string* why);
+
+// `c`: all_reduce, broadcast, all_gather or reduce_scatter. `otherwise`:
+// the tuner's algorithm for the call. `moved` counts the bytes this rank
+// reads from and writes to peers' windows. scratch: kWindowScratchBytes.
+constexpr size_t kWindowScratchBytes = 32 * 1024;
+Task window_or(const Channel& ch, HostWindows windows, Coll c, CollArgs a, Task otherwise, char* scratch,
+               std::atomic<uint64_t>* moved);
+
+}  // namespace braid

@@ -1,0 +1,279 @@
+// Registered host memory (braid_mem_alloc + braid_comm_register) across real
+// forked ranks: collectives over it read and write peers' buffers directly
+// (counted as transport "shm_window") with exact results, fall back when a
+// rank's buffer is not registered, and bad registrations fail on every rank
+// without breaking the communicator.
+#include <braid/braid.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tests/rank_test.h"
+
+namespace braid::test {
+namespace {
+
+uint64_t window_bytes(braid_comm_t comm) {
+  uint64_t b = 0;
+  EXPECT_EQ(braid_comm_transport_bytes(comm, "shm_window", &b), BRAID_SUCCESS) << braid_get_last_error();
+  return b;
+}
+
+// Two registered buffers of `bytes` each, freed (after deregistration) at
+// the end of the scope.
+struct Registered {
+  braid_comm_t comm;
+  float* send = nullptr;
+  float* recv = nullptr;
+  Registered(braid_comm_t c, size_t bytes) : comm(c) {
+    void *s = nullptr, *r = nullptr;
+    EXPECT_EQ(braid_mem_alloc(&s, bytes), BRAID_SUCCESS) << braid_get_last_error();
+    EXPECT_EQ(braid_mem_alloc(&r, bytes), BRAID_SUCCESS) << braid_get_last_error();
+    send = static_cast<float*>(s);
+    recv = static_cast<float*>(r);
+    EXPECT_EQ(braid_comm_register(comm, send, bytes), BRAID_SUCCESS) << braid_get_last_error();
+    EXPECT_EQ(braid_comm_register(comm, recv, bytes), BRAID_SUCCESS) << braid_get_last_error();
+  }
+  ~Registered() {
+    EXPECT_EQ(braid_comm_deregister(comm, send), BRAID_SUCCESS) << braid_get_last_error();
+    EXPECT_EQ(braid_comm_deregister(comm, recv), BRAID_SUCCESS) << braid_get_last_error();
+    EXPECT_EQ(braid_mem_free(send), BRAID_SUCCESS) << braid_get_last_error();
+    EXPECT_EQ(braid_mem_free(recv), BRAID_SUCCESS) << braid_get_last_error();
+  }
+};
+
+float value(int rank, size_t i) {
+  return static_cast<float>((rank + 1) * static_cast<int>(i % 113));
+}
+
+// Every size offered windows: the small ones too.
+const Env kEverySize = {{"BRAID_WINDOW_MIN_BYTES", "0"}};
+
+TEST(RegisteredMemory, CollectivesMoveDataStraightBetweenBuffers) {
+  for (int n : {2, 3, 4}) {
+    run_ranks(n, kEverySize, [](braid_comm_t comm, int rank, int nranks) {
+      const size_t max_count = 300001;
+      Registered buf(comm, max_count * nranks * sizeof(float));
+      for (size_t count : {size_t{1}, size_t{7}, size_t{4099}, max_count}) {
+        for (bool in_place : {false, true}) {
+          SCOPED_TRACE("count " + std::to_string(count) + (in_place ? " in place" : " out of place"));
+          // all_reduce, sum and avg.
+          for (braid_redop_t op : {BRAID_SUM, BRAID_AVG}) {
+            float* out = buf.recv;
+            float* in = in_place ? out : buf.send;
+            for (size_t i = 0; i < count; ++i) in[i] = value(rank, i);
+            const uint64_t before = window_bytes(comm);
+            BRAID_ASSERT_OK(braid_all_reduce(in, out, count, BRAID_FLOAT32, op, comm, nullptr));
+            // (A count below nranks leaves some ranks no slice to move.)
+            if (count >= static_cast<size_t>(nranks)) {
+              EXPECT_GT(window_bytes(comm), before);
+            }
+            for (size_t i = 0; i < count; ++i) {
+              float sum = 0;
+              for (int r = 0; r < nranks; ++r) sum += value(r, i);
+              ASSERT_EQ(out[i], op == BRAID_SUM ? sum : sum / static_cast<float>(nranks)) << "element " << i;
+            }
+          }
+          // broadcast from the last rank.
+          {
+            const int root = nranks - 1;
+            float* out = buf.recv;
+            float* in = in_place ? out : buf.send;
+            for (size_t i = 0; i < count; ++i) {
+              in[i] = rank == root ? value(root, i) : -1.0f;
+              if (!in_place) out[i] = -1.0f;
+            }
+            const uint64_t before = window_bytes(comm);
+            BRAID_ASSERT_OK(braid_broadcast(in, out, count, BRAID_FLOAT32, root, comm, nullptr));
+            EXPECT_EQ(window_bytes(comm) - before, rank == root ? 0 : count * sizeof(float));
+            for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[i], value(root, i)) << "element " << i;
+          }
+          // all_gather: block r from rank r (in place: already at its place).
+          {
+            float* out = buf.recv;
+            float* in = in_place ? out + rank * count : buf.send;
+            for (size_t i = 0; i < count; ++i) in[i] = value(rank, i);
+            const uint64_t before = window_bytes(comm);
+            BRAID_ASSERT_OK(braid_all_gather(in, out, count, BRAID_FLOAT32, comm, nullptr));
+            EXPECT_EQ(window_bytes(comm) - before, (nranks - 1) * count * sizeof(float));
+            for (int r = 0; r < nranks; ++r)
+              for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[r * count + i], value(r, i)) << r << ", " << i;
+          }
+          // reduce_scatter: this rank's block of the sum.
+          {
+            float* in = in_place ? buf.recv : buf.send;
+            float* out = in_place ? in + rank * count : buf.recv;
+            for (size_t i = 0; i < count * nranks; ++i) in[i] = value(rank, i);
+            const uint64_t before = window_bytes(comm);
+            BRAID_ASSERT_OK(braid_reduce_scatter(in, out, count, BRAID_FLOAT32, BRAID_SUM, comm, nullptr));
+            EXPECT_EQ(window_bytes(comm) - before, (nranks - 1) * count * sizeof(float));
+            for (size_t i = 0; i < count; ++i) {
+              float sum = 0;
+              for (int r = 0; r < nranks; ++r) sum += value(r, rank * count + i);
+              ASSERT_EQ(out[i], sum) << "element " << i;
+            }
+          }
+        }
+      }
+    });
+  }
+}
+
+TEST(RegisteredMemory, NonBlockingCallsAndOffsetsInsideTheRange) {
+  run_ranks(3, kEverySize, [](braid_comm_t comm, int rank, int nranks) {
+    const size_t count = 10007;
+    Registered buf(comm, 4 * count * sizeof(float));
+    // Each call at another offset of the registered ranges, all in flight.
+    std::vector<braid_request_t> reqs(3, nullptr);
+    for (int k = 0; k < 3; ++k) {
+      float* in = buf.send + k * count;
+      for (size_t i = 0; i < count; ++i) in[i] = value(rank, i + k);
+      BRAID_ASSERT_OK(braid_iall_reduce(in, buf.recv + k * count, count, BRAID_FLOAT32, BRAID_MAX, comm,
+                                        nullptr, &reqs[k]));
+    }
+    BRAID_ASSERT_OK(braid_wait_all(3, reqs.data()));
+    for (int k = 0; k < 3; ++k)
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(buf.recv[k * count + i], value(nranks - 1, i + k));
+    EXPECT_GT(window_bytes(comm), 0u);
+  });
+}
+
+TEST(RegisteredMemory, AnUnregisteredBufferOnOneRankTakesTheUsualPath) {
+  run_ranks(2, kEverySize, [](braid_comm_t comm, int rank, int nranks) {
+    const size_t count = 65536;
+    Registered buf(comm, count * sizeof(float));
+    std::vector<float> plain(count, -1.0f);
+    for (size_t i = 0; i < count; ++i) buf.send[i] = value(rank, i);
+    // Rank 0's output is ordinary memory: no rank may touch it directly.
+    float* out = rank == 0 ? plain.data() : buf.recv;
+    BRAID_ASSERT_OK(braid_all_reduce(buf.send, out, count, BRAID_FLOAT32, BRAID_SUM, comm, nullptr));
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[i], value(0, i) + value(1, i));
+    EXPECT_EQ(window_bytes(comm), 0u);
+    // all_gather reads only inputs: registered everywhere, so it goes direct.
+    std::vector<float> gathered(count * nranks);
+    BRAID_ASSERT_OK(braid_all_gather(buf.send, gathered.data(), count, BRAID_FLOAT32, comm, nullptr));
+    for (int r = 0; r < nranks; ++r)
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(gathered[r * count + i], value(r, i));
+    EXPECT_EQ(window_bytes(comm), (nranks - 1) * count * sizeof(float));
+  });
+}
+
+TEST(RegisteredMemory, RegisteringOtherMemoryFailsOnEveryRankAndTheCommStaysUsable) {
+  run_ranks(3, {}, [](braid_comm_t comm, int rank, int) {
+    void* shared = nullptr;
+    BRAID_ASSERT_OK(braid_mem_alloc(&shared, 1 << 20));
+    std::vector<char> ordinary(1 << 20);
+    void* mine = rank == 1 ? static_cast<void*>(ordinary.data()) : shared;
+    EXPECT_EQ(braid_comm_register(comm, mine, 1 << 20), BRAID_ERR_INVALID_ARGUMENT);
+    const std::string why = braid_get_last_error();
+    EXPECT_NE(why.find("rank 1"), std::string::npos) << why;
+    EXPECT_NE(why.find("braid_mem_alloc"), std::string::npos) << why;
+    // A range running past the allocation is refused the same way.
+    EXPECT_EQ(braid_comm_register(comm, static_cast<char*>(shared) + 4096, 1 << 20),
+              BRAID_ERR_INVALID_ARGUMENT);
+    // Nothing was registered: the memory frees, and collectives still work.
+    BRAID_EXPECT_OK(braid_mem_free(shared));
+    int32_t x = rank, sum = 0;
+    BRAID_ASSERT_OK(braid_all_reduce(&x, &sum, 1, BRAID_INT32, BRAID_SUM, comm, nullptr));
+    EXPECT_EQ(sum, 3);
+  });
+}
+
+TEST(RegisteredMemory, FreeWaitsForDeregistrationAndDeregistrationsMustMatch) {
+  run_ranks(2, {}, [](braid_comm_t comm, int rank, int) {
+    void *a = nullptr, *b = nullptr;
+    BRAID_ASSERT_OK(braid_mem_alloc(&a, 8192));
+    BRAID_ASSERT_OK(braid_mem_alloc(&b, 8192));
+    BRAID_ASSERT_OK(braid_comm_register(comm, a, 8192));
+    BRAID_ASSERT_OK(braid_comm_register(comm, b, 4096));
+    EXPECT_EQ(braid_mem_free(a), BRAID_ERR_INVALID_USAGE);
+    EXPECT_NE(std::string(braid_get_last_error()).find("braid_comm_deregister"), std::string::npos)
+        << braid_get_last_error();
+    // Rank 0 names a, rank 1 names b: both fail, and both stay registered.
+    EXPECT_EQ(braid_comm_deregister(comm, rank == 0 ? a : b), BRAID_ERR_MISMATCH);
+    EXPECT_NE(std::string(braid_get_last_error()).find("different"), std::string::npos)
+        << braid_get_last_error();
+    EXPECT_EQ(braid_mem_free(b), BRAID_ERR_INVALID_USAGE);
+    BRAID_EXPECT_OK(braid_comm_deregister(comm, a));
+    BRAID_EXPECT_OK(braid_comm_deregister(comm, b));
+    BRAID_EXPECT_OK(braid_mem_free(a));
+    BRAID_EXPECT_OK(braid_mem_free(b));
+    EXPECT_EQ(braid_comm_deregister(comm, a), BRAID_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(braid_get_last_error()).find("not registered"), std::string::npos)
+        << braid_get_last_error();
+  });
+}
+
+TEST(RegisteredMemory, DestroyingTheCommReleasesItsRegistrations) {
+  run_ranks(2, {}, [](braid_comm_t comm, int, int) {
+    void* a = nullptr;
+    BRAID_ASSERT_OK(braid_mem_alloc(&a, 4096));
+    braid_comm_t dup = nullptr;
+    BRAID_ASSERT_OK(braid_comm_split(comm, 0, 0, &dup));
+    BRAID_ASSERT_OK(braid_comm_register(dup, a, 4096));
+    EXPECT_EQ(braid_mem_free(a), BRAID_ERR_INVALID_USAGE);
+    BRAID_ASSERT_OK(braid_comm_destroy(dup));
+    BRAID_EXPECT_OK(braid_mem_free(a));
+  });
+}
+
+TEST(RegisteredMemory, RanksOnSeveralHostsKeepTheRegistrationAndTheUsualPath) {
+  auto result = launch(
+      2, kEverySize,
+      [](braid_comm_t comm, int rank, int) {
+        const size_t count = 50000;
+        Registered buf(comm, count * sizeof(float));
+        for (size_t i = 0; i < count; ++i) buf.send[i] = value(rank, i);
+        BRAID_ASSERT_OK(braid_all_reduce(buf.send, buf.recv, count, BRAID_FLOAT32, BRAID_SUM, comm, nullptr));
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(buf.recv[i], value(0, i) + value(1, i));
+        EXPECT_EQ(window_bytes(comm), 0u);
+      },
+      120, true, [](int rank) { setenv("BRAID_HOST_ID", rank == 0 ? "host-a" : "host-b", 1); });
+  ASSERT_TRUE(result.ok()) << result.describe();
+}
+
+TEST(RegisteredMemory, ADeadPeerFailsTheCallInsteadOfHanging) {
+  auto result = launch(2, kEverySize, [](braid_comm_t comm, int rank, int) {
+    const size_t count = 1 << 16;
+    Registered* buf = new Registered(comm, count * sizeof(float));  // rank 1 never cleans up
+    if (rank == 1) _exit(0);
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_NE(braid_all_reduce(buf->send, buf->recv, count, BRAID_FLOAT32, BRAID_SUM, comm, nullptr),
+              BRAID_SUCCESS);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+    _exit(::testing::Test::HasFailure() ? 1 : 0);
+  });
+  ASSERT_TRUE(result.ok()) << result.describe();
+}
+
+TEST(RegisteredMemory, BadArgumentsAreNamed) {
+  void* p = nullptr;
+  EXPECT_EQ(braid_mem_alloc(nullptr, 64), BRAID_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(braid_mem_alloc(&p, 0), BRAID_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(braid_get_last_error()).find("bytes is 0"), std::string::npos)
+      << braid_get_last_error();
+  int on_stack = 0;
+  EXPECT_EQ(braid_mem_free(&on_stack), BRAID_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(braid_get_last_error()).find("braid_mem_alloc"), std::string::npos)
+      << braid_get_last_error();
+  EXPECT_EQ(braid_mem_free(nullptr), BRAID_SUCCESS);
+  EXPECT_EQ(braid_comm_register(nullptr, &on_stack, 4), BRAID_ERR_INVALID_ARGUMENT);
+  run_ranks(2, {}, [](braid_comm_t comm, int, int) {
+    EXPECT_EQ(braid_comm_register(comm, nullptr, 64), BRAID_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(braid_get_last_error()).find("buf is NULL"), std::string::npos)
+        << braid_get_last_error();
+    EXPECT_EQ(braid_comm_deregister(comm, nullptr), BRAID_ERR_INVALID_ARGUMENT);
+    int x = 0;
+    EXPECT_EQ(braid_comm_deregister(comm, &x), BRAID_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(braid_get_last_error()).find("never registered"), std::string::npos)
+        << braid_get_last_error();
+  });
+}
+
+}  // namespace
+}  // namespace braid::test
