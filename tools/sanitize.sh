@@ -11,8 +11,8 @@ for san in ${BRAID_SANITIZERS:-address thread}; do
     -DBRAID_SANITIZE="$san" -DBRAID_BUILD_BENCH=OFF -DBRAID_BUILD_TOOLS=ON \
     -DBRAID_BUILD_EXAMPLES=OFF -DBRAID_WITH_TORCH=OFF -DBRAID_CUDA=OFF
   cmake --build "$dir" -j "${BRAID_BUILD_JOBS:-$(nproc)}" --target kernels_test api_test collectives_test failure_test ddp_test observability_test \
-    tuner_test multihost_test tcp_connection_test stream_test cuda_ipc_test
+    tuner_test multihost_test tcp_connection_test stream_test cuda_ipc_test window_test
   (cd "$dir" && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
      TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-     ctest --output-on-failure --timeout 900 -R '^(kernels|api|collectives|failure|ddp|observability|tuner|multihost|tcp_connection|stream|cuda_ipc)_test$')
+     ctest --output-on-failure --timeout 900 -R '^(kernels|api|collectives|failure|ddp|observability|tuner|multihost|tcp_connection|stream|cuda_ipc|window)_test$')
 done

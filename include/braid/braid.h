@@ -173,11 +173,13 @@ braid_result_t braid_mem_alloc(void** ptr, size_t bytes);
  * a live communicator has it registered. NULL is a no-op. */
 braid_result_t braid_mem_free(void* ptr);
 /* Collective over comm: every rank registers one range [buf, buf + bytes)
- * inside its braid_mem_alloc memory (sizes may differ between ranks). If
- * any rank's range is not such memory, or a rank cannot map another's, every
+ * inside its braid_mem_alloc memory (sizes and offsets may differ between
+ * ranks). If any rank's range is not such memory (or NULL, or empty), every
  * rank returns BRAID_ERR_INVALID_ARGUMENT naming that rank, and nothing is
- * registered. Where ranks span hosts the registration is kept but changes
- * nothing. */
+ * registered. Where the ranks cannot map each other's memory (ranks on
+ * several hosts; pidfd_getfd refused) the registration is kept but changes
+ * nothing (BRAID_DEBUG=INFO says why); across hosts it is each rank's own,
+ * and a bad range fails on its rank only. */
 braid_result_t braid_comm_register(braid_comm_t comm, void* buf, size_t bytes);
 /* Collective: every rank names the buf it registered. Ranks that name
  * different registrations all get BRAID_ERR_MISMATCH, and nothing changes. */

@@ -30,6 +30,8 @@ Task all_gather_record(const Channel& ch, const T& mine, std::vector<T>* all) {
 
 struct Arrived {};
 
+constexpr size_t kScratchBytes = 32 * 1024;
+
 // Where a rank's buffers lie.
 struct BufferSpot {
   uint32_t send_window = kNoWindow, recv_window = kNoWindow;
@@ -87,7 +89,7 @@ void count(std::atomic<uint64_t>* moved, uint64_t bytes) {
 void all_reduce_over(const Channel& ch, const CollArgs& a, const std::vector<char*>& in,
                      const std::vector<char*>& out, char* tmp, std::atomic<uint64_t>* moved) {
   const int n = ch.nranks, r = ch.rank;
-  const size_t esize = dtype_size(a.dtype), chunk = kWindowScratchBytes / esize;
+  const size_t esize = dtype_size(a.dtype), chunk = kScratchBytes / esize;
   Split slice(a.count, static_cast<size_t>(n));
   const size_t begin = slice.begin(static_cast<size_t>(r)), end = begin + slice.size(static_cast<size_t>(r));
   const bool streaming = in[0] != out[0] && a.count * esize >= kStreamingMinBytes;
@@ -105,7 +107,7 @@ void all_reduce_over(const Channel& ch, const CollArgs& a, const std::vector<cha
 void reduce_scatter_over(const Channel& ch, const CollArgs& a, const std::vector<char*>& in, char* out,
                          char* tmp, std::atomic<uint64_t>* moved) {
   const int n = ch.nranks, r = ch.rank;
-  const size_t esize = dtype_size(a.dtype), chunk = kWindowScratchBytes / esize;
+  const size_t esize = dtype_size(a.dtype), chunk = kScratchBytes / esize;
   const size_t block = a.count * esize;
   for (size_t e = 0; e < a.count; e += chunk) {
     const size_t len = std::min(chunk, a.count - e), off = r * block + e * esize;
@@ -119,55 +121,56 @@ void reduce_scatter_over(const Channel& ch, const CollArgs& a, const std::vector
 
 }  // namespace
 
-void WindowRecord::set_failure(const std::string& reason) {
+void WindowRecord::set_failure(const std::string& reason, bool by_user) {
   ok = 0;
+  user_error = by_user ? 1 : 0;
   std::snprintf(why, sizeof(why), "%s", reason.c_str());
 }
 
-Task window_connect(const Channel& ch, WindowRecord mine, HostWindow* w, std::string* why) {
+Task window_connect(const Channel& ch, WindowRecord mine, HostWindow* w, WindowVerdict* verdict) {
   const int n = ch.nranks, r = ch.rank;
   std::vector<WindowRecord> all;
   co_await all_gather_record(ch, mine, &all);
   w->at.assign(n, nullptr);
   w->at[r] = w->local;
-  // The verdict: whether this rank registered and mapped every peer's range.
-  WindowRecord verdict = mine;
-  for (int p = 0; p < n && verdict.ok; ++p) {
+  // This rank's verdict: whether every rank's argument was good and it
+  // mapped every peer's range.
+  WindowRecord mapped = mine;
+  for (int p = 0; p < n && mapped.ok; ++p) {
     if (p == r) continue;
     if (!all[p].ok) {
       all[p].why[sizeof(all[p].why) - 1] = '\0';
-      verdict.set_failure(all[p].why);
+      mapped.set_failure(all[p].why, true);
       break;
     }
     char* base = nullptr;
     if (Status st = ch.to(p)->map_peer_memory(all[p].fd, all[p].alloc_bytes, &base); !st) {
-      verdict.set_failure("rank " + std::to_string(ch.global(r)) + " could not map rank " +
-                          std::to_string(ch.global(p)) + "'s registered memory: " + st.message());
+      mapped.set_failure("rank " + std::to_string(ch.global(r)) + " could not map rank " +
+                             std::to_string(ch.global(p)) + "'s registered memory: " + st.message(),
+                         false);
       break;
     }
     w->maps.emplace_back(base, all[p].alloc_bytes);
     w->at[p] = base + all[p].offset;
   }
   std::vector<WindowRecord> verdicts;
-  co_await all_gather_record(ch, verdict, &verdicts);
-  for (const WindowRecord& v : verdicts) {
-    if (v.ok) continue;
-    for (auto& [base, bytes] : w->maps) munmap(base, bytes);
-    w->maps.clear();
-    *why = std::string(v.why, strnlen(v.why, sizeof(v.why)));
+  co_await all_gather_record(ch, mapped, &verdicts);
+  const WindowRecord* first = nullptr;  // a bad argument first, else a failed mapping
+  for (const WindowRecord& v : verdicts)
+    if (!v.ok && (first == nullptr || (v.user_error && !first->user_error))) first = &v;
+  if (first == nullptr) {
+    verdict->outcome = WindowVerdict::kMapped;
     co_return;
   }
+  for (auto& [base, bytes] : w->maps) munmap(base, bytes);
+  w->maps.clear();
+  verdict->outcome = first->user_error ? WindowVerdict::kRefused : WindowVerdict::kUnmappable;
+  verdict->why = std::string(first->why, strnlen(first->why, sizeof(first->why)));
 }
 
 HostWindow::~HostWindow() {
   for (const auto& [base, bytes] : maps) munmap(base, bytes);
-  release();
-}
-
-void HostWindow::release() const {
-  std::function<void()> f;
-  std::swap(f, on_release);
-  if (f) f();
+  if (on_release) on_release();
 }
 
 Task window_disconnect(const Channel& ch, uint32_t id, std::string* why) {
@@ -184,7 +187,7 @@ Task window_disconnect(const Channel& ch, uint32_t id, std::string* why) {
   }
 }
 
-Task window_or(const Channel& ch, HostWindows windows, Coll c, CollArgs a, Task otherwise, char* scratch,
+Task window_or(const Channel& ch, HostWindows windows, Coll c, CollArgs a, Task otherwise,
                std::atomic<uint64_t>* moved) {
   const int n = ch.nranks, r = ch.rank;
   const size_t esize = dtype_size(a.dtype);
@@ -209,13 +212,15 @@ Task window_or(const Channel& ch, HostWindows windows, Coll c, CollArgs a, Task 
     co_return;
   }
   current_op()->algo = "window";
+  // Reductions go through a piece that stays in cache.
+  std::vector<char> scratch(c == Coll::kAllReduce || c == Coll::kReduceScatter ? kScratchBytes : 0);
   char* mine_out = static_cast<char*>(a.recvbuf);
   switch (c) {
     case Coll::kAllReduce:
-      all_reduce_over(ch, a, in, out, scratch, moved);
+      all_reduce_over(ch, a, in, out, scratch.data(), moved);
       break;
     case Coll::kReduceScatter:
-      reduce_scatter_over(ch, a, in, mine_out, scratch, moved);
+      reduce_scatter_over(ch, a, in, mine_out, scratch.data(), moved);
       break;
     case Coll::kAllGather:
       for (int s = 0; s < n; ++s) {

@@ -35,31 +35,37 @@ struct HostWindow {
   size_t bytes = 0;
   std::vector<char*> at;                       // every rank's range as mapped here; at[rank] = local
   std::vector<std::pair<char*, size_t>> maps;  // what to unmap: the peers' whole allocations
-  // Once: at deregistration, else by the destructor (then the allocation
-  // may be freed).
-  mutable std::function<void()> on_release;
-  void release() const;
+  std::function<void()> on_release;            // run by the destructor (then the allocation may be freed)
 };
 using HostWindows = std::vector<std::shared_ptr<const HostWindow>>;
 
 // What a rank tells the others when it registers: its allocation's memfd
-// (ok = 0: it cannot register, and `why` says why).
+// (ok = 0: it cannot register, and `why` says why: its argument was bad
+// (user_error), or mapping a peer's range failed).
 struct WindowRecord {
   int32_t ok = 0;
+  int32_t user_error = 0;
   int32_t fd = -1;
+  int32_t pad = 0;
   uint64_t alloc_bytes = 0;  // the whole allocation, as the peer maps it
   uint64_t offset = 0;       // of the registered range in the allocation
   uint64_t bytes = 0;
   char why[160] = {};
-  void set_failure(const std::string& reason);
+  void set_failure(const std::string& reason, bool by_user);
+};
+
+// How a registration ended, the same on every rank.
+struct WindowVerdict {
+  enum { kMapped, kRefused, kUnmappable } outcome = kMapped;
+  std::string why;  // kRefused: the first bad argument; kUnmappable: the first failed mapping
 };
 
 // Collective over `ch` (every rank of a communicator on one host): maps
 // every peer's registered range into *w (whose id and local range are set).
-// If any rank cannot (its buffer is not braid_mem_alloc memory, a mapping
-// failed), every rank unmaps what it mapped and sets *why to the first such
-// rank's reason; the communicator stays usable.
-Task window_connect(const Channel& ch, WindowRecord mine, HostWindow* w, std::string* why);
+// If any rank's argument was bad, or any mapping failed, every rank unmaps
+// what it mapped and *verdict says which and why (a bad argument wins);
+// the communicator stays usable either way.
+Task window_connect(const Channel& ch, WindowRecord mine, HostWindow* w, WindowVerdict* verdict);
 // Collective: every rank names the window it deregisters (its id, or
 // kNoWindow for a buffer it never registered). If they differ, every rank
 // sets *why, naming two ranks that differ, and keeps its windows.
@@ -68,9 +74,8 @@ Task window_disconnect(const Channel& ch, uint32_t id, std::string* why);
 
 // `c`: all_reduce, broadcast, all_gather or reduce_scatter. `otherwise`:
 // the tuner's algorithm for the call. `moved` counts the bytes this rank
-// reads from and writes to peers' windows. scratch: kWindowScratchBytes.
-constexpr size_t kWindowScratchBytes = 32 * 1024;
-Task window_or(const Channel& ch, HostWindows windows, Coll c, CollArgs a, Task otherwise, char* scratch,
+// reads from and writes to peers' windows.
+Task window_or(const Channel& ch, HostWindows windows, Coll c, CollArgs a, Task otherwise,
                std::atomic<uint64_t>* moved);
 
 }  // namespace braid

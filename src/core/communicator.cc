@@ -913,55 +913,68 @@ void Communicator::offer_windows(OpKind kind, Op& op, const CollArgs& a) {
     windows = windows_;
   }
   if (windows == nullptr) return;
-  op.work.resize(std::max(op.work.size(), kWindowScratchBytes));
-  op.task = window_or(coll_channel_, *windows, c, a, std::move(op.task), op.work.data(), &window_bytes_);
+  op.task = window_or(coll_channel_, *windows, c, a, std::move(op.task), &window_bytes_);
+}
+
+bool Communicator::windows_possible() const {
+  return one_machine_ && nranks_ > 1 && channel_reads_peers(coll_channel_);
 }
 
 Status Communicator::register_window(void* buf, size_t bytes) {
-  if (buf == nullptr) return Status::invalid_argument("buf is NULL");
-  if (bytes == 0) return Status::invalid_argument("bytes is 0");
   WindowRecord mine;
   SharedAllocation alloc;
   char* p = static_cast<char*>(buf);
-  if (find_shared(buf, bytes, &alloc)) {
+  const std::string who = "rank " + std::to_string(rank_) + ": ";
+  if (buf == nullptr) {
+    mine.set_failure(who + "buf is NULL", true);
+  } else if (bytes == 0) {
+    mine.set_failure(who + "bytes is 0", true);
+  } else if (!find_shared(buf, bytes, &alloc)) {
+    char addr[64];
+    std::snprintf(addr, sizeof(addr), "%p", buf);
+    mine.set_failure(who + "buf " + addr + " (" + std::to_string(bytes) +
+                         " bytes) does not lie in memory from braid_mem_alloc",
+                     true);
+  } else {
     mine.ok = 1;
     mine.fd = alloc.fd;
     mine.alloc_bytes = alloc.bytes;
     mine.offset = static_cast<uint64_t>(p - alloc.base);
     mine.bytes = bytes;
-  } else {
-    char addr[64];
-    std::snprintf(addr, sizeof(addr), "%p", buf);
-    mine.set_failure("rank " + std::to_string(rank_) + ": buf " + addr + " (" + std::to_string(bytes) +
-                     " bytes) does not lie in memory from braid_mem_alloc");
-  }
-  // Windows need every rank on this host, reading each other's memory.
-  if (!one_machine_ || nranks_ < 2 || !channel_reads_peers(coll_channel_)) {
-    if (!mine.ok) return Status::invalid_argument(mine.why);
-    std::lock_guard<std::mutex> lock(windows_mu_);
-    unshared_.emplace_back(p, bytes);
-    BRAID_INFO("SHM", rank_,
-               "comm_register: %s kept, but collectives here take their usual path (windows need every rank "
-               "on one host, reading each other's memory)",
-               bytes_text(bytes).c_str());
-    return Status::ok();
   }
   auto w = std::make_shared<HostWindow>();
   w->local = p;
   w->bytes = bytes;
+  if (mine.ok) {
+    // From now until the window is gone braid_mem_free refuses the memory,
+    // so its memfd stays open while peers take it.
+    shared_retain(alloc.base);
+    w->on_release = [base = alloc.base] { shared_release(base); };
+  }
+  auto keep_unshared = [&](const std::string& why) {
+    std::lock_guard<std::mutex> lock(windows_mu_);
+    unshared_.push_back(std::move(w));
+    BRAID_INFO("SHM", rank_, "comm_register: %s kept, but collectives take their usual path: %s",
+               bytes_text(bytes).c_str(), why.c_str());
+    return Status::ok();
+  };
+  // Windows need every rank on this host, reading each other's memory;
+  // elsewhere a registration is this rank's alone.
+  if (!windows_possible()) {
+    if (!mine.ok) return Status::invalid_argument(mine.why);
+    return keep_unshared("windows need every rank on one host, reading each other's memory");
+  }
   {
     std::lock_guard<std::mutex> lock(windows_mu_);
     w->id = next_window_id_++;
   }
   std::shared_ptr<Op> op = make_setup_op("comm_register", "window", kWindowRegisterTag);
-  std::string why;
-  op->task = window_connect(coll_channel_, mine, w.get(), &why);
+  WindowVerdict verdict;
+  op->task = window_connect(coll_channel_, mine, w.get(), &verdict);
   engine_->post(op);
   BRAID_RETURN_IF_ERROR(engine_->wait(*op));
-  if (!why.empty()) return Status::invalid_argument(why);
-  // braid_mem_free refuses the allocation until the window is gone.
-  shared_retain(alloc.base);
-  w->on_release = [base = alloc.base] { shared_release(base); };
+  if (verdict.outcome == WindowVerdict::kRefused) return Status::invalid_argument(verdict.why);
+  if (verdict.outcome == WindowVerdict::kUnmappable) return keep_unshared(verdict.why);
   std::lock_guard<std::mutex> lock(windows_mu_);
   auto next = std::make_shared<HostWindows>(windows_ ? *windows_ : HostWindows{});
   next->push_back(std::move(w));
@@ -970,26 +983,30 @@ Status Communicator::register_window(void* buf, size_t bytes) {
 }
 
 Status Communicator::deregister_window(void* buf) {
-  if (buf == nullptr) return Status::invalid_argument("buf is NULL");
   std::shared_ptr<const HostWindow> found;
-  bool shared = false;
+  bool collective = false;
   {
     std::lock_guard<std::mutex> lock(windows_mu_);
+    // A registration every rank kept unshared is undone on each alone.
     for (auto it = unshared_.begin(); it != unshared_.end(); ++it) {
-      if (it->first == buf) {
+      if (buf != nullptr && (*it)->local == buf) {
         unshared_.erase(it);
         return Status::ok();
       }
     }
-    shared = windows_ != nullptr || next_window_id_ > 0;
+    // Every rank made the same registration attempts, so all agree on this.
+    collective = next_window_id_ > 0;
     if (windows_)
       for (const auto& w : *windows_)
         if (w->local == buf) found = w;
   }
   char addr[64];
   std::snprintf(addr, sizeof(addr), "%p", buf);
-  if (!shared)
-    return Status::invalid_argument(std::string("buf ") + addr + " was never registered on this comm");
+  const Status unknown =
+      buf == nullptr
+          ? Status::invalid_argument("buf is NULL")
+          : Status::invalid_argument(std::string("buf ") + addr + " is not registered on this comm");
+  if (!collective) return unknown;
   // Every rank joins, even one that names no window: the others learn it
   // and fail alike instead of waiting for it.
   std::shared_ptr<Op> op = make_setup_op("comm_deregister", "window", kWindowDeregisterTag);
@@ -997,9 +1014,11 @@ Status Communicator::deregister_window(void* buf) {
   op->task = window_disconnect(coll_channel_, found ? found->id : kNoWindow, &why);
   engine_->post(op);
   BRAID_RETURN_IF_ERROR(engine_->wait(*op));
+  if (!found) return unknown;
   if (!why.empty()) return Status(BRAID_ERR_MISMATCH, why);
-  if (!found) return Status::invalid_argument(std::string("buf ") + addr + " is not registered on this comm");
-  found->release();
+  // The window goes once no call holds it (none does once this op ran:
+  // earlier calls on the lane are done), which frees the peers' mappings
+  // and lets braid_mem_free take the memory.
   std::lock_guard<std::mutex> lock(windows_mu_);
   auto next = std::make_shared<HostWindows>();
   for (const auto& w : *windows_)

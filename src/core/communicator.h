@@ -102,6 +102,9 @@ class Communicator {
   // Wraps the task of an all_reduce, broadcast, all_gather or
   // reduce_scatter in window_or where windows may carry it.
   void offer_windows(OpKind kind, Op& op, const CollArgs& a);
+  // Whether windows can work here: every rank on this host, each able to
+  // read every other's memory. The same on every rank.
+  bool windows_possible() const;
 
   int rank_ = 0;
   int nranks_ = 1;
@@ -139,7 +142,7 @@ class Communicator {
   // a call takes a snapshot with one copy. Null while there are none.
   std::mutex windows_mu_;
   std::shared_ptr<const HostWindows> windows_;
-  std::vector<std::pair<char*, size_t>> unshared_;  // registered where windows cannot work
+  std::vector<std::shared_ptr<const HostWindow>> unshared_;  // registered where windows cannot work
   uint32_t next_window_id_ = 0;
   size_t window_min_bytes_ = 0;            // BRAID_WINDOW_MIN_BYTES or its default for this job
   std::atomic<uint64_t> window_bytes_{0};  // transport_bytes "shm_window"
