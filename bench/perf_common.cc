@@ -1223,8 +1223,8 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
   }
   if (mpi_comm != MPI_COMM_NULL) MPI_Comm_free(&mpi_comm);
   if (opt.register_buffers) {
-    if (braid_mem_free(sendbuf) != BRAID_SUCCESS || braid_mem_free(recvbuf) != BRAID_SUCCESS)
-      die(ctx, "braid_mem_free (-R 1)", BRAID_ERR_INTERNAL);
+    for (unsigned char* b : {sendbuf, recvbuf})
+      if (braid_result_t r = braid_mem_free(b); r != BRAID_SUCCESS) die(ctx, "braid_mem_free (-R 1)", r);
   } else {
     std::free(sendbuf);
     std::free(recvbuf);

@@ -15,17 +15,18 @@
 namespace braid {
 namespace {
 
-// Every rank's `mine` into all[rank] (T empty: only every rank got here).
-// Every message is posted before any is awaited: where ranks share cores,
-// one wait for the slowest instead of n - 1 in a row.
+// Every rank's `mine` into all[rank] (T empty: only every rank got here),
+// by direct_all_gather: every message is posted before any is awaited, so
+// where ranks share cores one wait for the slowest instead of n - 1 in a row.
 template <class T>
 Task all_gather_record(const Channel& ch, const T& mine, std::vector<T>* all) {
-  const int n = ch.nranks, r = ch.rank;
-  all->assign(n, T{});
-  (*all)[r] = mine;
-  const size_t bytes = std::is_empty_v<T> ? 0 : sizeof(T);
-  for (int s = 1; s < n; ++s) co_await send_message(ch, mod(r + s, n), &mine, bytes);
-  for (int s = 1; s < n; ++s) co_await recv_message(ch, mod(r - s, n), &(*all)[mod(r - s, n)], bytes);
+  all->assign(ch.nranks, T{});
+  CollArgs g;
+  g.sendbuf = &mine;
+  g.recvbuf = all->data();
+  g.count = std::is_empty_v<T> ? 0 : sizeof(T);
+  g.dtype = BRAID_UINT8;
+  co_await direct_all_gather(ch, g);
 }
 
 struct Arrived {};
@@ -78,6 +79,14 @@ void place(void* dst, const void* src, size_t bytes, bool streaming) {
     std::memcpy(dst, src, bytes);
 }
 
+// tmp[0, len) = the reduction, in rank order, of every rank's input at byte
+// offset `off` (averaged for AVG).
+void reduce_inputs(const CollArgs& a, const std::vector<char*>& in, size_t off, size_t len, char* tmp) {
+  kernels::reduce(a.dtype, a.op, tmp, in[0] + off, in[1] + off, len);
+  for (size_t p = 2; p < in.size(); ++p) kernels::reduce(a.dtype, a.op, tmp, tmp, in[p] + off, len);
+  if (a.op == BRAID_AVG) kernels::divide(a.dtype, tmp, len, static_cast<int>(in.size()));
+}
+
 void count(std::atomic<uint64_t>* moved, uint64_t bytes) {
   moved->store(moved->load(std::memory_order_relaxed) + bytes, std::memory_order_relaxed);
 }
@@ -95,9 +104,7 @@ void all_reduce_over(const Channel& ch, const CollArgs& a, const std::vector<cha
   const bool streaming = in[0] != out[0] && a.count * esize >= kStreamingMinBytes;
   for (size_t e = begin; e < end; e += chunk) {
     const size_t len = std::min(chunk, end - e), off = e * esize, bytes = len * esize;
-    kernels::reduce(a.dtype, a.op, tmp, in[0] + off, in[1] + off, len);
-    for (int p = 2; p < n; ++p) kernels::reduce(a.dtype, a.op, tmp, tmp, in[p] + off, len);
-    if (a.op == BRAID_AVG) kernels::divide(a.dtype, tmp, len, n);
+    reduce_inputs(a, in, off, len, tmp);
     for (int s = 0; s < n; ++s) place(out[mod(r + s, n)] + off, tmp, bytes, streaming);
   }
   count(moved, 2 * (n - 1) * (end - begin) * esize);
@@ -111,9 +118,7 @@ void reduce_scatter_over(const Channel& ch, const CollArgs& a, const std::vector
   const size_t block = a.count * esize;
   for (size_t e = 0; e < a.count; e += chunk) {
     const size_t len = std::min(chunk, a.count - e), off = r * block + e * esize;
-    kernels::reduce(a.dtype, a.op, tmp, in[0] + off, in[1] + off, len);
-    for (int p = 2; p < n; ++p) kernels::reduce(a.dtype, a.op, tmp, tmp, in[p] + off, len);
-    if (a.op == BRAID_AVG) kernels::divide(a.dtype, tmp, len, n);
+    reduce_inputs(a, in, off, len, tmp);
     std::memcpy(out + e * esize, tmp, len * esize);
   }
   count(moved, (n - 1) * block);

@@ -49,7 +49,6 @@ struct WindowRecord {
   int32_t pad = 0;
   uint64_t alloc_bytes = 0;  // the whole allocation, as the peer maps it
   uint64_t offset = 0;       // of the registered range in the allocation
-  uint64_t bytes = 0;
   char why[160] = {};
   void set_failure(const std::string& reason, bool by_user);
 };

@@ -940,7 +940,6 @@ Status Communicator::register_window(void* buf, size_t bytes) {
     mine.fd = alloc.fd;
     mine.alloc_bytes = alloc.bytes;
     mine.offset = static_cast<uint64_t>(p - alloc.base);
-    mine.bytes = bytes;
   }
   auto w = std::make_shared<HostWindow>();
   w->local = p;
