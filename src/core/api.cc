@@ -708,7 +708,9 @@ BRAID_API braid_result_t braid_test(braid_request_t* request, int* done) {
   std::shared_ptr<Request> req = requests().get(id_of(*request));
   if (!req)
     return finish(Status::invalid_argument("test: request is not a live request (already completed?)"));
-  if (!req->comm->engine().is_done(*req->op)) return BRAID_SUCCESS;
+  // Like MPI_Test, a test moves the op along: a caller polling for it
+  // needs no progress thread to wake.
+  if (!req->comm->engine().drive_a_moment(*req->op)) return BRAID_SUCCESS;
   requests().take(id_of(*request));
   *request = nullptr;
   *done = 1;

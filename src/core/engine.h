@@ -160,6 +160,10 @@ class Engine {
   // engine is busy or broken: the caller then posts and waits.
   bool run_blocking(const std::shared_ptr<Op>& op, Status* result);
   bool is_done(const Op& op) const { return op.done.load(std::memory_order_acquire) != 0; }
+  // Moves the engine along for a moment on the caller's thread (an i-call's
+  // post, braid_test): drives if no other thread does, else gives the
+  // thread that does as long to finish `op`. True once `op` is done.
+  bool drive_a_moment(const Op& op);
   // Waits until every posted op completed (destroy).
   void drain();
   // Fails every op in flight and every later one with `why` (abort, errors).
