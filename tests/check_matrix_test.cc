@@ -105,6 +105,36 @@ TEST(CheckMatrixHarness, DetectsInjectedFaults) {
   EXPECT_NE(text.find("more failures; not printing them"), std::string::npos) << text;
 }
 
+// In a registered arena too small for every buffer: faults are still found
+// exactly, windows carry the buffers that fit, and the rest (from the
+// heap) are counted.
+TEST(CheckMatrixHarness, RegisteredArenaFindsFaultsAndCountsWhatDidNotFit) {
+  CheckOptions opts;
+  opts.collectives = {Collective::kAllReduce, Collective::kAllGather};
+  opts.counts = {5, 1000, 40000};
+  opts.dtypes = {BRAID_INT32, BRAID_FLOAT32};
+  opts.inject_fault_every = 5;
+  opts.max_failure_lines = 0;
+  opts.op_timeout_s = 120;
+  opts.registered_arena_bytes = size_t{256} << 10;
+  opts.log = std::tmpfile();
+  ASSERT_NE(opts.log, nullptr);
+  LaunchOptions lo = launch_options(3, "shm");
+  lo.env.push_back({"BRAID_WINDOW_MIN_BYTES", "0"});
+  auto result =
+      braid::launcher::fork_ranks(lo, [&](braid_comm_t comm, int rank, int, const braid_unique_id_t&) {
+        CheckReport rep = braid::check::run_check_matrix(comm, opts);
+        if (rank == 0) std::fprintf(stderr, "check_matrix_test registered: %s\n", rep.summary().c_str());
+        bool as_expected = rep.total_injected > 0 && rep.total_failed == rep.total_injected &&
+                           rep.total_api_errors == 0 && rep.agreement_ok && !rep.stopped_early &&
+                           rep.registered && rep.window_bytes > 0 && rep.heap_buffers > 0 &&
+                           rep.summary().find(" bytes through registered windows") != std::string::npos;
+        return as_expected ? 0 : 1;
+      });
+  std::fclose(opts.log);
+  ASSERT_TRUE(result.ok()) << result.describe();
+}
+
 TEST(CheckMatrixHarness, ParsesNames) {
   for (Collective c : braid::check::all_collectives()) {
     Collective back;

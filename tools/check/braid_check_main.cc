@@ -66,6 +66,8 @@ void usage(FILE* f) {
       "  --no-in-place --no-out-of-place --no-blocking --no-nonblocking --no-random\n"
       "                        leave out a dimension of the matrix\n"
       "  --max-bytes B         skip checks whose largest buffer exceeds B bytes (default 1G)\n"
+      "  --register B          cut every buffer from a B-byte arena per rank, allocated with\n"
+      "                        braid_mem_alloc and registered on the communicator\n"
       "  --timeout S           per-operation deadline (braid_comm_set_timeout)\n"
       "  --launch-timeout S    -n mode: kill every rank after S seconds (default 7200)\n"
       "  --id-file PATH        mpirun/srun mode: where rank 0 publishes the unique id\n"
@@ -365,6 +367,10 @@ int main(int argc, char** argv) {
       size_t b = 0;
       if (!parse_size(value("--max-bytes"), &b)) bad("--max-bytes");
       opts.max_buffer_bytes = b;
+    } else if (a == "--register") {
+      size_t b = 0;
+      if (!parse_size(value("--register"), &b) || b == 0) bad("--register");
+      opts.registered_arena_bytes = b;
     } else if (a == "--timeout") {
       if (!parse_double(value("--timeout"), &opts.op_timeout_s)) bad("--timeout");
     } else if (a == "--launch-timeout") {

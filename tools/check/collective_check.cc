@@ -507,12 +507,22 @@ Expect reduce_ref(const Gen& g, braid_redop_t op, uint64_t idx) {
 // initialised (junk or input) and snapshotted before the call.
 // Recycles allocations between the checks of a group: fresh pages cost a
 // fault each, which otherwise dominates the largest checks.
+// With an arena (registered memory, CheckOptions::registered_arena_bytes),
+// new allocations are cut from it until it is full, then from the heap;
+// clear() (between groups, when no buffer is live) empties it again.
 class Pool {
  public:
   Pool() = default;
   Pool(const Pool&) = delete;
   Pool& operator=(const Pool&) = delete;
   ~Pool() { clear(); }
+
+  void use_arena(uint8_t* base, size_t bytes) {
+    clear();
+    arena_ = base;
+    arena_bytes_ = bytes;
+  }
+  int64_t heap_allocations() const { return heap_allocations_; }
 
   uint8_t* get(size_t bytes, size_t* capacity) {
     size_t best = free_.size();
@@ -526,19 +536,31 @@ class Pool {
     }
     size_t cap = (std::max<size_t>(bytes, 1) + 4095) & ~size_t{4095};
     *capacity = cap;
+    if (arena_ != nullptr && arena_bytes_ - arena_used_ >= cap) {
+      uint8_t* p = arena_ + arena_used_;
+      arena_used_ += cap;
+      return p;
+    }
+    if (arena_ != nullptr) ++heap_allocations_;
     return static_cast<uint8_t*>(::operator new(cap, std::align_val_t(64)));
   }
   void put(uint8_t* p, size_t cap) {
     if (p == nullptr) return;
     free_.push_back({p, cap});
-    if (free_.size() > kMaxFree) {
-      ::operator delete(free_.front().ptr, std::align_val_t(64));
-      free_.erase(free_.begin());
+    if (free_.size() <= kMaxFree) return;
+    // Arena blocks stay listed until clear(): only heap blocks go back.
+    for (size_t i = 0; i < free_.size(); ++i) {
+      if (in_arena(free_[i].ptr)) continue;
+      ::operator delete(free_[i].ptr, std::align_val_t(64));
+      free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
+      return;
     }
   }
   void clear() {
-    for (const Block& b : free_) ::operator delete(b.ptr, std::align_val_t(64));
+    for (const Block& b : free_)
+      if (!in_arena(b.ptr)) ::operator delete(b.ptr, std::align_val_t(64));
     free_.clear();
+    arena_used_ = 0;
   }
 
  private:
@@ -547,7 +569,13 @@ class Pool {
     uint8_t* ptr;
     size_t cap;
   };
+  bool in_arena(const uint8_t* p) const {
+    return arena_ != nullptr && p >= arena_ && p < arena_ + arena_bytes_;
+  }
   std::vector<Block> free_;
+  uint8_t* arena_ = nullptr;
+  size_t arena_bytes_ = 0, arena_used_ = 0;
+  int64_t heap_allocations_ = 0;
 };
 
 // One allocation: [front guard][data: elems elements][back guard], every byte
@@ -1411,6 +1439,22 @@ CheckReport Runner::run() {
       !api(braid_comm_set_timeout(comm_, o_.op_timeout_s), "braid_comm_set_timeout", res))
     say("braid-check: rank %d: %s", rank_, res.api_msg.c_str());
 
+  void* arena = nullptr;
+  if (o_.registered_arena_bytes > 0) {
+    // Every rank registers its arena (a collective call): buffers cut from
+    // it let the library take its registered-memory paths.
+    rep_.registered = true;
+    if (!api(braid_mem_alloc(&arena, o_.registered_arena_bytes), "braid_mem_alloc", res) ||
+        !api(braid_comm_register(comm_, arena, o_.registered_arena_bytes), "braid_comm_register", res)) {
+      say("braid-check: rank %d: no registered arena: %s", rank_, res.api_msg.c_str());
+      if (arena != nullptr) braid_mem_free(arena);
+      rep_.api_errors = rep_.total_api_errors = 1;
+      rep_.stopped_early = true;
+      return rep_;
+    }
+    pool_.use_arena(static_cast<uint8_t*>(arena), o_.registered_arena_bytes);
+  }
+
   std::vector<Collective> colls = o_.collectives.empty() ? all_collectives() : o_.collectives;
   std::vector<braid_dtype_t> dts = o_.dtypes.empty() ? all_dtypes() : o_.dtypes;
   std::vector<size_t> counts = o_.counts.empty() ? default_counts() : o_.counts;
@@ -1435,6 +1479,17 @@ CheckReport Runner::run() {
         go = finish_group(label, g0);
         if (!go) break;
       }
+    }
+  }
+  if (arena != nullptr) {
+    rep_.heap_buffers = pool_.heap_allocations();
+    pool_.use_arena(nullptr, 0);
+    if (!api(braid_comm_transport_bytes(comm_, "shm_window", &rep_.window_bytes),
+             "braid_comm_transport_bytes", res) ||
+        !api(braid_comm_deregister(comm_, arena), "braid_comm_deregister", res) ||
+        !api(braid_mem_free(arena), "braid_mem_free", res)) {
+      say("braid-check: rank %d: %s", rank_, res.api_msg.c_str());
+      ++rep_.api_errors;
     }
   }
   rep_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -1557,6 +1612,11 @@ std::string CheckReport::summary() const {
   if (!agreement_ok) s += ", ranks disagree";
   if (stopped_early) s += ", stopped early";
   if (total_injected > 0) s += ", " + std::to_string(total_injected) + " faults injected";
+  if (registered) {
+    s += ", " + std::to_string(window_bytes) + " bytes through registered windows on rank " +
+         std::to_string(rank);
+    if (heap_buffers > 0) s += " (" + std::to_string(heap_buffers) + " buffers outside the arena)";
+  }
   return s;
 }
 

@@ -88,6 +88,10 @@ struct CheckOptions {
   // byte where that rank has no output), and the run must then report exactly
   // those checks as failed (CheckReport::total_injected).
   int inject_fault_every = 0;
+  // > 0: every buffer is cut from an arena of this many bytes per rank,
+  // allocated with braid_mem_alloc and registered on the communicator for
+  // the run (buffers that no longer fit come from the heap, unregistered).
+  size_t registered_arena_bytes = 0;
 };
 
 // The options of the unit-test suite: quick_counts(), everything else default.
@@ -112,6 +116,12 @@ struct CheckReport {
   int64_t total_injected = 0;        // summed over ranks (one rank injects per check)
   bool agreement_ok = true;          // the count all-reduces worked and agreed
   bool stopped_early = false;        // an API error stopped the run (on every rank)
+  // registered_arena_bytes > 0: this rank's bytes through registered windows
+  // (braid_comm_transport_bytes "shm_window") and its buffers that did not
+  // fit the arena.
+  bool registered = false;
+  uint64_t window_bytes = 0;
+  int64_t heap_buffers = 0;
   double seconds = 0;
 
   bool ok() const {
