@@ -190,7 +190,8 @@ braid_result_t braid_comm_deregister(braid_comm_t comm, void* buf);
  * Returns the operation's result. */
 braid_result_t braid_wait(braid_request_t* request);
 /* *done = 1 once the operation completed; then the request is freed,
- * *request = NULL and the operation's result is returned. */
+ * *request = NULL and the operation's result is returned. Like MPI_Test,
+ * it moves the operation along for a few microseconds first. */
 braid_result_t braid_test(braid_request_t* request, int* done);
 /* Waits for all; returns the first failure (each request is freed). */
 braid_result_t braid_wait_all(int count, braid_request_t* requests);
