@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/rank_test.h"
@@ -372,6 +373,32 @@ TEST(RegisteredMemory, ADeadPeerFailsTheCallInsteadOfHanging) {
     EXPECT_NE(braid_all_reduce(buf->send, buf->recv, count, BRAID_FLOAT32, BRAID_SUM, comm, nullptr),
               BRAID_SUCCESS);
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+    _exit(::testing::Test::HasFailure() ? 1 : 0);
+  });
+  ASSERT_TRUE(result.ok()) << result.describe();
+}
+
+// Rank 0 gives up (times out) waiting for a late rank 1 and returns. Rank 1
+// then finds rank 0's buffer spot already sent and needs no wait: it must
+// see rank 0's failure before storing its slice of the sum into rank 0's
+// output, which is rank 0's user's memory again.
+TEST(RegisteredMemory, ARankThatGaveUpGetsNoStoresFromALatePeer) {
+  Env env = kEverySize;
+  env.push_back({"BRAID_TIMEOUT", "2"});  // seconds; rank 1 comes 5 s late
+  auto result = launch(2, env, [](braid_comm_t comm, int rank, int) {
+    const size_t count = 1 << 16;
+    Registered* buf = new Registered(comm, count * sizeof(float));  // the comm breaks: never cleaned up
+    for (size_t i = 0; i < count; ++i) buf->send[i] = value(rank, i);
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::seconds(5));
+    EXPECT_NE(braid_all_reduce(buf->send, buf->recv, count, BRAID_FLOAT32, BRAID_SUM, comm, nullptr),
+              BRAID_SUCCESS);
+    if (rank == 0) {
+      for (size_t i = 0; i < count; ++i) buf->recv[i] = -1.0f;
+      std::this_thread::sleep_for(std::chrono::seconds(6));  // rank 1 calls meanwhile
+      size_t written = 0;
+      for (size_t i = 0; i < count; ++i) written += buf->recv[i] != -1.0f;
+      EXPECT_EQ(written, 0u) << "rank 1 stored into the output of rank 0 after rank 0 returned";
+    }
     _exit(::testing::Test::HasFailure() ? 1 : 0);
   });
   ASSERT_TRUE(result.ok()) << result.describe();

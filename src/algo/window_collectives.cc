@@ -205,6 +205,14 @@ Task window_or(const Channel& ch, HostWindows windows, Coll c, CollArgs a, Task 
   std::vector<BufferSpot> spots;
   // Also the start line: once it is done, every rank's input is ready.
   co_await all_gather_record(ch, mine, &spots);
+  // A peer that failed since it sent its spot (timed out waiting for a
+  // third, aborted) may have returned, and its buffers are its user's
+  // again: no load or store goes to them. A failure after this point
+  // is found at the closing round, as in any collective.
+  for (int p = 0; p < n; ++p) {
+    if (p == r) continue;
+    if (Status st = ch.to(p)->peer_failure(); !st) co_await FailOp{std::move(st)};
+  }
   std::vector<char*> in(n), out(n);
   bool direct = true;
   for (int p = 0; p < n; ++p) {

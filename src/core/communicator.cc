@@ -929,7 +929,7 @@ Status Communicator::register_window(void* buf, size_t bytes) {
     mine.set_failure(who + "buf is NULL", true);
   } else if (bytes == 0) {
     mine.set_failure(who + "bytes is 0", true);
-  } else if (!find_shared(buf, bytes, &alloc)) {
+  } else if (!retain_shared(buf, bytes, &alloc)) {
     char addr[64];
     std::snprintf(addr, sizeof(addr), "%p", buf);
     mine.set_failure(who + "buf " + addr + " (" + std::to_string(bytes) +
@@ -945,9 +945,8 @@ Status Communicator::register_window(void* buf, size_t bytes) {
   w->local = p;
   w->bytes = bytes;
   if (mine.ok) {
-    // From now until the window is gone braid_mem_free refuses the memory,
-    // so its memfd stays open while peers take it.
-    shared_retain(alloc.base);
+    // retain_shared pinned it: until the window is gone braid_mem_free
+    // refuses the memory, so its memfd stays open while peers take it.
     w->on_release = [base = alloc.base] { shared_release(base); };
   }
   auto keep_unshared = [&](const std::string& why) {

@@ -399,6 +399,9 @@ void Engine::post(const std::shared_ptr<Op>& op) {
               ? error_
               : Status(error_.code(), "communicator is broken by an earlier error: " + error_.message());
       if (op->on_complete != nullptr) op->on_complete(op->on_complete_ctx);
+      // As complete() does: the frame goes now, with what it holds (a
+      // registered window's pin), not when the request is freed.
+      op->task = Task();
       op->done.store(1, std::memory_order_release);
       return;
     }

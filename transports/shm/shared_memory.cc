@@ -84,13 +84,6 @@ Status shared_free(void* ptr) {
   return Status::ok();
 }
 
-void shared_retain(char* base) {
-  Allocations& a = allocations();
-  std::lock_guard<std::mutex> lock(a.mu);
-  auto it = a.by_base.find(reinterpret_cast<uintptr_t>(base));
-  if (it != a.by_base.end()) ++it->second.registrations;
-}
-
 void shared_release(char* base) {
   Allocations& a = allocations();
   std::lock_guard<std::mutex> lock(a.mu);
@@ -98,15 +91,16 @@ void shared_release(char* base) {
   if (it != a.by_base.end()) --it->second.registrations;
 }
 
-bool find_shared(const void* ptr, size_t bytes, SharedAllocation* out) {
+bool retain_shared(const void* ptr, size_t bytes, SharedAllocation* out) {
   const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
   Allocations& a = allocations();
   std::lock_guard<std::mutex> lock(a.mu);
   auto it = a.by_base.upper_bound(p);
   if (it == a.by_base.begin()) return false;
   --it;
-  const SharedAllocation& s = it->second;
+  SharedAllocation& s = it->second;
   if (p - it->first > s.bytes || bytes > s.bytes - (p - it->first)) return false;
+  ++s.registrations;
   *out = s;
   return true;
 }

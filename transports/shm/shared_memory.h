@@ -28,11 +28,13 @@ Status shared_alloc(size_t bytes, void** out);
 // communicator still has it registered (peers map it: memory at the same
 // address later would not be what they read).
 Status shared_free(void* ptr);
-// Registrations on the allocation at `base` (shared_free refuses while any).
-void shared_retain(char* base);
+// The allocation that holds all of [ptr, ptr + bytes), if one does, with
+// one more registration on it (shared_free refuses while any), counted under
+// the same lock that found it: a free on another thread cannot close the
+// memfd between the two, so peers never take a reused fd number.
+bool retain_shared(const void* ptr, size_t bytes, SharedAllocation* out);
+// Drops one registration on the allocation at `base`.
 void shared_release(char* base);
-// The allocation that holds all of [ptr, ptr + bytes), if one does.
-bool find_shared(const void* ptr, size_t bytes, SharedAllocation* out);
 
 // Maps, read-write, the allocation whose memfd is `fd` in the process of
 // `pidfd`, `bytes` long (its SharedAllocation::bytes); munmap undoes it.
