@@ -275,7 +275,26 @@ Status Communicator::probe_peer_reads(Deadline deadline) {
   constexpr Coll kProbed[] = {Coll::kAllReduce, Coll::kBroadcast, Coll::kAllGather, Coll::kReduceScatter};
   constexpr int kNumProbed = 4, kWarmups = 2, kRounds = 4;
   float times_us[kNumProbed][2] = {};  // [probed collective][peer_read, ring]; 0: not timed
-  std::vector<float> in, out;
+  // Page-aligned, as large buffers from mmap (torch's, the benchmarks') are:
+  // heap blocks that malloc reused from an earlier communicator's probe made
+  // the ring all_gather time 3-4x its real cost (80 us against 280-330 at
+  // 1 MiB, 2 ranks), and later communicators then read peers at 64 KiB
+  // where the ring ran 1.6x faster.
+  size_t probe_bytes = 0;
+  for (Coll c : kProbed) probe_bytes = std::max(probe_bytes, peer_read_probe_bytes(c, sh));
+  const size_t probe_floats = (probe_bytes + 4095) / 4096 * 4096 / sizeof(float);
+  struct FreeBuffer {
+    void operator()(float* p) const { std::free(p); }
+  };
+  auto page_aligned = [&] {
+    return std::unique_ptr<float[], FreeBuffer>(
+        static_cast<float*>(std::aligned_alloc(4096, probe_floats * sizeof(float))));
+  };
+  const auto in_buf = page_aligned(), out_buf = page_aligned();
+  if (!in_buf || !out_buf)
+    return Status::system("allocating the buffers that time peer reads at init", ENOMEM);
+  float* const in = in_buf.get();
+  float* const out = out_buf.get();
   auto timed_here = [&](Coll c) {
     return tuner_.forced()[c] == Algo::kAuto &&
            tuner_.can_run(c, Algo::kPeerRead, peer_read_probe_bytes(c, sh));
@@ -288,17 +307,18 @@ Status Communicator::probe_peer_reads(Deadline deadline) {
     const size_t bytes = peer_read_probe_bytes(c, sh);
     if (!timed_here(c)) continue;
     const size_t count = bytes / sizeof(float) / static_cast<size_t>(nranks_);
-    in.assign(count * static_cast<size_t>(nranks_), 1.0f);
-    out.resize(in.size());
+    const size_t total = count * static_cast<size_t>(nranks_);
+    std::fill(in, in + total, 1.0f);
+    std::fill(out, out + total, 0.0f);
     CollArgs a;
     a.dtype = BRAID_FLOAT32;
     a.op = BRAID_SUM;
-    a.sendbuf = a.recvbuf = in.data();  // all_reduce and broadcast in place, as DDP calls them
-    a.count = in.size();
+    a.sendbuf = a.recvbuf = in;  // all_reduce and broadcast in place, as DDP calls them
+    a.count = total;
     OpKind kind = c == Coll::kAllReduce ? OpKind::kAllReduce : OpKind::kBroadcast;
     if (c == Coll::kAllGather || c == Coll::kReduceScatter) {
       kind = c == Coll::kAllGather ? OpKind::kAllGather : OpKind::kReduceScatter;
-      a.recvbuf = out.data();
+      a.recvbuf = out;
       a.count = count;
     }
     double best[2] = {1e30, 1e30};
@@ -333,7 +353,7 @@ Status Communicator::probe_peer_reads(Deadline deadline) {
           return Status::ok();
         }
       }
-      if (c == Coll::kAllReduce) std::fill(in.begin(), in.end(), 1.0f);  // sums grow; keep them finite
+      if (c == Coll::kAllReduce) std::fill(in, in + total, 1.0f);  // sums grow; keep them finite
     }
     times_us[i][0] = static_cast<float>(best[0]);
     times_us[i][1] = static_cast<float>(best[1]);
