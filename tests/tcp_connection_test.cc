@@ -191,6 +191,38 @@ TEST(TcpConnection, PayloadIsReadStraightIntoTheReceiversBuffer) {
   close(sv[0]);
 }
 
+// A header that fails the checks breaks the connection for good: a receiver
+// that keeps polling (as a collective's wait does until the peer check runs)
+// reads nothing more, so the rejected length (far beyond the slot) never
+// becomes a read into a slot, and a bad-magic header's payload is never
+// handed out as the awaited message.
+TEST(TcpConnection, ARejectedHeaderIsNeverReadPast) {
+  for (const bool bad_magic : {false, true}) {
+    int sv[2];
+    auto conn = raw_connection(2, sv);
+    const CallTag tag = tag_of(4, 64);
+    const uint32_t header[2] = {bad_magic ? 0x12345678u : 0x46444242u, bad_magic ? 64u : 0x7fffffffu};
+    write_raw(sv[0], header, sizeof(header));
+    write_raw(sv[0], &tag, sizeof(tag));
+    std::vector<uint8_t> payload(64 * 1024, 0xab);  // more than a slot of 8 KiB
+    write_raw(sv[0], payload.data(), payload.size());
+    std::vector<uint8_t> dst(64, 0);
+    for (int i = 0; i < 100; ++i)
+      ASSERT_EQ(conn->recv_into(dst.data(), dst.size(), tag), Connection::Received::kNotYet) << "poll " << i;
+    EXPECT_EQ(dst, std::vector<uint8_t>(64, 0)) << "the rejected frame's payload reached the receiver";
+    const Status st = conn->check_peer(false);
+    EXPECT_EQ(st.code(), BRAID_ERR_REMOTE);
+    EXPECT_NE(st.message().find(bad_magic ? "malformed frame header (bad magic)"
+                                          : "malformed frame header (length 2147483647 > slot 8192)"),
+              std::string::npos)
+        << st.message();
+    const void* data = nullptr;
+    size_t bytes = 0;
+    EXPECT_FALSE(conn->recv_ready(&data, &bytes));
+    close(sv[0]);
+  }
+}
+
 // A receive into the caller's memory that starts before the message does.
 TEST(TcpConnection, ReceiveIntoMemoryBeforeTheMessageArrives) {
   Pair p = connect_pair(2, 1 << 20, 2);

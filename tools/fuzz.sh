@@ -24,6 +24,9 @@ tag = struct.pack("<QIiBBB5x", 8, 3, -1, 3, 0, 0)        # all_reduce #3, count 
 open(f"{d}/tcp_frames/data", "wb").write(struct.pack("<II", 0x46444242, 32) + tag + bytes(range(32)))
 open(f"{d}/tcp_frames/empty_then_data", "wb").write(
     struct.pack("<II", 0x46444242, 0) + tag + struct.pack("<II", 0x46444242, 4) + tag + b"abcd")
+# A length far past the slot, and more bytes behind it than all slots hold
+# (also lifts libFuzzer's input size, 4 KiB by default, to the seed's).
+open(f"{d}/tcp_frames/oversized", "wb").write(struct.pack("<II", 0x46444242, 0x7fffffff) + tag + bytes(20000))
 msg = b"rank 3 failed: out of memory"
 open(f"{d}/tcp_frames/abort", "wb").write(
     struct.pack("<II", 0x41444242, 4 + len(msg)) + bytes(24) + struct.pack("<I", 6) + msg)
