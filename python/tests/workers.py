@@ -97,6 +97,16 @@ def collectives():
         t = vals[rank].clone()
         dist.all_reduce(t, op=op)
         expect_equal(t, want, f"all_reduce {op}")
+    # A strided view of a parameter (a leaf that requires grad): gloo writes
+    # the raw data; the copy back from braid's staging buffer must too, on
+    # the caller's thread (blocking) and on the completion thread (async).
+    for async_op in (False, True):
+        w = (torch.arange(12, dtype=torch.float32).reshape(3, 4) * r1).requires_grad_()
+        work = dist.all_reduce(w.t(), async_op=async_op)
+        if async_op:
+            work.wait()
+        expect_equal(w.detach(), torch.arange(12, dtype=torch.float32).reshape(3, 4) * sum(range(1, world + 1)),
+                     f"all_reduce of a parameter's strided view (async_op={async_op})")
     t = torch.tensor([rank == 0, True, False])
     dist.all_reduce(t, op=dist.ReduceOp.BXOR)
     expect_equal(t, torch.tensor([True, world % 2 == 1, False]), "all_reduce bool bxor")

@@ -1,6 +1,7 @@
 #include "backend.h"
 
 #include <ATen/Functions.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
@@ -264,8 +265,13 @@ BraidWork::BraidWork(int rank, c10d::OpType type, std::string what, std::vector<
 }
 
 void BraidWork::complete_enqueued() {
-  // The copies out go on the stream behind braid's op, in order.
-  if (on_success) on_success();
+  // The copies out go on the stream behind braid's op, in order. They write
+  // raw data, as gloo and NCCL do: an in-place copy into a view of a leaf
+  // that requires grad is refused by autograd otherwise.
+  if (on_success) {
+    at::NoGradGuard no_grad;
+    on_success();
+  }
   const c10::Stream s = current_stream(device_);
   // Tensors allocated on another stream and freed by the caller now are
   // not reused before this stream got past the op (as recordStream does).
@@ -353,6 +359,7 @@ void BraidWork::finalize() {
     }
     if (message.empty() && on_success) {
       try {
+        at::NoGradGuard no_grad;  // raw data, as in complete_enqueued
         on_success();
       } catch (const std::exception& e) {
         message = "braid: " + what_ + ": copying the result out failed: " + e.what();
@@ -752,7 +759,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allgather(std::vector<std::vector<a
       work,
       [&](std::vector<braid_request_t>& reqs, bool blocking) {
         BRAID_START(all_gather, "all_gather", in.data_ptr(), flat.data_ptr(), nbytes(in), BRAID_UINT8, comm_,
-                    nullptr);
+                    work->stream);
       },
       false, !opts.asyncOp);
 }
@@ -1126,16 +1133,32 @@ void BraidBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_
     check(braid_recv(&token, 1, BRAID_UINT8, 0, comm_, nullptr), "monitored_barrier");
     return;
   }
-  std::vector<uint8_t> arrived(size_, 0);
+  auto arrived = std::make_shared<std::vector<uint8_t>>(size_, 0);
   std::vector<braid_request_t> reqs(size_, nullptr);
-  for (int p = 1; p < size_; ++p)
-    check(braid_irecv(&arrived[p], 1, BRAID_UINT8, p, comm_, nullptr, &reqs[p]), "monitored_barrier");
+  // Leaving with receives still posted: they complete later, into bytes
+  // that must outlive this call.
+  auto abandon = [&] {
+    for (braid_request_t& r : reqs)
+      if (r != nullptr) braid_request_free(std::exchange(r, nullptr));
+    std::lock_guard<std::mutex> lock(abandoned_mu_);
+    abandoned_.push_back(arrived);
+  };
+  for (int p = 1; p < size_; ++p) {
+    braid_result_t code = braid_irecv(&(*arrived)[p], 1, BRAID_UINT8, p, comm_, nullptr, &reqs[p]);
+    if (code != BRAID_SUCCESS) {
+      abandon();
+      fail_call("monitored_barrier", code);
+    }
+  }
   std::vector<int> missing;
   for (int p = 1; p < size_; ++p) {
     int done = 0;
     while (reqs[p] != nullptr) {
       braid_result_t code = braid_test(&reqs[p], &done);
-      if (code != BRAID_SUCCESS) fail_call("monitored_barrier", code);
+      if (code != BRAID_SUCCESS) {
+        abandon();
+        fail_call("monitored_barrier", code);
+      }
       if (done || std::chrono::steady_clock::now() >= deadline) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
@@ -1145,8 +1168,7 @@ void BraidBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_
     }
   }
   if (!missing.empty()) {
-    for (braid_request_t r : reqs)
-      if (r != nullptr) braid_request_free(r);
+    abandon();
     std::string ranks;
     for (int p : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(p);
     C10_THROW_ERROR(DistBackendError, "braid: monitored_barrier (" + describe() + "): rank" +

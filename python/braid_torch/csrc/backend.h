@@ -194,6 +194,11 @@ class BraidBackend : public c10d::Backend {
   std::chrono::milliseconds timeout_;
   std::atomic<uint64_t> seq_{0};
   CompletionQueue completions_;
+  // Where a failed monitored_barrier's receives still land: a late rank's
+  // token arrives after the requests were dropped, so their bytes live
+  // until the communicator is destroyed (in ~BraidBackend, before members).
+  std::mutex abandoned_mu_;
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> abandoned_;
 };
 
 }  // namespace braid_torch
