@@ -442,7 +442,27 @@ void BraidWork::abort() {
 
 CompletionQueue::CompletionQueue() : thread_([this] { loop(); }) {}
 
+namespace {
+// Set on a queue's own thread when the queue was destroyed there: loop()
+// then returns without touching the freed object.
+thread_local bool t_queue_destroyed = false;
+}  // namespace
+
 CompletionQueue::~CompletionQueue() {
+  if (thread_.get_id() == std::this_thread::get_id()) {
+    // The last reference to the process group was dropped on this queue's
+    // own thread (a future's callback held it), which cannot join itself:
+    // it finishes what is queued here and leaves.
+    std::deque<c10::intrusive_ptr<BraidWork>> left;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      left.swap(queue_);
+    }
+    for (auto& work : left) work->finalize();
+    t_queue_destroyed = true;
+    thread_.detach();
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -476,7 +496,8 @@ void CompletionQueue::loop() {
     queue_.pop_front();
     lock.unlock();
     work->finalize();
-    work.reset();
+    work.reset();  // may destroy this queue (see the destructor)
+    if (t_queue_destroyed) return;
     lock.lock();
   }
 }
@@ -828,6 +849,11 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allgather_into_tensor_coalesced(
   for (size_t i = 0; i < inputs.size(); ++i) {
     check_tensor(inputs[i], "all_gather_into_tensor_coalesced");
     check_same(inputs[i], outputs[i], "all_gather_into_tensor_coalesced", "an output");
+    // One device for the whole group: a later pair that fails its call
+    // would leave the earlier ones queued with buffers about to be freed.
+    TORCH_CHECK(inputs[i].device() == inputs[0].device(), "braid: all_gather_into_tensor_coalesced: input ",
+                i, " is on ", inputs[i].device(), " but input 0 on ", inputs[0].device(),
+                " (one device per call)");
     TORCH_CHECK(outputs[i].numel() == inputs[i].numel() * size_,
                 "braid: all_gather_into_tensor_coalesced: output ", i, " has ", outputs[i].numel(),
                 " elements, expected ", size_, " x ", inputs[i].numel());
@@ -975,6 +1001,8 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::reduce_scatter_tensor_coalesced(
   for (size_t i = 0; i < inputs.size(); ++i) {
     check_tensor(outputs[i], name);
     check_same(outputs[i], inputs[i], name, "the input");
+    TORCH_CHECK(outputs[i].device() == outputs[0].device(), "braid: ", name, ": output ", i, " is on ",
+                outputs[i].device(), " but output 0 on ", outputs[0].device(), " (one device per call)");
     TORCH_CHECK(inputs[i].numel() == outputs[i].numel() * size_, "braid: ", name, ": the input has ",
                 inputs[i].numel(), " elements, expected ", size_, " x ", outputs[i].numel());
     reds.push_back(reduction_for(outputs[i], opts.reduceOp, name));
