@@ -398,11 +398,10 @@ void Engine::post(const std::shared_ptr<Op>& op) {
           error_.code() == BRAID_ERR_ABORTED
               ? error_
               : Status(error_.code(), "communicator is broken by an earlier error: " + error_.message());
-      if (op->on_complete != nullptr) op->on_complete(op->on_complete_ctx);
-      // As complete() does: the frame goes now, with what it holds (a
-      // registered window's pin), not when the request is freed.
-      op->task = Task();
-      op->done.store(1, std::memory_order_release);
+      // Never counted in active_: finished as complete() finishes an op
+      // (its frame, and what that holds, such as a registered window's pin,
+      // go now, not when the request is freed).
+      finish(op);
       return;
     }
     if (op->lane == LaneKind::kRecv) op->recv_order = recv_posted_++;
@@ -505,11 +504,15 @@ bool Engine::bind_any_source() {
 }
 
 void Engine::complete(const std::shared_ptr<Op>& op, const Status& st) {
-  const uint64_t end = op->traced && op->started ? trace_ticks() : 0;
   op->status = st;
+  active_.fetch_sub(1);
+  finish(op);
+}
+
+void Engine::finish(const std::shared_ptr<Op>& op) {
+  const uint64_t end = op->traced && op->started ? trace_ticks() : 0;
   op->task = Task();  // frees the coroutine frames
   op->wait = nullptr;
-  active_.fetch_sub(1);
   // Most ops complete on the thread that waits for them: skip the syscall
   // unless another thread sleeps on this op (it counts itself in first).
   if (op->on_complete != nullptr) op->on_complete(op->on_complete_ctx);
@@ -517,7 +520,7 @@ void Engine::complete(const std::shared_ptr<Op>& op, const Status& st) {
   if (op->sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(&op->done, false);
   if (op->has_callback()) op->run_callback();
   // Recorded after the waiter is released: off the critical path.
-  if (end != 0) trace_->op_done(*op, end, st);
+  if (end != 0) trace_->op_done(*op, end, op->status);
 }
 
 bool Engine::tcp_writes_flushed() {

@@ -241,6 +241,9 @@ class Engine {
   void serve_dumps();
   void fail_all(const Status& why);
   void complete(const std::shared_ptr<Op>& op, const Status& st);
+  // What complete() does besides counting the op out of active_: frees its
+  // frames, marks it done (wakes waiters, runs its callbacks), traces it.
+  void finish(const std::shared_ptr<Op>& op);
   void progress_loop();
   void wake_driver();
   Lane& lane_for(const Op& op);

@@ -114,8 +114,9 @@ class TcpConnection : public Connection {
   // A payload that has not started arriving is read straight into dst when
   // its header matches; one that already went to a slot is copied from it.
   Received recv_into(void* dst, size_t bytes, const CallTag& tag) override {
-    // A broken connection reads nothing more: its last header may be the
-    // malformed one (check_peer reports the error).
+    // A broken connection reads nothing more (progress() stops there too):
+    // its last header may be the malformed one, whose length must never be
+    // read into a slot (check_peer reports the error).
     if (!error_.is_ok()) return Received::kNotYet;
     if (filled_ == released_) {
       Direct d{static_cast<char*>(dst), bytes, &tag};
@@ -289,7 +290,6 @@ class TcpConnection : public Connection {
   // buffer is continued only by that receiver: the buffer is the caller's,
   // valid only during its recv_into.
   Status read_frames(Direct* d) {
-    if (!error_.is_ok()) return error_;
     for (Stream& s : streams_) {
       BRAID_RETURN_IF_ERROR(read_stream(s, d));
       if (d != nullptr && d->done) break;  // one message per receiver call
@@ -336,9 +336,6 @@ class TcpConnection : public Connection {
                                            : "length " + std::to_string(s.header.bytes) + " > slot " +
                                                  std::to_string(slot_bytes_)) +
                                       ")");
-              // Nothing of this stream is read or claimed again.
-              s.header_got = 0;
-              s.eof = true;
               return error_;
             }
             recv_tag_[s.next_read % nslots_] = s.header.tag;

@@ -264,14 +264,17 @@ BraidWork::BraidWork(int rank, c10d::OpType type, std::string what, std::vector<
   }
 }
 
+void BraidWork::copy_out() {
+  if (!on_success) return;
+  // Raw data, as gloo and NCCL write it: autograd refuses an in-place copy
+  // into a view of a leaf that requires grad.
+  at::NoGradGuard no_grad;
+  on_success();
+}
+
 void BraidWork::complete_enqueued() {
-  // The copies out go on the stream behind braid's op, in order. They write
-  // raw data, as gloo and NCCL do: an in-place copy into a view of a leaf
-  // that requires grad is refused by autograd otherwise.
-  if (on_success) {
-    at::NoGradGuard no_grad;
-    on_success();
-  }
+  // The copies out go on the stream behind braid's op, in order.
+  copy_out();
   const c10::Stream s = current_stream(device_);
   // Tensors allocated on another stream and freed by the caller now are
   // not reused before this stream got past the op (as recordStream does).
@@ -359,8 +362,7 @@ void BraidWork::finalize() {
     }
     if (message.empty() && on_success) {
       try {
-        at::NoGradGuard no_grad;  // raw data, as in complete_enqueued
-        on_success();
+        copy_out();
       } catch (const std::exception& e) {
         message = "braid: " + what_ + ": copying the result out failed: " + e.what();
       }

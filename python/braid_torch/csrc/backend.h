@@ -68,6 +68,8 @@ class BraidWork : public c10d::Work {
   c10::Device device() const { return device_; }
 
  private:
+  // Runs on_success, if set, without grad.
+  void copy_out();
   friend class CompletionQueue;
   const std::string what_;  // "all_reduce (group 'default_pg', rank 0 of 2)"
   std::vector<at::Tensor> outputs_;
