@@ -3,8 +3,10 @@
 // and resources that run out.
 #include <arpa/inet.h>
 #include <braid/braid.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -524,6 +526,60 @@ TEST(Bootstrap, StrangersAtTheRootDoNotStopTheJob) {
     return braid_comm_destroy(comm) == BRAID_SUCCESS ? 0 : 7;
   });
   ASSERT_TRUE(r.ok()) << r.describe();
+}
+
+// A second connection for a (rank, tag) that already waits is closed at
+// once: keeping the later one lost the first's descriptor until exit.
+TEST(Bootstrap, ADuplicateConnectionIsClosedNotLeaked) {
+  auto open_fds = [] {
+    int n = 0;
+    for (int fd = 0; fd < 4096; ++fd) n += fcntl(fd, F_GETFD) != -1;
+    return n;
+  };
+  const int before = open_fds();
+  {
+    SockAddr any;
+    ASSERT_TRUE(SockAddr::parse("127.0.0.1", 0, &any));
+    int listen_fd[2];
+    std::vector<SockAddr> table(2);
+    for (int r = 0; r < 2; ++r) ASSERT_TRUE(listen_on(any, 16, &listen_fd[r], &table[r]));
+    JobToken token{};
+    token[0] = 7;
+    const Deadline deadline = Deadline::after_seconds(20);
+    std::unique_ptr<Bootstrap> b[2];
+    Status st[2];
+    {
+      std::thread t(
+          [&] { st[1] = Bootstrap::from_table(1, token, listen_fd[1], table[1], table, deadline, &b[1]); });
+      st[0] = Bootstrap::from_table(0, token, listen_fd[0], table[0], table, deadline, &b[0]);
+      t.join();
+    }
+    ASSERT_TRUE(st[0]) << st[0].message();
+    ASSERT_TRUE(st[1]) << st[1].message();
+    // Rank 1 connects twice for tag 500, then once for 501; rank 0 takes 500
+    // and 501, and parks the duplicate while it waits for 501.
+    int first = -1, dup = -1, other = -1;
+    ASSERT_TRUE(b[1]->connect_to_peer(0, 500, deadline, &first));
+    ASSERT_TRUE(b[1]->connect_to_peer(0, 500, deadline, &dup));
+    ASSERT_TRUE(b[1]->connect_to_peer(0, 501, deadline, &other));
+    int got500 = -1, got501 = -1;
+    ASSERT_TRUE(b[0]->accept_from_peer(1, 501, deadline, &got501));
+    ASSERT_TRUE(b[0]->accept_from_peer(1, 500, deadline, &got500));
+    // The connection rank 0 took for 500 is the first: a byte sent on it arrives.
+    const char ping = 'x';
+    ASSERT_EQ(send(first, &ping, 1, MSG_NOSIGNAL), 1);
+    pollfd p{got500, POLLIN, 0};
+    ASSERT_EQ(poll(&p, 1, 5000), 1);
+    char got = 0;
+    ASSERT_EQ(recv(got500, &got, 1, 0), 1);
+    EXPECT_EQ(got, 'x');
+    // The duplicate was closed: its peer end reads the end of the stream.
+    pollfd q{dup, POLLIN, 0};
+    ASSERT_EQ(poll(&q, 1, 5000), 1) << "rank 0 still holds the duplicate connection open";
+    EXPECT_EQ(recv(dup, &got, 1, 0), 0);
+    for (int fd : {first, dup, other, got500, got501}) close(fd);
+  }
+  EXPECT_EQ(open_fds(), before) << "descriptors leaked";
 }
 
 // The parsers behind the listeners (also fuzzed: tests/fuzz) accept this

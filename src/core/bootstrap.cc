@@ -386,15 +386,21 @@ Status Bootstrap::accept_from_peer(int peer, uint32_t tag, Deadline deadline, in
     uint8_t hello[kPeerHelloBytes];
     st = recv_all(fd, hello, sizeof(hello), earliest(deadline, Deadline::after_seconds(kHandshakeSeconds)));
     int from = -1;
-    uint32_t tag = 0;
-    if (st) st = parse_peer_hello(hello, sizeof(hello), token_, nranks_, &from, &tag);
+    uint32_t their_tag = 0;
+    if (st) st = parse_peer_hello(hello, sizeof(hello), token_, nranks_, &from, &their_tag);
     if (!st) {
       BRAID_WARN("BOOTSTRAP", rank_, "dropped a connection with a bad or missing handshake: %s",
                  st.message().c_str());
       close(fd);
       continue;
     }
-    parked_[{from, tag}] = fd;
+    // A rank connects once per tag, so a second hello for a (rank, tag) that
+    // already waits is not one this rank will take: it is closed, and the
+    // first connection's descriptor is kept (overwriting it leaked it).
+    if (!parked_.try_emplace({from, their_tag}, fd).second) {
+      BRAID_WARN("BOOTSTRAP", rank_, "dropped a second connection from rank %d for tag %u", from, their_tag);
+      close(fd);
+    }
   }
 }
 
