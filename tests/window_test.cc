@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -346,6 +347,52 @@ TEST(RegisteredMemory, DestroyingTheCommReleasesItsRegistrations) {
     EXPECT_EQ(braid_mem_free(a), BRAID_ERR_INVALID_USAGE);
     BRAID_ASSERT_OK(braid_comm_destroy(dup));
     BRAID_EXPECT_OK(braid_mem_free(a));
+  });
+}
+
+// Lines of /proc/self/maps that map braid_mem_alloc memory: this rank's own
+// allocations and the peers' it mapped.
+int shared_mappings() {
+  FILE* f = std::fopen("/proc/self/maps", "r");
+  if (f == nullptr) return -1;
+  int n = 0;
+  char line[512];
+  while (std::fgets(line, sizeof(line), f) != nullptr) n += std::strstr(line, "braid-shared") != nullptr;
+  std::fclose(f);
+  return n;
+}
+
+// Registering many slices of one arena maps each peer's arena once, shared
+// by the slices' windows, and unmaps it when the last slice goes; an arena
+// freed and allocated again is mapped afresh (the same fd number or address
+// there must not bring back the old mapping).
+TEST(RegisteredMemory, SlicesOfOneArenaShareOnePeerMapping) {
+  run_ranks(3, kEverySize, [](braid_comm_t comm, int rank, int nranks) {
+    const size_t slices = 16, count = 1024, slice_bytes = count * sizeof(float);
+    const int before = shared_mappings();
+    for (int round = 0; round < 2; ++round) {
+      void* arena = nullptr;
+      BRAID_ASSERT_OK(braid_mem_alloc(&arena, 2 * slices * slice_bytes));
+      float* base = static_cast<float*>(arena);
+      for (size_t k = 0; k < 2 * slices; ++k)
+        BRAID_ASSERT_OK(braid_comm_register(comm, base + k * count, slice_bytes));
+      // This rank's arena and one mapping of each peer's.
+      EXPECT_EQ(shared_mappings(), before + 1 + (nranks - 1)) << "round " << round;
+      const uint64_t moved = window_bytes(comm);
+      for (size_t k = 0; k < slices; ++k) {
+        float* in = base + 2 * k * count;
+        for (size_t i = 0; i < count; ++i) in[i] = value(rank, i + k + round);
+        BRAID_ASSERT_OK(braid_all_reduce(in, in + count, count, BRAID_FLOAT32, BRAID_SUM, comm, nullptr));
+        for (size_t i = 0; i < count; ++i)
+          ASSERT_EQ(in[count + i],
+                    value(0, i + k + round) + value(1, i + k + round) + value(2, i + k + round));
+      }
+      EXPECT_GT(window_bytes(comm), moved);
+      for (size_t k = 0; k < 2 * slices; ++k) BRAID_ASSERT_OK(braid_comm_deregister(comm, base + k * count));
+      EXPECT_EQ(shared_mappings(), before + 1) << "round " << round << ": peers' arenas still mapped";
+      BRAID_ASSERT_OK(braid_mem_free(arena));
+      EXPECT_EQ(shared_mappings(), before);
+    }
   });
 }
 

@@ -132,7 +132,30 @@ void WindowRecord::set_failure(const std::string& reason, bool by_user) {
   std::snprintf(why, sizeof(why), "%s", reason.c_str());
 }
 
-Task window_connect(const Channel& ch, WindowRecord mine, HostWindow* w, WindowVerdict* verdict) {
+PeerMapping::~PeerMapping() {
+  munmap(base, bytes);
+}
+
+Status PeerMappings::map(Connection* to_peer, int peer, const WindowRecord& theirs,
+                         std::shared_ptr<const PeerMapping>* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = live_.begin(); it != live_.end();)
+    it = it->second.expired() ? live_.erase(it) : std::next(it);
+  std::weak_ptr<const PeerMapping>& slot = live_[{peer, theirs.alloc_serial}];
+  if (auto m = slot.lock()) {
+    *out = std::move(m);
+    return Status::ok();
+  }
+  char* base = nullptr;
+  BRAID_RETURN_IF_ERROR(to_peer->map_peer_memory(theirs.fd, theirs.alloc_bytes, &base));
+  auto m = std::make_shared<const PeerMapping>(base, theirs.alloc_bytes);
+  slot = m;
+  *out = std::move(m);
+  return Status::ok();
+}
+
+Task window_connect(const Channel& ch, WindowRecord mine, PeerMappings* mappings, HostWindow* w,
+                    WindowVerdict* verdict) {
   const int n = ch.nranks, r = ch.rank;
   std::vector<WindowRecord> all;
   co_await all_gather_record(ch, mine, &all);
@@ -148,15 +171,15 @@ Task window_connect(const Channel& ch, WindowRecord mine, HostWindow* w, WindowV
       mapped.set_failure(all[p].why, true);
       break;
     }
-    char* base = nullptr;
-    if (Status st = ch.to(p)->map_peer_memory(all[p].fd, all[p].alloc_bytes, &base); !st) {
+    std::shared_ptr<const PeerMapping> m;
+    if (Status st = mappings->map(ch.to(p), ch.global(p), all[p], &m); !st) {
       mapped.set_failure("rank " + std::to_string(ch.global(r)) + " could not map rank " +
                              std::to_string(ch.global(p)) + "'s registered memory: " + st.message(),
                          false);
       break;
     }
-    w->maps.emplace_back(base, all[p].alloc_bytes);
-    w->at[p] = base + all[p].offset;
+    w->at[p] = m->base + all[p].offset;
+    w->maps.push_back(std::move(m));
   }
   std::vector<WindowRecord> verdicts;
   co_await all_gather_record(ch, mapped, &verdicts);
@@ -167,14 +190,12 @@ Task window_connect(const Channel& ch, WindowRecord mine, HostWindow* w, WindowV
     verdict->outcome = WindowVerdict::kMapped;
     co_return;
   }
-  for (auto& [base, bytes] : w->maps) munmap(base, bytes);
   w->maps.clear();
   verdict->outcome = first->user_error ? WindowVerdict::kRefused : WindowVerdict::kUnmappable;
   verdict->why = std::string(first->why, strnlen(first->why, sizeof(first->why)));
 }
 
 HostWindow::~HostWindow() {
-  for (const auto& [base, bytes] : maps) munmap(base, bytes);
   if (on_release) on_release();
 }
 

@@ -13,7 +13,9 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,6 +24,36 @@
 #include "src/algo/tuner.h"
 
 namespace braid {
+
+// A peer's whole allocation as mapped here; unmapped when the last window
+// that lies in it is gone.
+struct PeerMapping {
+  PeerMapping(char* b, size_t n) : base(b), bytes(n) {}
+  PeerMapping(const PeerMapping&) = delete;
+  PeerMapping& operator=(const PeerMapping&) = delete;
+  ~PeerMapping();
+  char* const base;
+  const size_t bytes;
+};
+
+struct WindowRecord;
+
+// The peers' allocations one communicator has mapped, shared by its windows:
+// registering many slices of one arena maps the arena once per peer, not
+// once per slice (each mapping costs address space and a kernel mapping,
+// of which a process has a limited number).
+class PeerMappings {
+ public:
+  // Peer `peer`'s allocation that `theirs` names, mapped through `to_peer`.
+  Status map(Connection* to_peer, int peer, const WindowRecord& theirs,
+             std::shared_ptr<const PeerMapping>* out);
+
+ private:
+  std::mutex mu_;
+  // By (peer, the allocation's serial there): serials are never reused, so
+  // a freed and reallocated peer buffer is never taken for an old mapping.
+  std::map<std::pair<int, uint64_t>, std::weak_ptr<const PeerMapping>> live_;
+};
 
 // One registration on one rank. Unmaps the peers' ranges when the last
 // call that uses it is done.
@@ -33,9 +65,9 @@ struct HostWindow {
   uint32_t id = 0;        // the same on every rank
   char* local = nullptr;  // this rank's registered range
   size_t bytes = 0;
-  std::vector<char*> at;                       // every rank's range as mapped here; at[rank] = local
-  std::vector<std::pair<char*, size_t>> maps;  // what to unmap: the peers' whole allocations
-  std::function<void()> on_release;            // run by the destructor (then the allocation may be freed)
+  std::vector<char*> at;  // every rank's range as mapped here; at[rank] = local
+  std::vector<std::shared_ptr<const PeerMapping>> maps;  // the peers' allocations the ranges lie in
+  std::function<void()> on_release;  // run by the destructor (then the allocation may be freed)
 };
 using HostWindows = std::vector<std::shared_ptr<const HostWindow>>;
 
@@ -47,8 +79,9 @@ struct WindowRecord {
   int32_t user_error = 0;
   int32_t fd = -1;
   int32_t pad = 0;
-  uint64_t alloc_bytes = 0;  // the whole allocation, as the peer maps it
-  uint64_t offset = 0;       // of the registered range in the allocation
+  uint64_t alloc_bytes = 0;   // the whole allocation, as the peer maps it
+  uint64_t offset = 0;        // of the registered range in the allocation
+  uint64_t alloc_serial = 0;  // SharedAllocation::serial: which allocation, for PeerMappings
   char why[160] = {};
   void set_failure(const std::string& reason, bool by_user);
 };
@@ -60,11 +93,13 @@ struct WindowVerdict {
 };
 
 // Collective over `ch` (every rank of a communicator on one host): maps
-// every peer's registered range into *w (whose id and local range are set).
+// every peer's registered range into *w (whose id and local range are set),
+// through `mappings` (allocations mapped before are taken from there).
 // If any rank's argument was bad, or any mapping failed, every rank unmaps
 // what it mapped and *verdict says which and why (a bad argument wins);
 // the communicator stays usable either way.
-Task window_connect(const Channel& ch, WindowRecord mine, HostWindow* w, WindowVerdict* verdict);
+Task window_connect(const Channel& ch, WindowRecord mine, PeerMappings* mappings, HostWindow* w,
+                    WindowVerdict* verdict);
 // Collective: every rank names the window it deregisters (its id, or
 // kNoWindow for a buffer it never registered). If they differ, every rank
 // sets *why, naming two ranks that differ, and keeps its windows.

@@ -960,6 +960,7 @@ Status Communicator::register_window(void* buf, size_t bytes) {
     mine.fd = alloc.fd;
     mine.alloc_bytes = alloc.bytes;
     mine.offset = static_cast<uint64_t>(p - alloc.base);
+    mine.alloc_serial = alloc.serial;
   }
   auto w = std::make_shared<HostWindow>();
   w->local = p;
@@ -988,7 +989,7 @@ Status Communicator::register_window(void* buf, size_t bytes) {
   }
   std::shared_ptr<Op> op = make_setup_op("comm_register", "window", kWindowRegisterTag);
   WindowVerdict verdict;
-  op->task = window_connect(coll_channel_, mine, w.get(), &verdict);
+  op->task = window_connect(coll_channel_, mine, &peer_mappings_, w.get(), &verdict);
   engine_->post(op);
   BRAID_RETURN_IF_ERROR(engine_->wait(*op));
   if (verdict.outcome == WindowVerdict::kRefused) return Status::invalid_argument(verdict.why);

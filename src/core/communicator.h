@@ -142,6 +142,7 @@ class Communicator {
   // a call takes a snapshot with one copy. Null while there are none.
   std::mutex windows_mu_;
   std::shared_ptr<const HostWindows> windows_;
+  PeerMappings peer_mappings_;                               // the peers' allocations that windows_ lie in
   std::vector<std::shared_ptr<const HostWindow>> unshared_;  // registered where windows cannot work
   uint32_t next_window_id_ = 0;
   size_t window_min_bytes_ = 0;            // BRAID_WINDOW_MIN_BYTES or its default for this job

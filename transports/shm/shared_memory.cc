@@ -16,6 +16,7 @@ namespace {
 struct Allocations {
   std::mutex mu;
   std::map<uintptr_t, SharedAllocation> by_base;
+  uint64_t next_serial = 1;
 };
 
 Allocations& allocations() {
@@ -54,7 +55,8 @@ Status shared_alloc(size_t bytes, void** out) {
   }
   Allocations& a = allocations();
   std::lock_guard<std::mutex> lock(a.mu);
-  a.by_base[reinterpret_cast<uintptr_t>(p)] = SharedAllocation{static_cast<char*>(p), mapped, fd};
+  a.by_base[reinterpret_cast<uintptr_t>(p)] =
+      SharedAllocation{static_cast<char*>(p), mapped, fd, 0, a.next_serial++};
   *out = p;
   return Status::ok();
 }

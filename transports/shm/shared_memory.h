@@ -20,6 +20,7 @@ struct SharedAllocation {
   size_t bytes = 0;  // as mapped: the request rounded up to whole pages
   int fd = -1;       // the memfd, open for as long as the allocation lives
   int registrations = 0;
+  uint64_t serial = 0;  // never reused in this process, as fd numbers and addresses are
 };
 
 // A new allocation of at least `bytes` (> 0), zero-filled.
