@@ -41,6 +41,12 @@ def test_hung_peer_times_out_with_the_group_timeout():
     assert "hung peer reported" in results[0].output, results[0]
 
 
+def test_wait_after_abort_raises():
+    results = launch("wait_after_abort", 2, timeout=60)
+    assert_all_ok(results)
+    assert "wait after abort raised" in results[0].output, results[0]
+
+
 def test_monitored_barrier_names_the_absent_rank():
     results = launch("absent_from_barrier", 2, timeout=60)
     assert_all_ok(results)

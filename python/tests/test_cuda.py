@@ -25,3 +25,11 @@ def test_cuda_ddp_matches_across_ranks_and_matches_gloo(tmp_path):
         assert_all_ok(results, f"CUDA DDP training through {backend}")
         out[backend] = torch.load(path)
     assert_state_dicts_close(out, rtol=1e-4, atol=1e-5)
+
+
+def test_cuda_wait_after_abort_raises():
+    # A stream-ordered work's wait() after the group was aborted raised
+    # nothing: it asked the aborted handle for an error, which failed.
+    results = launch("wait_after_abort", 2, env={"WAIT_DEVICE": "cuda"}, timeout=60)
+    assert_all_ok(results)
+    assert "wait after abort raised" in results[0].output, results[0]

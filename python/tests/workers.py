@@ -326,6 +326,26 @@ def absent_from_barrier():
     os._exit(0)
 
 
+def wait_after_abort():
+    """An op that cannot finish (the last rank never joins), then the group
+    aborted: wait() on its work raises, naming the abort, on the device the
+    WAIT_DEVICE variable names (cpu, or cuda: a stream-ordered work)."""
+    rank, world = init(timeout_s=60)
+    if rank == world - 1:
+        time.sleep(5)  # alive, never joins
+        os._exit(0)
+    dev = torch.device(os.environ.get("WAIT_DEVICE", "cpu"))
+    if dev.type == "cuda":
+        dev = cuda_device()
+        torch.cuda.set_device(dev)
+    work = dist.all_reduce(torch.ones(1024, device=dev), async_op=True)
+    time.sleep(0.2)
+    dist.distributed_c10d._abort_process_group()
+    msg = expect_raises(work.wait, "braid", "abort")
+    print(f"rank {rank}: wait after abort raised: {msg}", flush=True)
+    os._exit(0)
+
+
 class SmallCNN(nn.Module):
     def __init__(self):
         super().__init__()
@@ -603,7 +623,7 @@ def cuda_ddp_train():
 SCENARIOS = {
     f.__name__: f
     for f in (
-        collectives, bad_input, dead_peer, hung_peer, absent_from_barrier, ddp_train, sharded_train, torchrun_env,
+        collectives, bad_input, dead_peer, hung_peer, absent_from_barrier, wait_after_abort, ddp_train, sharded_train, torchrun_env,
         elastic_restart, init_methods,
         pending_recv, cuda_collectives, cuda_ddp_train,
     )

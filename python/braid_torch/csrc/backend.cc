@@ -398,7 +398,19 @@ bool BraidWork::wait(std::chrono::milliseconds timeout) {
     // does not. A failure seen so far breaks the communicator: report it.
     event_->block(current_stream(device_));
     braid_result_t async = BRAID_SUCCESS;
-    braid_comm_get_async_error(comm_, &async);
+    if (braid_comm_get_async_error(comm_, &async) != BRAID_SUCCESS) {
+      // The handle names no communicator: the group was aborted or shut
+      // down, and every op it had ended (destroy drains, abort fails them).
+      // What this one's request said reaches finalize() through the
+      // completion thread; asking the handle would report nothing.
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait_for(lock, std::chrono::seconds(10), [&] { return completed_; });
+      if (exception_) std::rethrow_exception(exception_);
+      if (completed_) return true;
+      C10_THROW_ERROR(
+          DistBackendError,
+          "braid: " + what_ + ": the process group was aborted or shut down before the op finished");
+    }
     if (async != BRAID_SUCCESS)
       C10_THROW_ERROR(DistBackendError, "braid: " + what_ + ": the communicator failed (" +
                                             braid_get_error_string(async) +
