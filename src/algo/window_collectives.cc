@@ -66,12 +66,6 @@ char* mapped(const HostWindows& windows, const std::vector<BufferSpot>& spots, i
   return w == nullptr ? nullptr : w->at[p] + (send ? s.send_off : s.recv_off);
 }
 
-// Outputs of this many bytes or more, which no rank reads in the call, are
-// written with streaming stores: they would not stay in cache anyway, and a
-// plain store first reads every line it writes. On the 2-core VM, 2 ranks'
-// all_reduce out of place ran 1.3-2.6x faster so from 8 MiB, and mixed at 4.
-constexpr size_t kStreamingMinBytes = 8u << 20;
-
 void place(void* dst, const void* src, size_t bytes, bool streaming) {
   if (streaming)
     kernels::copy_streaming(dst, src, bytes);
@@ -96,12 +90,11 @@ void count(std::atomic<uint64_t>* moved, uint64_t bytes) {
 // it into every rank's output. Only rank r touches slice r anywhere, so in
 // place is safe: a piece is read everywhere before it is written anywhere.
 void all_reduce_over(const Channel& ch, const CollArgs& a, const std::vector<char*>& in,
-                     const std::vector<char*>& out, char* tmp, std::atomic<uint64_t>* moved) {
+                     const std::vector<char*>& out, bool streaming, char* tmp, std::atomic<uint64_t>* moved) {
   const int n = ch.nranks, r = ch.rank;
   const size_t esize = dtype_size(a.dtype), chunk = kScratchBytes / esize;
   Split slice(a.count, static_cast<size_t>(n));
   const size_t begin = slice.begin(static_cast<size_t>(r)), end = begin + slice.size(static_cast<size_t>(r));
-  const bool streaming = in[0] != out[0] && a.count * esize >= kStreamingMinBytes;
   for (size_t e = begin; e < end; e += chunk) {
     const size_t len = std::min(chunk, end - e), off = e * esize, bytes = len * esize;
     reduce_inputs(a, in, off, len, tmp);
@@ -214,7 +207,7 @@ Task window_disconnect(const Channel& ch, uint32_t id, std::string* why) {
 }
 
 Task window_or(const Channel& ch, HostWindows windows, Coll c, CollArgs a, Task otherwise,
-               std::atomic<uint64_t>* moved) {
+               size_t streaming_min_bytes, std::atomic<uint64_t>* moved) {
   const int n = ch.nranks, r = ch.rank;
   const size_t esize = dtype_size(a.dtype);
   const size_t block = a.count * esize;  // all_gather: sent; reduce_scatter: received
@@ -246,12 +239,20 @@ Task window_or(const Channel& ch, HostWindows windows, Coll c, CollArgs a, Task 
     co_return;
   }
   current_op()->algo = "window";
+  char* mine_out = static_cast<char*>(a.recvbuf);
+  // The call's buffers on every rank together (an input inside the output
+  // counted once, a broadcast's input on the root only): from
+  // streaming_min_bytes on, outputs are written with streaming stores.
+  const bool in_place = c == Coll::kAllGather ? static_cast<const char*>(a.sendbuf) == mine_out + r * block
+                                              : a.sendbuf == a.recvbuf;
+  const size_t inputs = c == Coll::kBroadcast ? block : (in_place ? 0 : n * in_bytes);
+  const bool streaming = n * out_bytes + inputs >= streaming_min_bytes;
   // Reductions go through a piece that stays in cache.
   std::vector<char> scratch(c == Coll::kAllReduce || c == Coll::kReduceScatter ? kScratchBytes : 0);
-  char* mine_out = static_cast<char*>(a.recvbuf);
   switch (c) {
     case Coll::kAllReduce:
-      all_reduce_over(ch, a, in, out, scratch.data(), moved);
+      // In place, every output line was just read as input: it is in cache.
+      all_reduce_over(ch, a, in, out, streaming && !in_place, scratch.data(), moved);
       break;
     case Coll::kReduceScatter:
       reduce_scatter_over(ch, a, in, mine_out, scratch.data(), moved);
@@ -259,13 +260,12 @@ Task window_or(const Channel& ch, HostWindows windows, Coll c, CollArgs a, Task 
     case Coll::kAllGather:
       for (int s = 0; s < n; ++s) {
         const int p = mod(r + s, n);
-        if (mine_out + p * block != in[p])
-          place(mine_out + p * block, in[p], block, out_bytes >= kStreamingMinBytes);
+        if (mine_out + p * block != in[p]) place(mine_out + p * block, in[p], block, streaming);
       }
       count(moved, (n - 1) * block);
       break;
     default:  // broadcast
-      if (mine_out != in[a.root]) place(mine_out, in[a.root], block, block >= kStreamingMinBytes);
+      if (mine_out != in[a.root]) place(mine_out, in[a.root], block, streaming);
       if (r != a.root) count(moved, block);
       break;
   }

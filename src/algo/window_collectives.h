@@ -107,9 +107,12 @@ constexpr uint32_t kNoWindow = ~0u;
 Task window_disconnect(const Channel& ch, uint32_t id, std::string* why);
 
 // `c`: all_reduce, broadcast, all_gather or reduce_scatter. `otherwise`:
-// the tuner's algorithm for the call. `moved` counts the bytes this rank
+// the tuner's algorithm for the call. Outputs are written with streaming
+// stores where the call's buffers on all ranks together reach
+// `streaming_min_bytes` (they would not stay in cache, and a plain store
+// first reads every line it writes). `moved` counts the bytes this rank
 // reads from and writes to peers' windows.
 Task window_or(const Channel& ch, HostWindows windows, Coll c, CollArgs a, Task otherwise,
-               std::atomic<uint64_t>* moved);
+               size_t streaming_min_bytes, std::atomic<uint64_t>* moved);
 
 }  // namespace braid

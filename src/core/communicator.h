@@ -146,6 +146,7 @@ class Communicator {
   std::vector<std::shared_ptr<const HostWindow>> unshared_;  // registered where windows cannot work
   uint32_t next_window_id_ = 0;
   size_t window_min_bytes_ = 0;            // BRAID_WINDOW_MIN_BYTES or its default for this job
+  size_t window_streaming_bytes_ = 0;      // see window_or
   std::atomic<uint64_t> window_bytes_{0};  // transport_bytes "shm_window"
   std::mutex error_mu_;
   std::string last_error_;
