@@ -188,6 +188,39 @@ TEST_P(FailureTransports, AbortFromAnotherThreadWakesTheWaiter) {
   });
 }
 
+// A rank that failed but lives on (its communicator aborted while requests
+// still hold it) no longer reads its sockets. A peer blocked sending to it
+// fails at once, though the failed rank's abort frame could not go out
+// behind messages the peer had not received (with a half-close it waited
+// until the failed rank exited, or for its own timeout).
+TEST(TcpFailure, ASenderBlockedOnAFailedLivePeerFailsAtOnce) {
+  Env env = transport_env("tcp");
+  env.push_back({"BRAID_TIMEOUT", "30"});
+  env.push_back({"BRAID_DEBUG", "NONE"});
+  run_ranks(2, env, [](braid_comm_t comm, int rank, int) {
+    const size_t big = 64u << 20;  // more than both socket buffers hold
+    std::vector<char> buf(big, 1);
+    if (rank == 1) {
+      // Messages rank 0 never receives: they fill its slots and its socket.
+      std::vector<braid_request_t> reqs(2, nullptr);
+      for (auto& r : reqs) BRAID_EXPECT_OK(braid_isend(buf.data(), big, BRAID_UINT8, 0, comm, nullptr, &r));
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      EXPECT_EQ(braid_comm_abort(comm), BRAID_SUCCESS);
+      std::this_thread::sleep_for(std::chrono::seconds(4));
+      _exit(::testing::Test::HasFailure() ? 1 : 0);
+    }
+    // Blocks: rank 1 never receives it.
+    const auto start = std::chrono::steady_clock::now();
+    const braid_result_t r = braid_send(buf.data(), big, BRAID_UINT8, 1, comm, nullptr);
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_NE(r, BRAID_SUCCESS);
+    EXPECT_LT(took, 3.0) << "the send waited " << took << " s: " << braid_get_last_error();
+    EXPECT_TRUE(contains(braid_get_last_error(), "rank 1")) << braid_get_last_error();
+    EXPECT_TRUE(contains(braid_get_last_error(), "failed or exited")) << braid_get_last_error();
+    _exit(::testing::Test::HasFailure() ? 1 : 0);
+  });
+}
+
 // Every message carries its call's tag, so a rank that receives bytes sent
 // by a different call fails with BRAID_ERR_MISMATCH naming both calls, and
 // its peers report the same code, without BRAID_CHECK_CALLS.

@@ -1,6 +1,8 @@
 #include "transports/tcp/tcp_transport.h"
 
+#include <linux/sockios.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -18,6 +20,9 @@ constexpr uint32_t kFrameMagic = 0x46444242;  // "BBDF"
 // The last frame a failing rank sends: its braid_result_t and message.
 constexpr uint32_t kAbortMagic = 0x41444242;  // "BBDA"
 constexpr uint32_t kMaxAbortBytes = 1024;
+// How long a failing rank keeps sending what it queued, and its abort frame,
+// to a peer before it resets the connection (TcpConnection::shutdown).
+constexpr double kShutdownSeconds = 0.2;
 
 struct FrameHeader {
   uint32_t magic;
@@ -145,8 +150,9 @@ class TcpConnection : public Connection {
   // other sockets: it counts from its own place in the order.
   Status check_peer(bool) override {
     Status st = progress();
-    // The cause the peer gave comes before what its exit did to the sockets.
-    if (!peer_failure_.is_ok() && released_ >= abort_at_) return peer_failure_;
+    // The cause the peer gave comes before what its exit or its reset did
+    // to the sockets (a write into a reset connection fails at once).
+    if (!peer_failure_.is_ok() && (released_ >= abort_at_ || !st.is_ok())) return peer_failure_;
     BRAID_RETURN_IF_ERROR(st);
     if (filled_ != released_) return Status::ok();
     if (stream(released_).eof)
@@ -157,13 +163,24 @@ class TcpConnection : public Connection {
     (void)progress();
     return filled_ >= abort_at_ ? peer_failure_ : Status::ok();
   }
-  // After what is queued, send an abort frame with the cause on the socket
-  // the next frame would take (best effort: a full socket skips it), then
-  // half-close every socket so the peer reads both.
+  // Tells the peer this rank failed and leaves it nothing to wait for: what
+  // is queued goes out, then an abort frame with the cause on the socket the
+  // next frame would take, then every socket is reset. The peer reads what
+  // arrived before the reset (the frame too); a peer blocked writing to this
+  // rank fails at once. A half-close left such a peer waiting for its
+  // timeout whenever this rank's FIN queued behind bytes the peer had not
+  // read (its slots full of messages not received yet), since nothing here
+  // reads any more. All of it waits at most kShutdownSeconds, which only a
+  // peer that does not read uses up: its bytes would not be read anyway.
   void shutdown(const Status& why) override {
     if (shut_) return;
     shut_ = true;
-    (void)progress();
+    const Deadline deadline = Deadline::after_seconds(kShutdownSeconds);
+    while (written_ < committed_ && progress().is_ok() && written_ < committed_ && !deadline.expired()) {
+      std::vector<pollfd> fds;
+      poll_fds(POLLOUT, &fds);
+      (void)::poll(fds.data(), fds.size(), deadline.remaining_ms(10));
+    }
     if (written_ == committed_ && error_.is_ok() && !why.is_ok()) {
       std::string text = why.message().substr(0, kMaxAbortBytes - 4);
       uint32_t code = static_cast<uint32_t>(why.code());
@@ -171,10 +188,20 @@ class TcpConnection : public Connection {
       std::string frame(reinterpret_cast<const char*>(&h), sizeof(h));
       frame.append(reinterpret_cast<const char*>(&code), 4);
       frame += text;
-      (void)send_all(stream(committed_).fd, frame.data(), frame.size(), Deadline::after_seconds(0.05));
+      (void)send_all(stream(committed_).fd, frame.data(), frame.size(), deadline);
     }
+    // A reset drops whatever the peer has not acknowledged: wait for that.
+    for (Stream& s : streams_) {
+      int unacked = 0;
+      while (s.fd >= 0 && ioctl(s.fd, SIOCOUTQ, &unacked) == 0 && unacked > 0 && !deadline.expired())
+        (void)::poll(nullptr, 0, 1);
+    }
+    // connect() to AF_UNSPEC disconnects a TCP socket, with a reset while
+    // it is established, and keeps the descriptor (closed at destroy).
+    sockaddr unspec{};
+    unspec.sa_family = AF_UNSPEC;
     for (Stream& s : streams_)
-      if (s.fd >= 0) ::shutdown(s.fd, SHUT_WR);
+      if (s.fd >= 0 && ::connect(s.fd, &unspec, sizeof(unspec)) != 0) ::shutdown(s.fd, SHUT_RDWR);
   }
 
  private:
@@ -409,8 +436,9 @@ class TcpConnection : public Connection {
   }
 
   Status fail(const char* what, int err) {
+    const char* why = err == ECONNRESET || err == EPIPE ? " (it failed or exited)" : "";
     error_ = Status::remote(std::string("tcp connection ") + what + " " + peer_ +
-                            " failed: " + std::strerror(err));
+                            " failed: " + std::strerror(err) + why);
     return error_;
   }
 
