@@ -3,7 +3,9 @@
 // (straight from and into the caller's memory) agree with the slot path
 // whatever the socket took, a message that is not the expected one is left
 // for the caller to describe, and a peer's abort or exit is reported.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
@@ -45,6 +47,42 @@ Pair connect_pair(int nsockets, size_t slot_bytes, int slots, size_t read_ahead 
     left.push_back(sv[0]);
     right.push_back(sv[1]);
   }
+  return {TcpTransport::adopt(left, 1, "right", config), TcpTransport::adopt(right, 0, "left", config)};
+}
+
+// The same over real TCP sockets on 127.0.0.1, where a reset is a reset
+// (socket pairs only know a half-close).
+Pair connect_tcp_pair(int nsockets, size_t slot_bytes, int slots) {
+  Config config;
+  config.tcp_slot_bytes = slot_bytes;
+  config.tcp_slots = slots;
+  int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (listener < 0 || bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      listen(listener, nsockets) != 0 ||
+      getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    ADD_FAILURE() << "listen on 127.0.0.1: " << std::strerror(errno);
+    std::abort();
+  }
+  std::vector<int> left, right;
+  for (int k = 0; k < nsockets; ++k) {
+    int c = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (c < 0 || connect(c, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      ADD_FAILURE() << "connect to 127.0.0.1: " << std::strerror(errno);
+      std::abort();
+    }
+    int a = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+    if (a < 0 || !set_nonblocking(a, true) || !set_nonblocking(c, true)) {
+      ADD_FAILURE() << "accept: " << std::strerror(errno);
+      std::abort();
+    }
+    left.push_back(c);
+    right.push_back(a);
+  }
+  close(listener);
   return {TcpTransport::adopt(left, 1, "right", config), TcpTransport::adopt(right, 0, "left", config)};
 }
 
@@ -385,6 +423,54 @@ TEST(TcpConnection, SmallMessagesComeOutOfTheSocketInOneRead) {
   }
   Status st = conn->check_peer(false);
   EXPECT_NE(st.message().find("closed its tcp connection"), std::string::npos) << st.message();
+}
+
+// A failing rank sends its abort frame, then resets its sockets. A peer
+// whose next write meets the reset still reads the frame (on whichever
+// socket it came) and reports the cause, not the reset; the failed rank's
+// own later writes name its own failure, not the peer.
+TEST(TcpConnection, AWriteIntoAResetConnectionReportsThePeersCause) {
+  for (int nsockets : {1, 3}) {
+    SCOPED_TRACE("sockets: " + std::to_string(nsockets));
+    Pair p = connect_tcp_pair(nsockets, 4096, 4);
+    ASSERT_TRUE(p.b->send_from("x", 1, tag_of(0, 1)));  // never read: the reset drops it
+    p.a->shutdown(Status(BRAID_ERR_TIMEOUT, "rank 1 waited too long"));
+    Status st;
+    for (uint32_t m = 1; m < 100 && st.is_ok(); ++m) {
+      (void)p.b->send_from("y", 1, tag_of(m, 1));  // lands on each socket in turn
+      st = p.b->progress();
+      if (st.is_ok()) usleep(1000);
+    }
+    EXPECT_EQ(st.code(), BRAID_ERR_TIMEOUT) << st.message();
+    EXPECT_NE(st.message().find("rank 1 waited too long"), std::string::npos) << st.message();
+    st = p.b->check_peer(true);
+    EXPECT_EQ(st.code(), BRAID_ERR_TIMEOUT) << st.message();
+    (void)p.a->send_from("z", 1, tag_of(1, 1));
+    st = p.a->progress();
+    EXPECT_EQ(st.code(), BRAID_ERR_TIMEOUT) << st.message();
+    EXPECT_NE(st.message().find("shut down by this rank"), std::string::npos) << st.message();
+    EXPECT_EQ(st.message().find("failed or exited"), std::string::npos) << st.message();
+  }
+}
+
+// A reset without an abort frame (a rank that died) is reported as such
+// once the messages sent before it are consumed.
+TEST(TcpConnection, AResetWithoutACauseIsReportedAfterTheMessagesBeforeIt) {
+  Pair p = connect_tcp_pair(1, 4096, 4);
+  ASSERT_TRUE(p.a->send_from("x", 1, tag_of(0, 1)));
+  ASSERT_TRUE(p.b->send_from("y", 1, tag_of(0, 1)));  // never read: a's close resets
+  usleep(10000);
+  p.a.reset();  // closing with unread bytes resets the connection
+  char dst[1] = {0};
+  Connection::Received r = Connection::Received::kNotYet;
+  for (int i = 0; i < 1000 && r == Connection::Received::kNotYet; ++i)
+    r = p.b->recv_into(dst, 1, tag_of(0, 1));
+  ASSERT_EQ(r, Connection::Received::kDone) << "the message sent before the reset is still delivered";
+  EXPECT_EQ(dst[0], 'x');
+  Status st;
+  for (int i = 0; i < 1000 && st.is_ok(); ++i) st = p.b->check_peer(true);
+  EXPECT_NE(st.message().find("rank 0 (host left) reset its tcp connection"), std::string::npos)
+      << st.message();
 }
 
 TEST(TcpConnection, PeerThatClosesIsReported) {

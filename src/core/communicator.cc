@@ -241,10 +241,10 @@ Status Communicator::setup_transports() {
   for (const topo::CacheInfo& c : topology_->l3_caches) l3 += c.size_bytes;
   window_streaming_bytes_ = 2 * (l3 > 0 ? l3 : size_t{16} << 20);
   ShmTransport* shm = shm_.get();
-  engine_->set_failure_notifier([shm, peers](const Status& why) {
+  TcpTransport* tcp = tcp_.get();
+  engine_->set_failure_notifier([shm, tcp](const Status& why) {
     shm->mark_failed(why);
-    for (auto& list : peers)
-      for (Connection* c : list) c->shutdown(why);
+    tcp->shutdown(why);
   });
   // Nobody may send before every rank has its engine (and its slots) ready.
   BRAID_RETURN_IF_ERROR(bootstrap_->barrier(deadline));

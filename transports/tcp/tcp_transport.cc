@@ -1,6 +1,8 @@
 #include "transports/tcp/tcp_transport.h"
 
 #include <linux/sockios.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
@@ -88,7 +90,7 @@ class TcpConnection : public Connection {
     const uint64_t f = queue(bytes, tag);
     const char* p = static_cast<const char*>(src);
     Stream& s = stream(f);
-    if (s.next_write != f || !error_.is_ok()) {
+    if (s.next_write != f || !writable()) {
       if (bytes) std::memcpy(send_at(f), p, bytes);
       (void)progress();
       return true;
@@ -134,14 +136,18 @@ class TcpConnection : public Connection {
     return Connection::recv_into(dst, bytes, tag);
   }
 
+  // A write that failed because the peer reset the connection stops the
+  // writing only: what the peer sent before its reset (its abort frame with
+  // the cause, on any socket) is still read, and reported instead.
   Status progress() override {
     if (!error_.is_ok()) return error_;
     for (Stream& s : streams_) {
-      while (s.next_write < committed_ && write_frame(s, send_at(s.next_write))) {
+      while (writable() && s.next_write < committed_ && write_frame(s, send_at(s.next_write))) {
       }
-      if (!error_.is_ok()) return error_;
     }
-    return read_frames(nullptr);
+    BRAID_RETURN_IF_ERROR(read_frames(nullptr));
+    if (!write_error_.is_ok()) return peer_failure_.is_ok() ? write_error_ : peer_failure_;
+    return Status::ok();
   }
 
   // The end of a stream (or the peer's abort frame) is an error only once
@@ -156,52 +162,52 @@ class TcpConnection : public Connection {
     BRAID_RETURN_IF_ERROR(st);
     if (filled_ != released_) return Status::ok();
     if (stream(released_).eof)
-      return Status::remote(peer_ + " closed its tcp connection (process exited or failed)");
+      return Status::remote(peer_ + (stream(released_).reset ? " reset" : " closed") +
+                            " its tcp connection (process exited or failed)");
     return Status::ok();
   }
   Status peer_failure() override {
     (void)progress();
     return filled_ >= abort_at_ ? peer_failure_ : Status::ok();
   }
-  // Tells the peer this rank failed and leaves it nothing to wait for: what
-  // is queued goes out, then an abort frame with the cause on the socket the
-  // next frame would take, then every socket is reset. The peer reads what
-  // arrived before the reset (the frame too); a peer blocked writing to this
-  // rank fails at once. A half-close left such a peer waiting for its
-  // timeout whenever this rank's FIN queued behind bytes the peer had not
-  // read (its slots full of messages not received yet), since nothing here
-  // reads any more. All of it waits at most kShutdownSeconds, which only a
-  // peer that does not read uses up: its bytes would not be read anyway.
   void shutdown(const Status& why) override {
-    if (shut_) return;
-    shut_ = true;
+    TcpConnection* self = this;
+    shutdown_connections(&self, 1, why);
+  }
+
+  // Tells the peers of `n` connections that this rank failed and leaves them
+  // nothing to wait for: what is queued goes out, then an abort frame with
+  // the cause on the socket the next frame would take, then every socket is
+  // reset. A peer reads what arrived before the reset (the frame too); a peer
+  // blocked writing to this rank fails at once. A half-close left such a
+  // peer waiting for its timeout whenever this rank's FIN queued behind bytes
+  // the peer had not read (its slots full of messages not received yet),
+  // since nothing here reads any more. All connections share one bound of
+  // kShutdownSeconds, which only a peer that does not read uses up: its
+  // bytes would not be read anyway.
+  static void shutdown_connections(TcpConnection* const* conns, size_t n, const Status& why) {
     const Deadline deadline = Deadline::after_seconds(kShutdownSeconds);
-    while (written_ < committed_ && progress().is_ok() && written_ < committed_ && !deadline.expired()) {
+    std::vector<TcpConnection*> active;
+    for (size_t i = 0; i < n; ++i) {
+      if (conns[i]->shut_) continue;
+      conns[i]->shut_ = true;
+      conns[i]->start_abort_frame(why);
+      active.push_back(conns[i]);
+    }
+    for (;;) {
       std::vector<pollfd> fds;
-      poll_fds(POLLOUT, &fds);
+      for (TcpConnection* c : active) c->flush_step(&fds);
+      if (fds.empty() || deadline.expired()) break;
       (void)::poll(fds.data(), fds.size(), deadline.remaining_ms(10));
     }
-    if (written_ == committed_ && error_.is_ok() && !why.is_ok()) {
-      std::string text = why.message().substr(0, kMaxAbortBytes - 4);
-      uint32_t code = static_cast<uint32_t>(why.code());
-      FrameHeader h{kAbortMagic, static_cast<uint32_t>(4 + text.size()), {}};
-      std::string frame(reinterpret_cast<const char*>(&h), sizeof(h));
-      frame.append(reinterpret_cast<const char*>(&code), 4);
-      frame += text;
-      (void)send_all(stream(committed_).fd, frame.data(), frame.size(), deadline);
-    }
     // A reset drops whatever the peer has not acknowledged: wait for that.
-    for (Stream& s : streams_) {
-      int unacked = 0;
-      while (s.fd >= 0 && ioctl(s.fd, SIOCOUTQ, &unacked) == 0 && unacked > 0 && !deadline.expired())
-        (void)::poll(nullptr, 0, 1);
+    while (!deadline.expired()) {
+      bool unacked = false;
+      for (TcpConnection* c : active) unacked |= c->unacknowledged();
+      if (!unacked) break;
+      (void)::poll(nullptr, 0, 1);
     }
-    // connect() to AF_UNSPEC disconnects a TCP socket, with a reset while
-    // it is established, and keeps the descriptor (closed at destroy).
-    sockaddr unspec{};
-    unspec.sa_family = AF_UNSPEC;
-    for (Stream& s : streams_)
-      if (s.fd >= 0 && ::connect(s.fd, &unspec, sizeof(unspec)) != 0) ::shutdown(s.fd, SHUT_RDWR);
+    for (TcpConnection* c : active) c->reset(why);
   }
 
  private:
@@ -213,6 +219,7 @@ class TcpConnection : public Connection {
     size_t header_got = 0, payload_got = 0;
     char* direct = nullptr;  // where frame next_read's payload goes, if not its slot
     bool eof = false;
+    bool reset = false;  // the end was the peer's reset
     // A read for a header or a short rest of a payload asks the socket for up
     // to its size (BRAID_TCP_READ_AHEAD) into this buffer, so a small
     // message (header and payload), or several, cost one recv instead of two
@@ -230,6 +237,61 @@ class TcpConnection : public Connection {
   };
 
   Stream& stream(uint64_t frame) { return streams_[frame % streams_.size()]; }
+  bool writable() const { return error_.is_ok() && write_error_.is_ok(); }
+
+  // The abort frame, sent once all queued frames are written.
+  void start_abort_frame(const Status& why) {
+    if (why.is_ok()) return;
+    const std::string text = why.message().substr(0, kMaxAbortBytes - 4);
+    const uint32_t code = static_cast<uint32_t>(why.code());
+    FrameHeader h{kAbortMagic, static_cast<uint32_t>(4 + text.size()), {}};
+    abort_frame_.assign(reinterpret_cast<const char*>(&h), sizeof(h));
+    abort_frame_.append(reinterpret_cast<const char*>(&code), 4);
+    abort_frame_ += text;
+  }
+  // Writes what it can of the queued frames, then of the abort frame, without
+  // waiting; adds the sockets it still has to write to `fds`.
+  void flush_step(std::vector<pollfd>* fds) {
+    if (written_ < committed_) {
+      if (!progress().is_ok() || !writable()) return;  // the peer is gone: nothing to tell it
+      if (written_ < committed_) return poll_fds(POLLOUT, fds);
+    }
+    if (abort_sent_ == abort_frame_.size() || !writable()) return;
+    const int fd = stream(committed_).fd;
+    ssize_t w = ::send(fd, abort_frame_.data() + abort_sent_, abort_frame_.size() - abort_sent_,
+                       MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w > 0) abort_sent_ += static_cast<size_t>(w);
+    if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return;
+    if (abort_sent_ < abort_frame_.size()) fds->push_back({fd, POLLOUT, 0});
+  }
+  // Whether some socket still holds bytes the peer's kernel has not
+  // acknowledged while the peer can still take them (established).
+  bool unacknowledged() const {
+    if (!writable()) return false;
+    for (const Stream& s : streams_) {
+      tcp_info info{};
+      socklen_t len = sizeof(info);
+      int queued = 0;
+      if (s.fd < 0 || getsockopt(s.fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0 ||
+          info.tcpi_state != TCP_ESTABLISHED)
+        continue;
+      if (ioctl(s.fd, SIOCOUTQ, &queued) == 0 && queued > 0) return true;
+    }
+    return false;
+  }
+  // connect() to AF_UNSPEC disconnects a TCP socket, with a reset while it
+  // is established, and keeps the descriptor (closed at destroy). Later
+  // writes here fail with this rank's own cause, not the peer's.
+  void reset(const Status& why) {
+    sockaddr unspec{};
+    unspec.sa_family = AF_UNSPEC;
+    for (Stream& s : streams_)
+      if (s.fd >= 0 && ::connect(s.fd, &unspec, sizeof(unspec)) != 0) ::shutdown(s.fd, SHUT_RDWR);
+    if (error_.is_ok())
+      error_ = Status(why.is_ok() ? BRAID_ERR_ABORTED : why.code(),
+                      "tcp connection with " + peer_ + " shut down by this rank" +
+                          (why.is_ok() ? std::string() : ": " + why.message()));
+  }
   char* send_at(uint64_t frame) { return &send_buf_[(frame % nslots_) * slot_bytes_]; }
   char* recv_at(uint64_t frame) { return &recv_buf_[(frame % nslots_) * slot_bytes_]; }
 
@@ -268,7 +330,8 @@ class TcpConnection : public Connection {
       msg.msg_iovlen = n;
       ssize_t w = sendmsg(s.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (w < 0) {
-        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) (void)fail("sending to", errno);
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+          write_error_ = describe("sending to", errno);
         return false;
       }
       s.write_off += static_cast<size_t>(w);
@@ -388,8 +451,12 @@ class TcpConnection : public Connection {
         break;
       }
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
-      if (!peer_failure_.is_ok()) {  // the peer said why; its exit resets sockets
+      // A reset ends the stream too, after every byte sent before it was
+      // read: the peer's abort frame, on this socket or another, may still
+      // tell why (a failing rank resets its sockets after sending it).
+      if (errno == ECONNRESET || !peer_failure_.is_ok()) {
         s.eof = true;
+        s.reset = errno == ECONNRESET;
         break;
       }
       return fail("receiving from", errno);
@@ -435,10 +502,13 @@ class TcpConnection : public Connection {
     return Status::ok();
   }
 
-  Status fail(const char* what, int err) {
+  Status describe(const char* what, int err) const {
     const char* why = err == ECONNRESET || err == EPIPE ? " (it failed or exited)" : "";
-    error_ = Status::remote(std::string("tcp connection ") + what + " " + peer_ +
-                            " failed: " + std::strerror(err) + why);
+    return Status::remote(std::string("tcp connection ") + what + " " + peer_ +
+                          " failed: " + std::strerror(err) + why);
+  }
+  Status fail(const char* what, int err) {
+    error_ = describe(what, err);
     return error_;
   }
 
@@ -446,8 +516,11 @@ class TcpConnection : public Connection {
   size_t slot_bytes_;
   uint64_t nslots_;
   std::vector<Stream> streams_;
-  Status error_;
+  Status error_;        // reading (and so everything) stopped
+  Status write_error_;  // writing stopped: the peer reset the connection
   bool shut_ = false;
+  std::string abort_frame_;  // while shutting down
+  size_t abort_sent_ = 0;
   Status peer_failure_;             // from the peer's abort frame
   uint64_t abort_at_ = UINT64_MAX;  // the frame number the abort took (all before it were sent)
   std::vector<char> send_buf_;
@@ -505,6 +578,12 @@ std::unique_ptr<Connection> TcpTransport::adopt(const std::vector<int>& fds, int
 }
 
 TcpTransport::~TcpTransport() = default;
+
+void TcpTransport::shutdown(const Status& why) {
+  std::vector<TcpConnection*> all;
+  for (auto& e : conns_) all.push_back(static_cast<TcpConnection*>(e.conn.get()));
+  TcpConnection::shutdown_connections(all.data(), all.size(), why);
+}
 
 Connection* TcpTransport::connection(int channel, int peer) {
   for (auto& e : conns_)

@@ -26,6 +26,9 @@ class TcpTransport {
   ~TcpTransport();
 
   Connection* connection(int channel, int peer);
+  // Connection::shutdown on every connection at once: their flushes share
+  // one bound, so a failing rank takes it once, not once per peer.
+  void shutdown(const Status& why);
   // A connection over already connected, non-blocking sockets (which it
   // then owns; the peer must list its ends in the same order): what setup
   // builds, and what the frame fuzzer reads through.
