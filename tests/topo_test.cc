@@ -334,6 +334,23 @@ TEST(Paths, EachClass) {
   EXPECT_EQ(m[2][0], PathClass::kOtherHost);
 }
 
+// The buffers of a host's ranks sit in the L3s of the packages they run on.
+TEST(Paths, L3OfTheHostsRanks) {
+  HostTopology t = load_dgx();  // two packages, one 32 MiB L3 each
+  ASSERT_EQ(t.l3_caches.size(), 2u);
+  const uint64_t one = t.l3_caches[0].size_bytes;
+  const uint64_t both = t.l3_caches[0].size_bytes + t.l3_caches[1].size_bytes;
+  // Two ranks on package 0 (and one on another host, on package 1).
+  std::vector<RankPlacement> ranks = {at("h0", 0, 0, 0), at("h0", 0, 0, 1), at("h1", 1, 1, 8)};
+  EXPECT_EQ(l3_bytes_of_host_ranks(t, ranks, 0), one);
+  EXPECT_EQ(l3_bytes_of_host_ranks(t, ranks, 2), t.l3_caches[1].size_bytes);
+  ranks.push_back(at("h0", 1, 1, 9));  // a rank of the host on package 1
+  EXPECT_EQ(l3_bytes_of_host_ranks(t, ranks, 0), both);
+  ranks[3] = at("h0", -1, -1, -1);  // one whose package is unknown
+  EXPECT_EQ(l3_bytes_of_host_ranks(t, ranks, 1), both);
+  EXPECT_EQ(l3_bytes_of_host_ranks(HostTopology(), ranks, 0), 0u);
+}
+
 TEST(Paths, PciClassesFromBridges) {
   DeviceLocation a{"0000:03:00.0", {1, 2, 3}, 0, 0};
   auto with = [](std::vector<uint64_t> bridges, int numa, int package) {

@@ -194,6 +194,18 @@ TEST(Tuner, DirectGatherIsBoundedPerBlock) {
   EXPECT_NE(low.pick(Coll::kAllGather, 64 << 10), Algo::kDirect);
 }
 
+TEST(Tuner, WithOnePeerDirectGathersSmallAndTheRingReducesLarger) {
+  // 2 ranks: direct is the ring's one step in one frame fewer, so it wins
+  // small sizes; its reduction is slower (reduce_scatter through direct took
+  // 1.06x the ring's at 16 KiB, 1.14x at 64 KiB), so the ring takes over.
+  const Tuner t(one_host(2), AlgoChoice{});
+  for (size_t bytes : {size_t{8}, size_t{1} << 10, size_t{32} << 10})
+    EXPECT_EQ(t.pick(Coll::kAllGather, bytes), Algo::kDirect) << bytes;
+  EXPECT_EQ(t.pick(Coll::kReduceScatter, 8), Algo::kDirect);
+  for (size_t bytes : {size_t{16} << 10, size_t{64} << 10})
+    EXPECT_EQ(t.pick(Coll::kReduceScatter, bytes), Algo::kRing) << bytes;
+}
+
 TEST(Tuner, BytesCostMoreWhereMoreRanksShareACore) {
   // 8 ranks on 2 cores (bench/tune_sweep.py, 4 sweeps): recursive doubling
   // beat direct from 8 KiB, Rabenseifner beat it at 32 KiB and the ring

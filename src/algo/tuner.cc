@@ -444,11 +444,13 @@ double Tuner::predict_us(Coll c, Algo a, size_t bytes) const {
       if (a == Algo::kDirect) {
         // With one peer, direct's message is the ring's one step (the same
         // primitives), in one coroutine frame where the ring nests two: on
-        // 2 ranks direct ran 0.04-0.13 us faster from 8 B to 8 KiB.
-        if (n == 2) return predict_us(c, Algo::kRing, bytes) - kFrameUs;
+        // 2 ranks direct ran 0.04-0.13 us faster from 8 B to 8 KiB. Its
+        // reduction is the slower one (f) all the same: reduce_scatter
+        // through direct took 1.06x the ring's at 16 KiB, 1.14x at 64 KiB.
+        const double b = S / n, f = c == Coll::kReduceScatter ? 1.2 : 1.0;
+        if (n == 2) return predict_us(c, Algo::kRing, bytes) - kFrameUs + (f - 1) * b * in.beta_us_per_byte;
         // As direct all_reduce, with a block of S / n per message: one wait
         // where the ring has n - 1 in a row, and n - 1 messages posted.
-        const double b = S / n, f = c == Coll::kReduceScatter ? 1.2 : 1.0;
         return l.alpha_us + (L - 1) * (msg_in + f * b * in.beta_us_per_byte) +
                (n - L) * (msg_out + f * b * out.beta_us_per_byte);
       }

@@ -237,8 +237,7 @@ Status Communicator::setup_transports() {
   // and 1.1-1.2x at 48; streaming 1.06x at 64 and 1.1-1.5x from 96. An
   // earlier VM whose L3 went unrecorded streamed all_reduce 1.3-2.6x faster
   // from 8 MiB (32 MiB of buffers): hosts without L3 information assume 16.
-  size_t l3 = 0;
-  for (const topo::CacheInfo& c : topology_->l3_caches) l3 += c.size_bytes;
+  const size_t l3 = topo::l3_bytes_of_host_ranks(*topology_, placements_, rank_);
   window_streaming_bytes_ = 2 * (l3 > 0 ? l3 : size_t{16} << 20);
   ShmTransport* shm = shm_.get();
   TcpTransport* tcp = tcp_.get();

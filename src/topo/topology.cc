@@ -505,6 +505,22 @@ PathClass path_between(const RankPlacement& a, const RankPlacement& b) {
   return PathClass::kSameHost;
 }
 
+uint64_t l3_bytes_of_host_ranks(const HostTopology& topology, const std::vector<RankPlacement>& ranks,
+                                int me) {
+  std::vector<int> packages;
+  bool unknown = false;
+  for (const RankPlacement& p : ranks) {
+    if (p.host_hash != ranks[me].host_hash) continue;
+    unknown |= p.package < 0;
+    packages.push_back(p.package);
+  }
+  uint64_t bytes = 0;
+  for (const CacheInfo& c : topology.l3_caches)
+    if (unknown || c.package < 0 || std::find(packages.begin(), packages.end(), c.package) != packages.end())
+      bytes += c.size_bytes;
+  return bytes;
+}
+
 std::vector<std::vector<PathClass>> path_matrix(const std::vector<RankPlacement>& ranks) {
   std::vector<std::vector<PathClass>> m(ranks.size(), std::vector<PathClass>(ranks.size()));
   for (size_t i = 0; i < ranks.size(); ++i)

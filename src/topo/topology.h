@@ -146,6 +146,12 @@ PathClass path_between(const RankPlacement& a, const RankPlacement& b);
 // [i][j] = path_between(ranks[i], ranks[j]); kSelf on the diagonal.
 std::vector<std::vector<PathClass>> path_matrix(const std::vector<RankPlacement>& ranks);
 
+// The L3 bytes that hold the buffers of the ranks on the host of `ranks[me]`:
+// the L3s of the packages those ranks run on, every L3 of the host when
+// some rank's package (or a cache's) is unknown; 0 without L3 information.
+uint64_t l3_bytes_of_host_ranks(const HostTopology& topology, const std::vector<RankPlacement>& ranks,
+                                int me);
+
 // ---- device paths on one host, as `nvidia-smi topo -m` names them ----
 
 enum class PciPath {
