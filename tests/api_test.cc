@@ -295,6 +295,24 @@ TEST_F(OneRank, RequestsAreCheckedAndFreedOnce) {
   expect_error(braid_group_end(), BRAID_ERR_INVALID_USAGE, "group_end without");
 }
 
+// An op in a group starts at braid_group_end: waiting for it before then
+// would wait forever, so it is refused; the request stays valid.
+TEST_F(OneRank, WaitingInsideTheGroupThatHoldsTheOpIsRefused) {
+  float x[4] = {1, 2, 3, 4}, y[4] = {};
+  BRAID_ASSERT_OK(braid_group_start());
+  braid_request_t req = nullptr;
+  BRAID_ASSERT_OK(braid_iall_reduce(x, y, 4, BRAID_FLOAT32, BRAID_SUM, comm_, nullptr, &req));
+  expect_error(braid_wait(&req), BRAID_ERR_INVALID_USAGE, "braid_group_end");
+  ASSERT_NE(req, nullptr);
+  int done = 1;
+  expect_error(braid_test(&req, &done), BRAID_ERR_INVALID_USAGE, "braid_group_end");
+  EXPECT_EQ(done, 0);
+  expect_error(braid_wait_all(1, &req), BRAID_ERR_INVALID_USAGE, "braid_group_end");
+  BRAID_ASSERT_OK(braid_group_end());
+  BRAID_EXPECT_OK(braid_wait(&req));
+  EXPECT_EQ(y[3], 4.0f);
+}
+
 TEST_F(OneRank, AnIOperationThatCanFinishAtOnceIsDoneWhenTheCallReturns) {
   // The posting thread drives briefly before leaving the op to the progress
   // thread: an op with nothing to wait for never costs a thread hand-off.

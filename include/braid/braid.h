@@ -187,7 +187,9 @@ braid_result_t braid_comm_deregister(braid_comm_t comm, void* buf);
 
 /* ---- requests ---- */
 /* Waits for the operation, frees the request and sets *request = NULL.
- * Returns the operation's result. */
+ * Returns the operation's result. An operation still in this thread's open
+ * group (it starts at braid_group_end) is BRAID_ERR_INVALID_USAGE for
+ * braid_wait and braid_test, and the request stays valid. */
 braid_result_t braid_wait(braid_request_t* request);
 /* *done = 1 once the operation completed; then the request is freed,
  * *request = NULL and the operation's result is returned. Like MPI_Test,

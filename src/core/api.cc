@@ -691,9 +691,28 @@ BRAID_API braid_result_t braid_comm_set_timeout(braid_comm_t handle, double seco
 
 // ---- requests ----
 
+namespace braid {
+namespace {
+// An op of this thread's open group starts only at braid_group_end: a wait
+// for it before then would never end.
+Status not_in_open_group(const Request& req, const char* what) {
+  if (t_group_depth == 0) return Status::ok();
+  for (const Pending& p : group().ops)
+    if (p.op == req.op)
+      return Status::invalid_usage(std::string(what) + ": the request's " + req.op->name +
+                                   " is in a group that has not ended; it starts at braid_group_end, so "
+                                   "wait for it after that call");
+  return Status::ok();
+}
+}  // namespace
+}  // namespace braid
+
 BRAID_API braid_result_t braid_wait(braid_request_t* request) {
   if (request == nullptr || *request == nullptr)
     return finish(Status::invalid_argument("wait: request is NULL"));
+  if (t_group_depth > 0)
+    if (std::shared_ptr<Request> live = requests().get(id_of(*request)))
+      if (Status st = not_in_open_group(*live, "wait"); !st) return finish(st);
   std::shared_ptr<Request> req = requests().take(id_of(*request));
   if (!req)
     return finish(Status::invalid_argument("wait: request is not a live request (already completed?)"));
@@ -708,6 +727,7 @@ BRAID_API braid_result_t braid_test(braid_request_t* request, int* done) {
   std::shared_ptr<Request> req = requests().get(id_of(*request));
   if (!req)
     return finish(Status::invalid_argument("test: request is not a live request (already completed?)"));
+  if (Status st = not_in_open_group(*req, "test"); !st) return finish(st);
   // Like MPI_Test, a test moves the op along: a caller polling for it
   // needs no progress thread to wake.
   if (!req->comm->engine().drive_a_moment(*req->op)) return BRAID_SUCCESS;
