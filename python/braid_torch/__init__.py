@@ -24,7 +24,20 @@ import torch.distributed as dist
 # loads: its BraidBackend derives from c10d.Backend.
 import torch._C._distributed_c10d  # noqa: F401
 
-from . import _C
+try:
+    from . import _C
+except ImportError as e:
+    import os as _os
+
+    if not any(f.startswith("_C.") for f in _os.listdir(_os.path.dirname(__file__))):
+        # A source checkout on sys.path (the current directory, say) hides
+        # the installed package: say so rather than Python's guess.
+        raise ImportError(
+            f"braid_torch at {_os.path.dirname(__file__)} has no built extension (_C): this looks "
+            "like the source tree, which hides the installed package; run from another directory, "
+            "or build it with `pip install --no-build-isolation ./python`"
+        ) from e
+    raise
 
 __all__ = ["BraidBackend", "create_backend", "monitored_barrier", "version"]
 

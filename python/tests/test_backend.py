@@ -83,6 +83,11 @@ def test_init_methods(scheme, tmp_path):
     assert_all_ok(launch("init_methods", 2, env={"INIT_METHOD": method}))
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_coalescing_makes_one_group(world):
+    assert_all_ok(launch("coalescing", world, timeout=120))
+
+
 def test_pending_recv_does_not_block_collectives():
     assert_all_ok(launch("pending_recv", 3))
 

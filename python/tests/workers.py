@@ -41,6 +41,16 @@ def expect_raises(fn, *fragments):
     raise AssertionError(f"no error raised; expected one mentioning {fragments}")
 
 
+def batch_ring(n, rank, nxt, prv, what):
+    """batch_isend_irecv of n floats around the ring: each rank sends its
+    rank to the next and checks what the previous sent."""
+    got = torch.empty(n)
+    ops = [dist.P2POp(dist.isend, torch.full((n,), float(rank)), nxt), dist.P2POp(dist.irecv, got, prv)]
+    for q in dist.batch_isend_irecv(ops):
+        q.wait()
+    expect_equal(got, torch.full((n,), float(prv)), what)
+
+
 def expect_same_parameters_everywhere(params, what, rank, world):
     """Every rank holds the same `params` (tensors); `what` names them in the failure."""
     flat = torch.cat([p.detach().reshape(-1) for p in params])
@@ -230,11 +240,7 @@ def collectives():
     # Without it a sender's next message (below) could meet rank 0's second
     # any-source receive, as it would in MPI.
     dist.barrier()
-    recv = torch.empty(3)
-    ops = [dist.P2POp(dist.isend, torch.full((3,), float(rank)), nxt), dist.P2POp(dist.irecv, recv, prv)]
-    for q in dist.batch_isend_irecv(ops):
-        q.wait()
-    expect_equal(recv, torch.full((3,), float(prv)), "batch_isend_irecv")
+    batch_ring(3, rank, nxt, prv, "batch_isend_irecv")
     dist.barrier()
     braid_torch.monitored_barrier(timeout=datetime.timedelta(seconds=30))
     # Subgroups: each is its own braid communicator.
@@ -340,7 +346,10 @@ def wait_after_abort():
         torch.cuda.set_device(dev)
     work = dist.all_reduce(torch.ones(1024, device=dev), async_op=True)
     time.sleep(0.2)
+    backend = dist.distributed_c10d._get_default_group()._get_backend(dev)
+    assert backend.get_error() == torch._C._distributed_c10d.ErrorType.SUCCESS, backend.get_error()
     dist.distributed_c10d._abort_process_group()
+    assert backend.get_error() == torch._C._distributed_c10d.ErrorType.COMM_ERROR, backend.get_error()
     msg = expect_raises(work.wait, "braid", "abort")
     print(f"rank {rank}: wait after abort raised: {msg}", flush=True)
     os._exit(0)
@@ -468,6 +477,63 @@ def pending_recv():
     print(f"rank {rank}: pending recv ok", flush=True)
 
 
+def coalescing():
+    """torch's coalescing (batch_isend_irecv, _coalescing_manager with a
+    device) makes one braid group of the ops inside: a ring in both
+    directions with messages far larger than the transport buffers, ops that
+    complete only at the end, and an error inside that leaves the group
+    usable."""
+    from torch.distributed.distributed_c10d import _coalescing_manager, _get_default_group
+
+    rank, world = init()
+    group = _get_default_group()
+    assert group._get_backend(torch.device("cpu")).supports_coalescing
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    n = 4 << 20  # 16 MiB a message
+    from_prv, from_nxt = torch.empty(n), torch.empty(n)
+    ops = [dist.P2POp(dist.isend, torch.full((n,), float(rank)), nxt),
+           dist.P2POp(dist.isend, torch.full((n,), float(-rank)), prv),
+           dist.P2POp(dist.irecv, from_prv, prv), dist.P2POp(dist.irecv, from_nxt, nxt)]
+    works = dist.batch_isend_irecv(ops)
+    assert len(works) == 1, works  # one work for the whole batch, as with NCCL
+    works[0].wait()
+    assert works[0].is_success()
+    expect_equal(from_prv, torch.full((n,), float(prv)), "batch ring, from the previous rank")
+    expect_equal(from_nxt, torch.full((n,), float(-nxt)), "batch ring, from the next rank")
+    # A blocking broadcast inside returns at once; its result is there
+    # once the coalescing ended.
+    b = torch.full((3,), float(rank))
+    got = torch.empty(2)
+    with _coalescing_manager(group, torch.device("cpu"), async_ops=True) as cm:
+        dist.broadcast(b, src=world - 1)
+        dist.isend(torch.full((2,), float(rank)), nxt)
+        dist.irecv(got, prv)
+    cm.wait()
+    expect_equal(b, torch.full((3,), float(world - 1)), "broadcast in a coalescing")
+    expect_equal(got, torch.full((2,), float(prv)), "send and recv in a coalescing")
+    # An op that cannot join the group raises, and ends the coalescing:
+    # later calls of this thread run as usual.
+    expect_raises(lambda: _failing_coalescing(group), "braid", "monitored_barrier inside a coalescing")
+    # torch keeps its own record of the unfinished coalescing (it would
+    # capture the next all_reduce): drop it, as braid dropped its group.
+    from torch.distributed.distributed_c10d import _world
+
+    _world.pg_coalesce_state.pop(group, None)
+    t = torch.full((2,), float(rank))
+    dist.all_reduce(t)
+    expect_equal(t, torch.full((2,), float(sum(range(world)))), "all_reduce after a failed coalescing")
+    batch_ring(4, rank, nxt, prv, "a batch after a failed coalescing")
+    dist.destroy_process_group()
+    print(f"rank {rank}: coalescing ok", flush=True)
+
+
+def _failing_coalescing(group):
+    from torch.distributed.distributed_c10d import _coalescing_manager
+
+    with _coalescing_manager(group, torch.device("cpu")):
+        braid_torch.monitored_barrier(group, timeout=datetime.timedelta(seconds=10))
+
+
 def torchrun_env():
     """Under torchrun: init from the environment it sets, nothing else."""
     dist.init_process_group("braid")
@@ -534,6 +600,11 @@ def cuda_collectives():
     work.wait()  # the current stream waits; the CPU does not
     got = work.get_future().wait()[0]
     expect_equal(got, torch.arange(12, dtype=torch.float32, device=dev) * total / world, "async AVG")
+    # With a timeout, wait() blocks the CPU until the device ran the op.
+    t = torch.full((1 << 20,), float(r1), device=dev)
+    work = dist.all_reduce(t, async_op=True)
+    assert work.wait(timeout=datetime.timedelta(seconds=60))
+    assert work.is_completed(), "wait(timeout) returned before the device finished"
     # A non-contiguous tensor (staged, then copied back on the stream).
     m = (torch.arange(12, dtype=torch.float32, device=dev).reshape(3, 4) * r1).t()
     dist.all_reduce(m, op=dist.ReduceOp.MAX)
@@ -581,6 +652,15 @@ def cuda_collectives():
     for w in dist.batch_isend_irecv(ops):
         w.wait()
     expect_equal(got, torch.full((6,), float(prv + 1), device=dev), "ring")
+    # Messages larger than any staging buffer: each rank's receive is
+    # behind its send on the stream unless the batch is one group.
+    n = 16 << 20
+    got = torch.empty(n, device=dev)
+    ops = [dist.P2POp(dist.isend, torch.full((n,), float(r1), device=dev), nxt),
+           dist.P2POp(dist.irecv, got, prv)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    expect_equal(got, torch.full((n,), float(prv + 1), device=dev), "large ring")
     # CPU and CUDA tensors on one group, interleaved.
     c = torch.full((3,), float(r1))
     dist.all_reduce(c)
@@ -625,7 +705,7 @@ SCENARIOS = {
     for f in (
         collectives, bad_input, dead_peer, hung_peer, absent_from_barrier, wait_after_abort, ddp_train, sharded_train, torchrun_env,
         elastic_restart, init_methods,
-        pending_recv, cuda_collectives, cuda_ddp_train,
+        pending_recv, coalescing, cuda_collectives, cuda_ddp_train,
     )
 }
 

@@ -393,10 +393,23 @@ bool BraidWork::isSuccess() const {
 }
 
 bool BraidWork::wait(std::chrono::milliseconds timeout) {
+  if (deferred.load()) return true;
   if (stream != nullptr) {
     // The caller's current stream waits for the op on the device; the CPU
-    // does not. A failure seen so far breaks the communicator: report it.
+    // does not, unless given a timeout: then, as with NCCL, it waits for
+    // the device to finish the op, and a late one is an error. A failure
+    // seen so far breaks the communicator: report it.
     event_->block(current_stream(device_));
+    if (timeout != kNoTimeout) {
+      const auto deadline = std::chrono::steady_clock::now() + timeout;
+      while (!event_->query()) {
+        if (std::chrono::steady_clock::now() >= deadline)
+          C10_THROW_ERROR(DistBackendError,
+                          "braid: " + what_ + " did not complete on the device within the wait timeout of " +
+                              std::to_string(timeout.count()) + " ms");
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    }
     braid_result_t async = BRAID_SUCCESS;
     if (braid_comm_get_async_error(comm_, &async) != BRAID_SUCCESS) {
       // The handle names no communicator: the group was aborted or shut
@@ -532,7 +545,9 @@ BraidBackend::BraidBackend(const c10::intrusive_ptr<c10d::Store>& store, int ran
                 " bytes under '", key, "', expected ", sizeof(id.internal));
     std::memcpy(id.internal, bytes.data(), bytes.size());
   }
-  check(braid_comm_init_rank(&comm_, size, id, rank), "init");
+  braid_comm_t comm = nullptr;
+  check(braid_comm_init_rank(&comm, size, id, rank), "init");
+  comm_.store(comm);
   // Every rank has read the id once init is through (each joined with its
   // token). Removing it keeps a later group on the same store from reading
   // this one's: torchrun's static rendezvous hands a restarted job the same
@@ -548,8 +563,7 @@ BraidBackend::BraidBackend(const c10::intrusive_ptr<c10d::Store>& store, int ran
 }
 
 BraidBackend::~BraidBackend() {
-  if (comm_ != nullptr) braid_comm_destroy(comm_);
-  comm_ = nullptr;
+  if (braid_comm_t comm = comm_.exchange(nullptr)) braid_comm_destroy(comm);
 }
 
 std::string BraidBackend::describe() const {
@@ -570,9 +584,10 @@ void BraidBackend::setTimeout(std::chrono::milliseconds timeout) {
 }
 
 c10d::ErrorType BraidBackend::getError() {
-  if (comm_ == nullptr) return c10d::ErrorType::SUCCESS;
+  const braid_comm_t comm = comm_.load();
+  if (comm == nullptr) return aborted_.load() ? c10d::ErrorType::COMM_ERROR : c10d::ErrorType::SUCCESS;
   braid_result_t err = BRAID_SUCCESS;
-  braid_comm_get_async_error(comm_, &err);
+  if (braid_comm_get_async_error(comm, &err) != BRAID_SUCCESS) err = BRAID_ERR_ABORTED;  // aborted meanwhile
   switch (err) {
     case BRAID_SUCCESS:
       return c10d::ErrorType::SUCCESS;
@@ -586,13 +601,12 @@ c10d::ErrorType BraidBackend::getError() {
 }
 
 void BraidBackend::abort() {
-  if (comm_ != nullptr) braid_comm_abort(comm_);
-  comm_ = nullptr;
+  aborted_.store(true);
+  if (braid_comm_t comm = comm_.exchange(nullptr)) braid_comm_abort(comm);
 }
 
 void BraidBackend::shutdown() {
-  if (comm_ != nullptr) braid_comm_destroy(comm_);
-  comm_ = nullptr;
+  if (braid_comm_t comm = comm_.exchange(nullptr)) braid_comm_destroy(comm);
 }
 
 c10::intrusive_ptr<BraidWork> BraidBackend::make_work(c10d::OpType type, const char* op,
@@ -617,6 +631,11 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::launch(const c10::intrusive_ptr<Bra
     // Blocking calls run under the lock too: they are this rank's next
     // operations in order, and braid drives them on this thread.
     std::lock_guard<std::mutex> lock(launch_mu_);
+    // Inside torch's coalescing the calls join the open braid group and
+    // start at endCoalescing: a host-ordered one must return a request then,
+    // not block here (braid would only wait for it at the group's end).
+    const bool deferred = coalescing_thread_.load() == std::this_thread::get_id();
+    if (deferred && work->stream == nullptr) blocking = false;
     if (grouped) braid_group_start();
     try {
       start(requests, blocking);
@@ -632,6 +651,11 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::launch(const c10::intrusive_ptr<Bra
         fail_call(work->what().c_str(), code);
       }
     }
+    if (deferred) {
+      work->deferred.store(true);
+      coalesced_.push_back({work, std::move(requests)});
+      return work;
+    }
     if (work->stream != nullptr) {
       // An i-form some op calls directly: the op completes on its own. The
       // copies out are enqueued under the lock, right behind the op, before
@@ -645,10 +669,129 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::launch(const c10::intrusive_ptr<Bra
   return work;
 }
 
+void BraidBackend::startCoalescing() {
+  std::lock_guard<std::mutex> lock(launch_mu_);
+  TORCH_CHECK(coalescing_thread_.load() == std::thread::id(), "braid: startCoalescing (", describe(),
+              ") while an earlier coalescing has not ended (one at a time per process group)");
+  TORCH_CHECK(comm_ != nullptr, "braid: startCoalescing on a process group that was shut down or aborted");
+  braid_group_start();
+  coalescing_thread_.store(std::this_thread::get_id());
+  coalesced_.clear();
+}
+
+c10::intrusive_ptr<c10d::Work> BraidBackend::endCoalescing() {
+  std::vector<c10::intrusive_ptr<BraidWork>> parts = end_coalescing(false);
+  const c10::Device device = parts.empty() ? c10::Device(c10::kCPU) : parts.front()->device();
+  return c10::make_intrusive<CoalescedWork>(rank_, std::move(parts), device);
+}
+
+std::vector<c10::intrusive_ptr<BraidWork>> BraidBackend::end_coalescing(bool abandon) {
+  std::vector<Deferred> deferred;
+  braid_result_t code = BRAID_SUCCESS;
+  std::string message;
+  {
+    std::lock_guard<std::mutex> lock(launch_mu_);
+    if (coalescing_thread_.load() != std::this_thread::get_id()) {
+      if (abandon) return {};
+      TORCH_CHECK(false, "braid: endCoalescing (", describe(), ") without a startCoalescing on this thread");
+    }
+    coalescing_thread_.store(std::thread::id());
+    deferred.swap(coalesced_);
+    code = braid_group_end();
+    if (code != BRAID_SUCCESS) message = braid_get_last_error();
+    // Stream-ordered works: braid enqueued the group's ops just now; the
+    // copies out go behind them, under the lock like any launch.
+    for (Deferred& d : deferred) {
+      d.work->deferred.store(false);
+      if (d.work->stream == nullptr) continue;
+      for (braid_request_t r : d.requests) braid_request_free(r);
+      d.requests.clear();
+      if (code != BRAID_SUCCESS) {
+        d.work->record_error(code, message);
+        d.work->finalize();
+      } else {
+        d.work->complete_enqueued();
+      }
+    }
+  }
+  std::vector<c10::intrusive_ptr<BraidWork>> parts;
+  for (Deferred& d : deferred) {
+    // A failed group failed the ops it started: their requests say so.
+    if (d.work->stream == nullptr) d.work->track(std::move(d.requests), &completions_);
+    parts.push_back(d.work);
+  }
+  if (code != BRAID_SUCCESS && !abandon)
+    C10_THROW_ERROR(DistBackendError, "braid: the coalesced operations (" + describe() + ") failed (" +
+                                          braid_get_error_string(code) + "): " + message);
+  return parts;
+}
+
+// ---- CoalescedWork ----
+
+CoalescedWork::CoalescedWork(int rank, std::vector<c10::intrusive_ptr<BraidWork>> parts, c10::Device device)
+    : c10d::Work(rank, c10d::OpType::COALESCED),
+      parts_(std::move(parts)),
+      future_(device.is_cuda() ? c10::make_intrusive<c10::ivalue::Future>(tensor_list_type(),
+                                                                          std::vector<c10::Device>{device})
+                               : c10::make_intrusive<c10::ivalue::Future>(tensor_list_type())) {
+  for (const auto& p : parts_)
+    for (const at::Tensor& t : p->result()) outputs_.push_back(t);
+  if (parts_.empty()) {
+    future_->markCompleted(c10::IValue(outputs_));
+    return;
+  }
+  // Completes once every part's future has, with the first error if any.
+  auto left = std::make_shared<std::atomic<size_t>>(parts_.size());
+  auto failure = std::make_shared<std::pair<std::mutex, std::exception_ptr>>();
+  c10::intrusive_ptr<c10::ivalue::Future> all = future_;
+  std::vector<at::Tensor> outputs = outputs_;
+  for (const auto& p : parts_) {
+    p->getFuture()->addCallback([left, failure, all, outputs](c10::ivalue::Future& part) {
+      if (part.hasError()) {
+        std::lock_guard<std::mutex> lock(failure->first);
+        if (!failure->second) failure->second = part.exception_ptr();
+      }
+      if (left->fetch_sub(1) != 1) return;
+      if (failure->second)
+        all->setError(failure->second);
+      else
+        all->markCompleted(c10::IValue(outputs));
+    });
+  }
+}
+
+bool CoalescedWork::isCompleted() {
+  for (const auto& p : parts_)
+    if (!p->isCompleted()) return false;
+  return true;
+}
+
+bool CoalescedWork::isSuccess() const {
+  for (const auto& p : parts_)
+    if (!p->isSuccess()) return false;
+  return true;
+}
+
+bool CoalescedWork::wait(std::chrono::milliseconds timeout) {
+  // One deadline for all parts, as the caller asked for the whole.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (const auto& p : parts_) {
+    if (timeout == kNoTimeout) {
+      p->wait();
+    } else {
+      auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      p->wait(std::max(left, std::chrono::milliseconds(0)));
+    }
+  }
+  return true;
+}
+
 // ---- operations ----
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                        const c10d::BroadcastOptions& opts) {
+  CoalescingGuard guard(this);
   check_single(tensors, "broadcast");
   at::Tensor t = tensors[0], buf = staged(t);
   auto work = make_work(c10d::OpType::BROADCAST, "broadcast", {t}, t.device());
@@ -669,6 +812,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::broadcast(std::vector<at::Tensor>& 
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::AllreduceOptions& opts) {
+  CoalescingGuard guard(this);
   if (tensors.size() == 1 && tensors[0].layout() == c10::kSparse) return sparse_allreduce(tensors[0], opts);
   check_single(tensors, "all_reduce");
   at::Tensor t = tensors[0];
@@ -690,6 +834,10 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allreduce(std::vector<at::Tensor>& 
 // largest nnz, then summed by coalescing. It completes before returning.
 c10::intrusive_ptr<c10d::Work> BraidBackend::sparse_allreduce(at::Tensor t,
                                                               const c10d::AllreduceOptions& opts) {
+  // Its steps wait for each other: it cannot join a coalescing's group.
+  TORCH_CHECK(
+      coalescing_thread_.load() != std::this_thread::get_id(),
+      "braid: all_reduce of a sparse tensor inside a coalescing (_coalescing_manager) is not supported");
   const char* name = "all_reduce (sparse)";
   TORCH_CHECK(t.device().is_cpu(), "braid: ", name, " got a tensor on ", t.device(), "; CPU tensors only");
   TORCH_CHECK(opts.reduceOp.op_ == c10d::ReduceOp::SUM, "braid: ", name, " supports SUM only");
@@ -731,6 +879,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::sparse_allreduce(at::Tensor t,
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  CoalescingGuard guard(this);
   TORCH_CHECK(!tensors.empty(), "braid: all_reduce_coalesced needs at least one tensor");
   for (auto& t : tensors) check_same(tensors[0], t, "all_reduce_coalesced", "a tensor");
   Reduction red = reduction_for(tensors[0], opts.reduceOp, "all_reduce_coalesced");
@@ -755,6 +904,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allreduce_coalesced(
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::reduce(std::vector<at::Tensor>& tensors,
                                                     const c10d::ReduceOptions& opts) {
+  CoalescingGuard guard(this);
   check_single(tensors, "reduce");
   at::Tensor t = tensors[0];
   Reduction red = reduction_for(t, opts.reduceOp, "reduce");
@@ -775,6 +925,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::reduce(std::vector<at::Tensor>& ten
 c10::intrusive_ptr<c10d::Work> BraidBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                        std::vector<at::Tensor>& inputs,
                                                        const c10d::AllgatherOptions& opts) {
+  CoalescingGuard guard(this);
   check_single(inputs, "all_gather");
   TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_, "braid: all_gather needs ",
               size_, " output tensors (one per rank)");
@@ -801,6 +952,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allgather(std::vector<std::vector<a
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                              const c10d::AllgatherOptions& opts) {
+  CoalescingGuard guard(this);
   check_tensor(input, "all_gather_into_tensor");
   check_same(input, output, "all_gather_into_tensor", "the output");
   TORCH_CHECK(output.numel() == input.numel() * size_, "braid: all_gather_into_tensor: the output has ",
@@ -821,6 +973,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::_allgather_base(at::Tensor& output,
 c10::intrusive_ptr<c10d::Work> BraidBackend::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
+  CoalescingGuard guard(this);
   TORCH_CHECK(!inputs.empty(), "braid: all_gather_coalesced needs at least one input");
   TORCH_CHECK(static_cast<int>(outputs.size()) == size_, "braid: all_gather_coalesced needs ", size_,
               " output lists (one per rank), got ", outputs.size());
@@ -857,6 +1010,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allgather_coalesced(
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  CoalescingGuard guard(this);
   TORCH_CHECK(outputs.size() == inputs.size(), "braid: all_gather_into_tensor_coalesced: ", outputs.size(),
               " outputs for ", inputs.size(), " inputs");
   std::vector<at::Tensor> ins, outs;
@@ -897,6 +1051,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allgather_into_tensor_coalesced(
 c10::intrusive_ptr<c10d::Work> BraidBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                     std::vector<at::Tensor>& inputs,
                                                     const c10d::GatherOptions& opts) {
+  CoalescingGuard guard(this);
   check_single(inputs, "gather");
   const int root = static_cast<int>(opts.rootRank);
   TORCH_CHECK(root >= 0 && root < size_, "braid: gather: root ", root, " is out of range for a group of ",
@@ -936,6 +1091,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::gather(std::vector<std::vector<at::
 c10::intrusive_ptr<c10d::Work> BraidBackend::scatter(std::vector<at::Tensor>& outputs,
                                                      std::vector<std::vector<at::Tensor>>& inputs,
                                                      const c10d::ScatterOptions& opts) {
+  CoalescingGuard guard(this);
   check_single(outputs, "scatter");
   const int root = static_cast<int>(opts.rootRank);
   TORCH_CHECK(root >= 0 && root < size_, "braid: scatter: root ", root, " is out of range for a group of ",
@@ -973,6 +1129,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::scatter(std::vector<at::Tensor>& ou
 c10::intrusive_ptr<c10d::Work> BraidBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                             std::vector<std::vector<at::Tensor>>& inputs,
                                                             const c10d::ReduceScatterOptions& opts) {
+  CoalescingGuard guard(this);
   check_single(outputs, "reduce_scatter");
   TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_,
               "braid: reduce_scatter needs ", size_, " input tensors (one per rank)");
@@ -1000,6 +1157,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::reduce_scatter(std::vector<at::Tens
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                   const c10d::ReduceScatterOptions& opts) {
+  CoalescingGuard guard(this);
   std::vector<at::Tensor> outputs = {output}, inputs = {input};
   return reduce_scatter_tensor_coalesced(outputs, inputs, opts);
 }
@@ -1007,6 +1165,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::_reduce_scatter_base(at::Tensor& ou
 c10::intrusive_ptr<c10d::Work> BraidBackend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
+  CoalescingGuard guard(this);
   const char* name = outputs.size() == 1 ? "reduce_scatter_tensor" : "reduce_scatter_tensor_coalesced";
   TORCH_CHECK(outputs.size() == inputs.size() && !outputs.empty(), "braid: ", name, ": ", outputs.size(),
               " outputs for ", inputs.size(), " inputs");
@@ -1047,6 +1206,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::alltoall_base(at::Tensor& output, a
                                                            std::vector<int64_t>& output_split_sizes,
                                                            std::vector<int64_t>& input_split_sizes,
                                                            const c10d::AllToAllOptions& opts) {
+  CoalescingGuard guard(this);
   check_tensor(input, "all_to_all_single");
   check_same(input, output, "all_to_all_single", "the output");
   at::Tensor in = staged(input), out = staged(output);
@@ -1080,6 +1240,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::alltoall_base(at::Tensor& output, a
 c10::intrusive_ptr<c10d::Work> BraidBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                       std::vector<at::Tensor>& inputs,
                                                       const c10d::AllToAllOptions& opts) {
+  CoalescingGuard guard(this);
   TORCH_CHECK(static_cast<int>(outputs.size()) == size_ && static_cast<int>(inputs.size()) == size_,
               "braid: all_to_all needs ", size_, " input and output tensors, got ", inputs.size(), " and ",
               outputs.size());
@@ -1115,6 +1276,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::alltoall(std::vector<at::Tensor>& o
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::send(std::vector<at::Tensor>& tensors, int dst_rank, int) {
+  CoalescingGuard guard(this);
   check_single(tensors, "send");
   at::Tensor buf = staged(tensors[0]);
   auto work = make_work(c10d::OpType::SEND, "send", {tensors[0]}, buf.device());
@@ -1125,6 +1287,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::send(std::vector<at::Tensor>& tenso
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::recv(std::vector<at::Tensor>& tensors, int src_rank, int) {
+  CoalescingGuard guard(this);
   check_single(tensors, "recv");
   at::Tensor t = tensors[0], buf = staged(t);
   auto work = make_work(c10d::OpType::RECV, "recv", {t}, t.device());
@@ -1137,6 +1300,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::recv(std::vector<at::Tensor>& tenso
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::recvAnysource(std::vector<at::Tensor>& tensors, int) {
+  CoalescingGuard guard(this);
   check_single(tensors, "recv (any source)");
   // Its source is known only once it ran, which a stream-ordered work does
   // not wait for.
@@ -1154,6 +1318,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::recvAnysource(std::vector<at::Tenso
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::barrier(const c10d::BarrierOptions& opts) {
+  CoalescingGuard guard(this);
   auto work = make_work(c10d::OpType::BARRIER, "barrier", {});
   return launch(
       work,
@@ -1164,6 +1329,10 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::barrier(const c10d::BarrierOptions&
 }
 
 void BraidBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
+  CoalescingGuard guard(this);
+  TORCH_CHECK(coalescing_thread_.load() != std::this_thread::get_id(),
+              "braid: monitored_barrier inside a coalescing (batch_isend_irecv, _coalescing_manager) is not "
+              "supported");
   TORCH_CHECK(comm_ != nullptr, "braid: monitored_barrier on a process group that was shut down");
   const auto limit = opts.timeout == c10d::kUnsetTimeout ? timeout_ : opts.timeout;
   const auto deadline = std::chrono::steady_clock::now() + limit;

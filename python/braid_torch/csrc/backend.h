@@ -17,6 +17,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -55,6 +56,11 @@ class BraidWork : public c10d::Work {
   // The CUDA stream the work is enqueued on (the current stream of its
   // device), or null for CPU tensors.
   braid_stream_t stream = nullptr;
+  // Its calls wait in the braid group of a coalescing until endCoalescing
+  // starts them: wait() returns at once meanwhile, as NCCL's does there
+  // (the results are there once the coalescing ended and its work was
+  // waited on).
+  std::atomic<bool> deferred{false};
 
   // Takes ownership of the requests and arms their callbacks.
   void track(std::vector<braid_request_t> requests, CompletionQueue* queue);
@@ -86,6 +92,24 @@ class BraidWork : public c10d::Work {
   std::mutex error_mu_;
   braid_result_t error_code_ = BRAID_SUCCESS;
   std::string error_message_;
+};
+
+// What endCoalescing returns: the works of the ops between startCoalescing
+// and endCoalescing (batch_isend_irecv's, say), done when all are; its
+// Future holds all their outputs.
+class CoalescedWork : public c10d::Work {
+ public:
+  CoalescedWork(int rank, std::vector<c10::intrusive_ptr<BraidWork>> parts, c10::Device device);
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  std::vector<at::Tensor> result() override { return outputs_; }
+
+ private:
+  std::vector<c10::intrusive_ptr<BraidWork>> parts_;
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
 // Runs Work completion (and so Future callbacks) off braid's threads.
@@ -166,6 +190,29 @@ class BraidBackend : public c10d::Backend {
   // Counts collectives (not point-to-point, whose counts differ by rank);
   // TORCH_DISTRIBUTED_DEBUG=DETAIL's wrapper compares it across ranks.
   void setSequenceNumberForGroup() override { seq_.store(0); }
+  // torch's coalescing (batch_isend_irecv, _coalescing_manager with a
+  // device): the ops in between form one braid group, started together at
+  // endCoalescing, as NCCL's group does. Without it a CUDA ring of sends
+  // and receives could wait forever (each rank's receive behind its send on
+  // the stream).
+  bool supportsCoalescing() const override { return true; }
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+  // Every operation holds one: an exception out of an operation that joined
+  // a coalescing ends it (its calls start, its works complete), since torch
+  // then never calls endCoalescing, and every later call of the thread
+  // would wait in a group that never starts.
+  class CoalescingGuard {
+   public:
+    explicit CoalescingGuard(BraidBackend* b) : backend_(b), uncaught_(std::uncaught_exceptions()) {}
+    ~CoalescingGuard() {
+      if (std::uncaught_exceptions() > uncaught_) backend_->end_coalescing(true);
+    }
+
+   private:
+    BraidBackend* backend_;
+    int uncaught_;
+  };
   uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
 
   braid_comm_t comm() const { return comm_; }
@@ -179,6 +226,9 @@ class BraidBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> launch(const c10::intrusive_ptr<BraidWork>& work, const StartFn& start,
                                         bool grouped = false, bool blocking = false);
   c10::intrusive_ptr<c10d::Work> sparse_allreduce(at::Tensor t, const c10d::AllreduceOptions& opts);
+  // Starts the calls of the coalescing this thread opened and arms their
+  // works; returns them. `abandon` (after an exception): if there is one.
+  std::vector<c10::intrusive_ptr<BraidWork>> end_coalescing(bool abandon);
   // `device`: where the op's tensors are (CUDA: the work is stream-ordered).
   c10::intrusive_ptr<BraidWork> make_work(c10d::OpType type, const char* op, std::vector<at::Tensor> outputs,
                                           c10::Device device = c10::Device(c10::kCPU));
@@ -188,13 +238,26 @@ class BraidBackend : public c10d::Backend {
     if (code != BRAID_SUCCESS) fail_call(op, code);
   }
 
-  braid_comm_t comm_ = nullptr;
+  // Atomic: abort() may come from another thread (a watchdog) while ops
+  // start; an op that read it just before gets braid's "not a live
+  // communicator" error.
+  std::atomic<braid_comm_t> comm_{nullptr};
+  std::atomic<bool> aborted_{false};  // getError() reports it once comm_ is gone
   // Ops may come from several threads (DDP hooks run on autograd threads):
   // braid calls start under this lock so each rank issues them in one order.
   std::mutex launch_mu_;
   std::string group_name_;
   std::chrono::milliseconds timeout_;
   std::atomic<uint64_t> seq_{0};
+  // Between startCoalescing and endCoalescing (on the thread that started:
+  // braid's groups are per thread), the works whose calls joined the group
+  // and their requests, armed once the group has started.
+  struct Deferred {
+    c10::intrusive_ptr<BraidWork> work;
+    std::vector<braid_request_t> requests;
+  };
+  std::atomic<std::thread::id> coalescing_thread_{};  // none: a default id
+  std::vector<Deferred> coalesced_;
   CompletionQueue completions_;
   // Where a failed monitored_barrier's receives still land: a late rank's
   // token arrives after the requests were dropped, so their bytes live

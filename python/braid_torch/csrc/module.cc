@@ -20,9 +20,12 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("group_name"),
            py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("comm_handle", [](const braid_torch::BraidBackend& b) {
-        return reinterpret_cast<uintptr_t>(b.comm());
-      });
+      .def_property_readonly(
+          "comm_handle",
+          [](const braid_torch::BraidBackend& b) { return reinterpret_cast<uintptr_t>(b.comm()); })
+      // What torch's C++ asks a backend (c10d::ErrorType, registered by
+      // torch), which its Python binding of ProcessGroup does not expose.
+      .def("get_error", &braid_torch::BraidBackend::getError);
   m.def("version", [] {
     int v = 0;
     braid_get_version(&v);
