@@ -213,6 +213,15 @@ def collectives():
     dist.all_to_all(outs, ins)
     for s, o in enumerate(outs):
         expect_equal(o, torch.full((rank + 1,), float(s)), "all_to_all lists")
+    # all_gather with outputs of different sizes (rank r gives r + 1
+    # elements), one of them not contiguous.
+    outs = [torch.empty(r + 1) for r in range(world)]
+    outs[-1] = torch.empty(2 * world).view(world, 2)[:, 0]
+    dist.all_gather(outs, torch.full((rank + 1,), float(rank)))
+    for r, o in enumerate(outs):
+        expect_equal(o, torch.full((r + 1,), float(r)), "all_gather of uneven sizes")
+    expect_raises(lambda: dist.all_gather([torch.empty(5) for _ in range(world)], torch.ones(rank + 1)),
+                  "braid", "this rank's")
     # Point-to-point: a ring, blocking and not, and batch_isend_irecv.
     nxt, prv = (rank + 1) % world, (rank - 1) % world
     recv = torch.empty(5, dtype=torch.int64)

@@ -930,11 +930,12 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allgather(std::vector<std::vector<a
   TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_, "braid: all_gather needs ",
               size_, " output tensors (one per rank)");
   at::Tensor in = staged(inputs[0]);
+  bool uneven = false;
   for (auto& o : outputs[0]) {
     check_same(in, o, "all_gather", "an output");
-    TORCH_CHECK(o.numel() == in.numel(), "braid: all_gather: an output has ", o.numel(),
-                " elements but the input has ", in.numel());
+    uneven |= o.numel() != in.numel();
   }
+  if (uneven) return allgather_uneven(outputs[0], in, opts);
   const int64_t n = in.numel();
   at::Tensor flat = at::empty({size_ * n}, in.options());
   auto work = make_work(c10d::OpType::ALLGATHER, "all_gather", outputs[0], in.device());
@@ -948,6 +949,37 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allgather(std::vector<std::vector<a
                     work->stream);
       },
       false, !opts.asyncOp);
+}
+
+// Outputs of different sizes (torch allows them, NCCL runs broadcasts):
+// one broadcast per rank, rooted there, all in one braid group. This rank's
+// own output must match its input; each other rank's size is checked by
+// braid against what that rank sends (a mismatch error names both calls).
+c10::intrusive_ptr<c10d::Work> BraidBackend::allgather_uneven(std::vector<at::Tensor>& outputs,
+                                                              const at::Tensor& in,
+                                                              const c10d::AllgatherOptions& opts) {
+  TORCH_CHECK(outputs[rank_].numel() == in.numel(), "braid: all_gather: output ", rank_,
+              " (this rank's) has ", outputs[rank_].numel(), " elements but the input has ", in.numel());
+  std::vector<at::Tensor> bufs;
+  for (const at::Tensor& o : outputs) bufs.push_back(staged(o));
+  auto work = make_work(c10d::OpType::ALLGATHER, "all_gather", outputs, in.device());
+  work->keep_alive = bufs;
+  work->keep_alive.push_back(in);
+  std::vector<at::Tensor> outs = outputs;
+  work->on_success = [outs, bufs]() mutable {
+    for (size_t r = 0; r < outs.size(); ++r)
+      if (!bufs[r].is_same(outs[r])) outs[r].copy_(bufs[r]);
+  };
+  return launch(
+      work,
+      [&](std::vector<braid_request_t>& reqs, bool blocking) {
+        for (int r = 0; r < size_; ++r) {
+          const void* src = r == rank_ ? in.data_ptr() : bufs[r].data_ptr();
+          BRAID_START(broadcast, "all_gather", src, bufs[r].data_ptr(), nbytes(bufs[r]), BRAID_UINT8, r,
+                      comm_, work->stream);
+        }
+      },
+      true, !opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::_allgather_base(at::Tensor& output, at::Tensor& input,

@@ -226,6 +226,8 @@ class BraidBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> launch(const c10::intrusive_ptr<BraidWork>& work, const StartFn& start,
                                         bool grouped = false, bool blocking = false);
   c10::intrusive_ptr<c10d::Work> sparse_allreduce(at::Tensor t, const c10d::AllreduceOptions& opts);
+  c10::intrusive_ptr<c10d::Work> allgather_uneven(std::vector<at::Tensor>& outputs, const at::Tensor& in,
+                                                  const c10d::AllgatherOptions& opts);
   // Starts the calls of the coalescing this thread opened and arms their
   // works; returns them. `abandon` (after an exception): if there is one.
   std::vector<c10::intrusive_ptr<BraidWork>> end_coalescing(bool abandon);
