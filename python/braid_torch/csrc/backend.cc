@@ -199,6 +199,15 @@ void copy_slices(const at::Tensor& flat, std::vector<at::Tensor>& outs) {
   }
 }
 
+// The copy-out of ops that staged their outputs: each staging buffer into
+// its target where they differ (non-contiguous targets).
+std::function<void()> copy_back(std::vector<at::Tensor> targets, std::vector<at::Tensor> bufs) {
+  return [targets, bufs]() mutable {
+    for (size_t i = 0; i < targets.size(); ++i)
+      if (!bufs[i].is_same(targets[i])) targets[i].copy_(bufs[i]);
+  };
+}
+
 const c10::TypePtr& tensor_list_type() {
   static const c10::TypePtr type = c10::ListType::create(c10::TensorType::get());
   return type;
@@ -965,11 +974,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allgather_uneven(std::vector<at::Te
   auto work = make_work(c10d::OpType::ALLGATHER, "all_gather", outputs, in.device());
   work->keep_alive = bufs;
   work->keep_alive.push_back(in);
-  std::vector<at::Tensor> outs = outputs;
-  work->on_success = [outs, bufs]() mutable {
-    for (size_t r = 0; r < outs.size(); ++r)
-      if (!bufs[r].is_same(outs[r])) outs[r].copy_(bufs[r]);
-  };
+  work->on_success = copy_back(outputs, bufs);
   return launch(
       work,
       [&](std::vector<braid_request_t>& reqs, bool blocking) {
@@ -1064,11 +1069,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allgather_into_tensor_coalesced(
                         inputs.empty() ? c10::Device(c10::kCPU) : inputs[0].device());
   work->keep_alive = ins;
   work->keep_alive.insert(work->keep_alive.end(), outs.begin(), outs.end());
-  std::vector<at::Tensor> targets = outputs;
-  work->on_success = [targets, outs]() mutable {
-    for (size_t i = 0; i < targets.size(); ++i)
-      if (!outs[i].is_same(targets[i])) targets[i].copy_(outs[i]);
-  };
+  work->on_success = copy_back(outputs, outs);
   return launch(
       work,
       [&](std::vector<braid_request_t>& reqs, bool blocking) {
@@ -1218,11 +1219,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::reduce_scatter_tensor_coalesced(
                         name, outputs, outputs[0].device());
   work->keep_alive = ins;
   work->keep_alive.insert(work->keep_alive.end(), outs.begin(), outs.end());
-  std::vector<at::Tensor> targets = outputs;
-  work->on_success = [targets, outs]() mutable {
-    for (size_t i = 0; i < targets.size(); ++i)
-      if (!outs[i].is_same(targets[i])) targets[i].copy_(outs[i]);
-  };
+  work->on_success = copy_back(outputs, outs);
   return launch(
       work,
       [&](std::vector<braid_request_t>& reqs, bool blocking) {
