@@ -95,6 +95,86 @@ TEST_P(FailureTransports, KilledPeerGivesRemoteErrorNotTimeout) {
   }
 }
 
+// A receive from any source waits on every peer: one that dies fails it
+// then, as a receive from that peer would, not at the deadline.
+TEST_P(FailureTransports, AReceiveFromAnySourceFailsWhenAPeerDies) {
+  Env env = transport_env(GetParam());
+  env.push_back({"BRAID_TIMEOUT", "120"});
+  env.push_back({"BRAID_DEBUG", "NONE"});
+  auto result = launch(
+      3, env,
+      [](braid_comm_t comm, int rank, int) {
+        if (rank == 2) raise(SIGKILL);
+        int32_t v = 0;
+        if (rank == 1) {
+          // Sends nothing; learns of rank 0's failure.
+          EXPECT_NE(braid_recv(&v, 1, BRAID_INT32, 0, comm, nullptr), BRAID_SUCCESS);
+          return;
+        }
+        int source = -1;
+        const auto start = std::chrono::steady_clock::now();
+        EXPECT_EQ(braid_recv_any(&v, 1, BRAID_INT32, &source, comm, nullptr), BRAID_ERR_REMOTE)
+            << braid_comm_get_last_error(comm);
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+        const std::string msg = braid_comm_get_last_error(comm);
+        EXPECT_TRUE(contains(msg.c_str(), "rank 2 (")) << msg;
+        EXPECT_TRUE(contains(msg.c_str(), "recv (any source)")) << msg;
+      },
+      60);
+  ASSERT_EQ(result.ranks.size(), 3u);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_FALSE(result.ranks[r].timed_out) << "rank " << r << " hung";
+    EXPECT_EQ(result.ranks[r].exit_code, 0) << "rank " << r;
+  }
+}
+
+// Steady traffic with one peer keeps the driver busy (a spin of a second:
+// it never sleeps): a receive from a peer that died still fails, within
+// the check interval, not at the deadline.
+TEST_P(FailureTransports, SteadyTrafficDoesNotHideADeadPeer) {
+  Env env = transport_env(GetParam());
+  env.push_back({"BRAID_TIMEOUT", "120"});
+  env.push_back({"BRAID_SPIN_US", "1000000"});
+  env.push_back({"BRAID_DEBUG", "NONE"});
+  auto result = launch(
+      3, env,
+      [](braid_comm_t comm, int rank, int) {
+        if (rank == 2) raise(SIGKILL);
+        const auto start = std::chrono::steady_clock::now();
+        const auto give_up = start + std::chrono::seconds(20);
+        int32_t v = 0;
+        braid_result_t r = BRAID_SUCCESS;
+        if (rank == 1) {
+          while (r == BRAID_SUCCESS && std::chrono::steady_clock::now() < give_up) {
+            r = braid_recv(&v, 1, BRAID_INT32, 0, comm, nullptr);
+            if (r == BRAID_SUCCESS) r = braid_send(&v, 1, BRAID_INT32, 0, comm, nullptr);
+          }
+          EXPECT_NE(r, BRAID_SUCCESS) << "rank 0's failure never reached rank 1";
+          return;
+        }
+        braid_request_t from_dead = nullptr;
+        int32_t lost = 0;
+        BRAID_ASSERT_OK(braid_irecv(&lost, 1, BRAID_INT32, 2, comm, nullptr, &from_dead));
+        long rounds = 0;
+        while (r == BRAID_SUCCESS && std::chrono::steady_clock::now() < give_up) {
+          r = braid_send(&v, 1, BRAID_INT32, 1, comm, nullptr);
+          if (r == BRAID_SUCCESS) r = braid_recv(&v, 1, BRAID_INT32, 1, comm, nullptr);
+          ++rounds;
+        }
+        EXPECT_EQ(r, BRAID_ERR_REMOTE)
+            << "after " << rounds << " round trips: " << braid_comm_get_last_error(comm);
+        EXPECT_EQ(braid_wait(&from_dead), BRAID_ERR_REMOTE);
+        const std::string msg = braid_comm_get_last_error(comm);
+        EXPECT_TRUE(contains(msg.c_str(), "rank 2 (")) << msg;
+      },
+      60);
+  ASSERT_EQ(result.ranks.size(), 3u);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_FALSE(result.ranks[r].timed_out) << "rank " << r << " hung";
+    EXPECT_EQ(result.ranks[r].exit_code, 0) << "rank " << r;
+  }
+}
+
 TEST_P(FailureTransports, AbsentPeerTimesOutNamingOperationAndPeer) {
   Env env = transport_env(GetParam());
   env.push_back({"BRAID_DEBUG", "INFO"});

@@ -284,6 +284,10 @@ std::string seconds_text(double s) {
 
 // How long a blocked driver sleeps before it re-checks deadlines and peers.
 constexpr int kBlockMs = 20;
+// A driver that keeps making progress reads the clock every this many
+// rounds to see whether peers and deadlines are due a check (every
+// kBlockMs): a round takes from a few hundred ns (small messages) up.
+constexpr unsigned kBusyRoundsPerClockRead = 256;
 // How long an i-call drives on the caller's thread before leaving the op
 // to the progress thread: a small collective with its peers ready
 // completes within it; a large one gives the caller back its thread at
@@ -432,7 +436,7 @@ bool Engine::drive_a_moment(const Op& op) {
   while (!is_done(op)) {
     if (driver_mu_.try_lock()) {
       drive_briefly(op);
-      driver_mu_.unlock();
+      release_driver();
       break;
     }
     if (Clock::now() >= until) break;
@@ -599,10 +603,7 @@ void Engine::note_long_waits() {
 }
 
 bool Engine::advance() {
-  if (abort_requested_.load(std::memory_order_relaxed)) {
-    abort_requested_.store(false);
-    fail_all(abort_status_);
-  }
+  if (abort_requested_.load(std::memory_order_relaxed)) serve_abort();
   if (have_posted_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(post_mu_);
     for (auto& op : posted_) lane_for(*op).ops.push_back(op);
@@ -673,7 +674,7 @@ void Engine::request_dump() {
   dumps_requested_.fetch_add(1);
   if (driver_mu_.try_lock()) {
     serve_dumps();
-    driver_mu_.unlock();
+    release_driver();
     return;
   }
   wake_driver();
@@ -687,6 +688,20 @@ void Engine::check_peers(bool thorough) {
       fail_all(Status::timeout("rank " + std::to_string(rank_) + ": " + op.name + " #" +
                                std::to_string(op.seq) + " timed out: no progress within the timeout of " +
                                seconds_text(timeout_s_.load()) + ", waiting for a message from any rank"));
+      return;
+    }
+    // Any of the peers may be the sender: one that died fails the receive
+    // now, as a receive from it would (not at the deadline). A peer with a
+    // message waiting is alive enough; binding takes the message.
+    for (Connection* c : op.any_source_conns) {
+      if (c == nullptr) continue;
+      const void* data = nullptr;
+      size_t bytes = 0;
+      Status st = c->recv_ready(&data, &bytes) ? Status::ok() : c->check_peer(thorough);
+      if (st) continue;
+      if (advance()) return;
+      fail_all(
+          st.with_context("rank " + std::to_string(rank_) + ": " + op.name + " #" + std::to_string(op.seq)));
       return;
     }
   }
@@ -726,6 +741,14 @@ void Engine::check_peers(bool thorough) {
         st.with_context("rank " + std::to_string(rank_) + ": " + op.name + " #" + std::to_string(op.seq)));
     return;
   }
+}
+
+void Engine::check_peers_while_busy() {
+  const auto now = Clock::now();
+  if (last_thorough_check_ == Clock::time_point{}) last_thorough_check_ = now;
+  if (now - last_thorough_check_ <= std::chrono::milliseconds(kBlockMs)) return;
+  last_thorough_check_ = now;
+  check_peers(true);
 }
 
 // While a collective waits on one peer, the others may already show that it
@@ -812,7 +835,11 @@ void Engine::block(int max_ms) {
   } else {
     bell_->sleepers.fetch_add(1, std::memory_order_seq_cst);
     uint32_t seen = bell_->seq.load(std::memory_order_seq_cst);
-    if (!advance()) futex_wait(&bell_->seq, seen, max_ms, true);
+    // A caller that began taking over after the check above may have rung
+    // before this thread counted itself a sleeper, and so rung nothing: it
+    // is seen here (its count comes before its ring, ours before `seen`).
+    const bool handing_over = progress_driving_.load() && callers_taking_over_.load() > 0;
+    if (!handing_over && !advance()) futex_wait(&bell_->seq, seen, max_ms, true);
     bell_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
   }
   driver_sleeping_.store(false);
@@ -822,7 +849,7 @@ template <class Pred>
 void Engine::drive(Pred stop, double spin_us) {
   // The idle period starts at the first clock read after the last progress:
   // a call that completes while spinning (most small ones) reads no clock.
-  Clock::time_point idle_since{}, last_thorough{};
+  Clock::time_point idle_since{};
   bool idle_known = false;
   const auto spin =
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::micro>(spin_us));
@@ -837,6 +864,11 @@ void Engine::drive(Pred stop, double spin_us) {
     if (progressed) {
       spins = 0;
       idle_known = false;
+      if (++busy_rounds_ >= kBusyRoundsPerClockRead) {
+        busy_rounds_ = 0;
+        check_peers_while_busy();
+        if (stop()) return;
+      }
       continue;
     }
     // Check the clock only every few spins: it is the costly part of an idle loop.
@@ -849,7 +881,7 @@ void Engine::drive(Pred stop, double spin_us) {
     if (!idle_known) {
       idle_since = now;
       idle_known = true;
-      if (last_thorough == Clock::time_point{}) last_thorough = now;
+      if (last_thorough_check_ == Clock::time_point{}) last_thorough_check_ = now;
     }
     if (now - idle_since < spin) {
       sched_yield();  // ranks often outnumber cores: let the peer we wait for run
@@ -865,8 +897,8 @@ void Engine::drive(Pred stop, double spin_us) {
       continue;
     }
     now = Clock::now();
-    bool thorough = now - last_thorough > std::chrono::milliseconds(kBlockMs);
-    if (thorough) last_thorough = now;
+    bool thorough = now - last_thorough_check_ > std::chrono::milliseconds(kBlockMs);
+    if (thorough) last_thorough_check_ = now;
     check_peers(thorough);
     if (stop()) return;
   }
@@ -889,7 +921,7 @@ Status Engine::wait(Op& op) {
     if (driving) {
       cancel_later_wake();
       drive([&] { return is_done(op); }, spin_us_);
-      driver_mu_.unlock();
+      release_driver();
       // Hand the remaining async ops to the progress thread.
       if (active_.load() > 0) wake_progress_thread();
       break;
@@ -907,7 +939,7 @@ bool Engine::run_blocking(const std::shared_ptr<Op>& op, Status* result) {
   // Under the driver's lock no fail_all can run, so broken_ is exact; an
   // abort in progress shows as abort_requested_, which the driver handles.
   if (active_.load() != 0 || broken_.load() || abort_requested_.load()) {
-    driver_mu_.unlock();
+    release_driver();
     return false;
   }
   // Not counted in active_ while it runs here: no other thread can see it,
@@ -954,7 +986,7 @@ bool Engine::run_blocking(const std::shared_ptr<Op>& op, Status* result) {
     if (!op->failure.is_ok()) fail_all(op->failure);
     drive([&] { return is_done(*op); }, spin_us_);
   }
-  driver_mu_.unlock();
+  release_driver();
   // Ops other threads posted meanwhile go to the progress thread.
   if (active_.load() > 0) wake_progress_thread();
   *result = op->status;
@@ -975,7 +1007,7 @@ void Engine::drain() {
   for (;;) {
     if (driver_mu_.try_lock()) {
       drive(idle, spin_us_);
-      driver_mu_.unlock();
+      release_driver();
       return;
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
@@ -992,7 +1024,7 @@ void Engine::progress_loop() {
       // Idle: answer SIGUSR1 here, since no driver will.
       if (g_dump_signals.load(std::memory_order_relaxed) != signals_served_ && driver_mu_.try_lock()) {
         serve_dumps();
-        driver_mu_.unlock();
+        release_driver();
       }
       continue;
     }
@@ -1001,8 +1033,7 @@ void Engine::progress_loop() {
       progress_sleep(100);
       continue;
     }
-    std::unique_lock<std::mutex> lock(driver_mu_, std::try_to_lock);
-    if (!lock.owns_lock()) {
+    if (!driver_mu_.try_lock()) {
       // A caller drives (usually one that waits right after posting): it
       // wakes this thread if it leaves work behind. Queueing on the mutex
       // instead cost a second wake-up per call. The timeout covers a
@@ -1016,6 +1047,7 @@ void Engine::progress_loop() {
     // as soon as nothing moves.
     drive([&] { return active_.load() == 0 || stop_.load() || callers_taking_over_.load() > 0; }, 0.0);
     progress_driving_.store(false);
+    release_driver();
   }
 }
 
@@ -1030,10 +1062,27 @@ void Engine::abort(const Status& why) {
   abort_requested_.store(true);
   wake_driver();
   // Nobody may be driving: take the driver role briefly to fail queued ops.
-  if (driver_mu_.try_lock()) {
-    abort_requested_.store(false);
-    fail_all(why);
+  // Else the driver serves it, before it gives up the role at the latest.
+  if (driver_mu_.try_lock()) release_driver();
+}
+
+void Engine::serve_abort() {
+  if (!abort_requested_.exchange(false)) return;
+  Status why;
+  {
+    std::lock_guard<std::mutex> lock(post_mu_);
+    why = abort_status_;
+  }
+  fail_all(why);
+}
+
+void Engine::release_driver() {
+  // An abort between the driver's last advance() and the unlock would wait
+  // for the next call: peers would not learn of it meanwhile.
+  for (;;) {
+    if (abort_requested_.load(std::memory_order_relaxed)) serve_abort();
     driver_mu_.unlock();
+    if (!abort_requested_.load() || !driver_mu_.try_lock()) return;
   }
 }
 
@@ -1045,13 +1094,15 @@ void Engine::fail_all(const Status& why) {
     queued.swap(posted_);
   }
   for (auto& op : queued) complete(op, why);
-  broken_.store(true);
+  // Peers learn the first failure only: it is the cause, and rewriting the
+  // reason they may be reading would tear it.
+  const bool first = !broken_.exchange(true);
   if (why.code() == BRAID_ERR_ABORTED) {
     BRAID_INFO("COLL", rank_, "%s", why.message().c_str());
   } else {
     BRAID_WARN("COLL", rank_, "%s", why.message().c_str());
   }
-  if (notify_failure_) notify_failure_(why);
+  if (first && notify_failure_) notify_failure_(why);
   for (auto& lane : lanes_) {
     for (auto& op : lane.ops) complete(op, why);
     lane.ops.clear();

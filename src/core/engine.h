@@ -234,12 +234,20 @@ class Engine {
   // Traced ops about to wait in block(): their waits count as long from now.
   void note_long_waits();
   void check_peers(bool thorough);
+  // check_peers while ops progress: steady traffic with one peer must not
+  // hide a dead other peer, or an op past its deadline on another lane.
+  void check_peers_while_busy();
   Status watch_collective(const Op& op);
   // One line per operation in flight: its step and what it waits on (driver only).
   void dump(const char* why);
   // Serves dump requests and SIGUSR1 (driver only).
   void serve_dumps();
   void fail_all(const Status& why);
+  // Fails everything with the abort's status if one is pending (driver only).
+  void serve_abort();
+  // Gives up the driver's role, serving an abort that arrived while this
+  // thread held it (abort() found the lock taken and left the work to it).
+  void release_driver();
   void complete(const std::shared_ptr<Op>& op, const Status& st);
   // What complete() does besides counting the op out of active_: frees its
   // frames, marks it done (wakes waiters, runs its callbacks), traces it.
@@ -269,10 +277,14 @@ class Engine {
   Status error_;
   std::atomic<bool> broken_{false};
   std::atomic<bool> abort_requested_{false};
-  Status abort_status_;
+  Status abort_status_;  // under post_mu_
 
   std::mutex driver_mu_;     // held by the driving thread
   std::vector<Lane> lanes_;  // driver only
+  // When peers and deadlines were last checked thoroughly, and the progress
+  // rounds since the clock was last read for it (driver only).
+  Clock::time_point last_thorough_check_{};
+  unsigned busy_rounds_ = 0;
   std::atomic<int> active_{0};
   std::atomic<bool> driver_sleeping_{false};
   // The progress thread drives only while no caller waits: a caller in
