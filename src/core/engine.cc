@@ -699,9 +699,11 @@ void Engine::check_peers(bool thorough) {
       size_t bytes = 0;
       Status st = c->recv_ready(&data, &bytes) ? Status::ok() : c->check_peer(thorough);
       if (st) continue;
-      if (advance()) return;
-      fail_all(
-          st.with_context("rank " + std::to_string(rank_) + ": " + op.name + " #" + std::to_string(op.seq)));
+      // Named first: advance() may complete the op (an abort it serves).
+      const std::string where =
+          "rank " + std::to_string(rank_) + ": " + op.name + " #" + std::to_string(op.seq);
+      if (advance() || broken_.load()) return;
+      fail_all(st.with_context(where));
       return;
     }
   }
@@ -736,9 +738,11 @@ void Engine::check_peers(bool thorough) {
     if (st) continue;
     // The peer may have sent its last messages (or the cause) just before:
     // take what is there first, and judge again on the next idle round.
-    if (advance()) return;
-    fail_all(
-        st.with_context("rank " + std::to_string(rank_) + ": " + op.name + " #" + std::to_string(op.seq)));
+    // Named first: advance() may complete the op (an abort it serves).
+    const std::string where =
+        "rank " + std::to_string(rank_) + ": " + op.name + " #" + std::to_string(op.seq);
+    if (advance() || broken_.load()) return;
+    fail_all(st.with_context(where));
     return;
   }
 }
