@@ -680,25 +680,44 @@ void Engine::request_dump() {
   wake_driver();
 }
 
+// Any of the peers may be the sender. One that reported a failure fails the
+// receive now. One that is gone without a report may have finished its part
+// and left (a worker done with its results), so the receive fails only once
+// every peer is gone: no other rank is left to send (it waited for the
+// deadline before). A peer with a message waiting is alive enough: binding
+// takes it.
+Status Engine::any_source_failure(const Op& op, bool thorough) {
+  Status gone;
+  size_t candidates = 0, departed = 0;
+  for (size_t p = 0; p < op.any_source_conns.size(); ++p) {
+    Connection* c = op.any_source_conns[p];
+    // This rank's own connection never leaves: it does not count.
+    if (c == nullptr || static_cast<int>(p) == rank_) continue;
+    ++candidates;
+    const void* data = nullptr;
+    size_t bytes = 0;
+    if (c->recv_ready(&data, &bytes)) continue;
+    BRAID_RETURN_IF_ERROR(c->peer_failure());
+    if (Status st = c->check_peer(thorough); !st) {
+      ++departed;
+      if (gone.is_ok()) gone = st;
+    }
+  }
+  if (candidates == 0 || departed < candidates) return Status::ok();
+  return gone.with_context("every rank it could receive from is gone");
+}
+
 void Engine::check_peers(bool thorough) {
   if (Lane* any = find_lane(LaneKind::kRecv, -1); any != nullptr && !any->ops.empty()) {
     Op& op = *any->ops.front();
     if (op.deadline.expired()) {
       dump("timed out");
       fail_all(Status::timeout("rank " + std::to_string(rank_) + ": " + op.name + " #" +
-                               std::to_string(op.seq) + " timed out: no progress within the timeout of " +
+                               std::to_string(op.seq) + " timed out: not done within the timeout of " +
                                seconds_text(timeout_s_.load()) + ", waiting for a message from any rank"));
       return;
     }
-    // Any of the peers may be the sender: one that died fails the receive
-    // now, as a receive from it would (not at the deadline). A peer with a
-    // message waiting is alive enough; binding takes the message.
-    for (Connection* c : op.any_source_conns) {
-      if (c == nullptr) continue;
-      const void* data = nullptr;
-      size_t bytes = 0;
-      Status st = c->recv_ready(&data, &bytes) ? Status::ok() : c->check_peer(thorough);
-      if (st) continue;
+    if (Status st = any_source_failure(op, thorough); !st) {
       // Named first: advance() may complete the op (an abort it serves).
       const std::string where =
           "rank " + std::to_string(rank_) + ": " + op.name + " #" + std::to_string(op.seq);
@@ -715,7 +734,7 @@ void Engine::check_peers(bool thorough) {
       int peer = op.wait ? op.wait->peer : -1;
       dump("timed out");
       fail_all(Status::timeout("rank " + std::to_string(rank_) + ": " + op.name + " #" +
-                               std::to_string(op.seq) + " timed out: no progress within the timeout of " +
+                               std::to_string(op.seq) + " timed out: not done within the timeout of " +
                                seconds_text(timeout_s_.load()) + ", waiting " + what +
                                (peer >= 0 ? " rank " + std::to_string(peer) : std::string())));
       return;
@@ -888,6 +907,13 @@ void Engine::drive(Pred stop, double spin_us) {
       if (last_thorough_check_ == Clock::time_point{}) last_thorough_check_ = now;
     }
     if (now - idle_since < spin) {
+      // A long spin (BRAID_SPIN_US) between sparse progress would otherwise
+      // never reach a check: the clock is read here anyway.
+      if (now - last_thorough_check_ > std::chrono::milliseconds(kBlockMs)) {
+        last_thorough_check_ = now;
+        check_peers(true);
+        if (stop()) return;
+      }
       sched_yield();  // ranks often outnumber cores: let the peer we wait for run
       continue;
     }
@@ -1059,11 +1085,15 @@ void Engine::abort(const Status& why) {
   {
     std::lock_guard<std::mutex> lock(post_mu_);
     if (error_.is_ok()) error_ = why;
-    abort_status_ = why;
+    // The first abort is what the driver reports and peers learn.
+    if (abort_status_.is_ok()) abort_status_ = why;
     for (auto& op : posted_) complete(op, why);
     posted_.clear();
   }
-  abort_requested_.store(true);
+  // A read-modify-write, not a store: it pairs with release_driver's load
+  // after its unlock (a failed try_lock orders nothing), so one side sees
+  // the other. (A fence would do, but TSan refuses fences.)
+  (void)abort_requested_.exchange(true);
   wake_driver();
   // Nobody may be driving: take the driver role briefly to fail queued ops.
   // Else the driver serves it, before it gives up the role at the latest.

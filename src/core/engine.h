@@ -234,6 +234,8 @@ class Engine {
   // Traced ops about to wait in block(): their waits count as long from now.
   void note_long_waits();
   void check_peers(bool thorough);
+  // Why an unbound receive from any source can no longer be served (ok: it can).
+  Status any_source_failure(const Op& op, bool thorough);
   // check_peers while ops progress: steady traffic with one peer must not
   // hide a dead other peer, or an op past its deadline on another lane.
   void check_peers_while_busy();
