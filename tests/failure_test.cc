@@ -35,11 +35,18 @@ bool contains(const char* haystack, const std::string& needle) {
 
 class FailureTransports : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(FailureTransports, KilledPeerGivesRemoteErrorNotTimeout) {
-  // A long timeout: an error that names a dead peer proves detection, not expiry.
-  Env env = transport_env(GetParam());
+// A timeout (120 s) beyond the launcher's limit (60 s): an error proves that
+// a failure was detected; falling back to the deadline shows as a hang.
+Env detection_env(const std::string& transport) {
+  Env env = transport_env(transport);
   env.push_back({"BRAID_TIMEOUT", "120"});
   env.push_back({"BRAID_DEBUG", "NONE"});
+  return env;
+}
+
+TEST_P(FailureTransports, KilledPeerGivesRemoteErrorNotTimeout) {
+  // A long timeout: an error that names a dead peer proves detection, not expiry.
+  Env env = detection_env(GetParam());
   // Where rank 0 leaves a fresh unique id for the survivors' new communicator.
   struct NewId {
     std::atomic<int> ready;
@@ -109,11 +116,8 @@ void expect_survivors_exited(const launcher::LaunchResult& result, int survivors
 // goes on while another peer may still send, and fails once none is left
 // (it waited for the deadline before).
 TEST_P(FailureTransports, AReceiveFromAnySourceFailsOnceNoPeerIsLeft) {
-  Env env = transport_env(GetParam());
-  env.push_back({"BRAID_TIMEOUT", "120"});
-  env.push_back({"BRAID_DEBUG", "NONE"});
   auto result = launch(
-      3, env,
+      3, detection_env(GetParam()),
       [](braid_comm_t comm, int rank, int) {
         if (rank == 2) raise(SIGKILL);
         int32_t v = 7;
@@ -128,10 +132,9 @@ TEST_P(FailureTransports, AReceiveFromAnySourceFailsOnceNoPeerIsLeft) {
         BRAID_EXPECT_OK(braid_recv_any(&v, 1, BRAID_INT32, &source, comm, nullptr));
         EXPECT_EQ(source, 1);
         EXPECT_EQ(v, 7);
-        const auto start = std::chrono::steady_clock::now();
+        // The dead peers' error, not the deadline's.
         EXPECT_EQ(braid_recv_any(&v, 1, BRAID_INT32, &source, comm, nullptr), BRAID_ERR_REMOTE)
             << braid_comm_get_last_error(comm);
-        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
         const std::string msg = braid_comm_get_last_error(comm);
         EXPECT_TRUE(contains(msg.c_str(), "recv (any source)")) << msg;
         EXPECT_TRUE(contains(msg.c_str(), "every rank it could receive from is gone")) << msg;
@@ -143,11 +146,8 @@ TEST_P(FailureTransports, AReceiveFromAnySourceFailsOnceNoPeerIsLeft) {
 // A peer that reported a failure fails a receive from any source at once,
 // though another peer lives on.
 TEST_P(FailureTransports, AReceiveFromAnySourceFailsWhenAPeerFails) {
-  Env env = transport_env(GetParam());
-  env.push_back({"BRAID_TIMEOUT", "120"});
-  env.push_back({"BRAID_DEBUG", "NONE"});
   auto result = launch(
-      3, env,
+      3, detection_env(GetParam()),
       [](braid_comm_t comm, int rank, int) {
         int32_t v = 0;
         if (rank == 2) {
@@ -163,13 +163,16 @@ TEST_P(FailureTransports, AReceiveFromAnySourceFailsWhenAPeerFails) {
           EXPECT_NE(braid_recv(&v, 1, BRAID_INT32, 0, comm, nullptr), BRAID_SUCCESS);
           return;
         }
+        // Fails while rank 1 lives: waiting for every peer to go would
+        // hang (rank 1 waits for rank 0's failure), and the launcher says so.
         int source = -1;
-        const auto start = std::chrono::steady_clock::now();
-        EXPECT_NE(braid_recv_any(&v, 1, BRAID_INT32, &source, comm, nullptr), BRAID_SUCCESS);
-        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+        const braid_result_t r = braid_recv_any(&v, 1, BRAID_INT32, &source, comm, nullptr);
+        EXPECT_NE(r, BRAID_SUCCESS);
+        EXPECT_NE(r, BRAID_ERR_TIMEOUT);
         const std::string msg = braid_comm_get_last_error(comm);
         EXPECT_TRUE(contains(msg.c_str(), "recv (any source)")) << msg;
         EXPECT_TRUE(contains(msg.c_str(), "rank 2")) << msg;
+        EXPECT_FALSE(contains(msg.c_str(), "timed out")) << msg;
       },
       60);
   expect_survivors_exited(result, 3);
@@ -179,16 +182,13 @@ TEST_P(FailureTransports, AReceiveFromAnySourceFailsWhenAPeerFails) {
 // it never sleeps): a receive from a peer that died still fails, within
 // the check interval, not at the deadline.
 TEST_P(FailureTransports, SteadyTrafficDoesNotHideADeadPeer) {
-  Env env = transport_env(GetParam());
-  env.push_back({"BRAID_TIMEOUT", "120"});
+  Env env = detection_env(GetParam());
   env.push_back({"BRAID_SPIN_US", "1000000"});
-  env.push_back({"BRAID_DEBUG", "NONE"});
   auto result = launch(
       3, env,
       [](braid_comm_t comm, int rank, int) {
         if (rank == 2) raise(SIGKILL);
-        const auto start = std::chrono::steady_clock::now();
-        const auto give_up = start + std::chrono::seconds(20);
+        const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
         int32_t v = 0;
         braid_result_t r = BRAID_SUCCESS;
         if (rank == 1) {

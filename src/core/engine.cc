@@ -718,11 +718,7 @@ void Engine::check_peers(bool thorough) {
       return;
     }
     if (Status st = any_source_failure(op, thorough); !st) {
-      // Named first: advance() may complete the op (an abort it serves).
-      const std::string where =
-          "rank " + std::to_string(rank_) + ": " + op.name + " #" + std::to_string(op.seq);
-      if (advance() || broken_.load()) return;
-      fail_all(st.with_context(where));
+      fail_unless_progress(op, st);
       return;
     }
   }
@@ -755,23 +751,26 @@ void Engine::check_peers(bool thorough) {
         st = c->check_peer(thorough);
     }
     if (st) continue;
-    // The peer may have sent its last messages (or the cause) just before:
-    // take what is there first, and judge again on the next idle round.
-    // Named first: advance() may complete the op (an abort it serves).
-    const std::string where =
-        "rank " + std::to_string(rank_) + ": " + op.name + " #" + std::to_string(op.seq);
-    if (advance() || broken_.load()) return;
-    fail_all(st.with_context(where));
+    fail_unless_progress(op, st);
     return;
   }
 }
 
-void Engine::check_peers_while_busy() {
-  const auto now = Clock::now();
+void Engine::fail_unless_progress(const Op& op, const Status& why) {
+  // The peer may have sent its last messages (or the cause) just before:
+  // take what is there first, and judge again on the next check. The op is
+  // named first: advance() may complete it (an abort it serves, which then
+  // stands as the failure).
+  const std::string where = "rank " + std::to_string(rank_) + ": " + op.name + " #" + std::to_string(op.seq);
+  if (advance() || broken_.load()) return;
+  fail_all(why.with_context(where));
+}
+
+bool Engine::thorough_check_due(Clock::time_point now) {
   if (last_thorough_check_ == Clock::time_point{}) last_thorough_check_ = now;
-  if (now - last_thorough_check_ <= std::chrono::milliseconds(kBlockMs)) return;
+  if (now - last_thorough_check_ <= std::chrono::milliseconds(kBlockMs)) return false;
   last_thorough_check_ = now;
-  check_peers(true);
+  return true;
 }
 
 // While a collective waits on one peer, the others may already show that it
@@ -887,10 +886,14 @@ void Engine::drive(Pred stop, double spin_us) {
     if (progressed) {
       spins = 0;
       idle_known = false;
+      // Steady traffic with one peer must not hide a dead other peer, or an
+      // op past its deadline on another lane.
       if (++busy_rounds_ >= kBusyRoundsPerClockRead) {
         busy_rounds_ = 0;
-        check_peers_while_busy();
-        if (stop()) return;
+        if (thorough_check_due(Clock::now())) {
+          check_peers(true);
+          if (stop()) return;
+        }
       }
       continue;
     }
@@ -909,8 +912,7 @@ void Engine::drive(Pred stop, double spin_us) {
     if (now - idle_since < spin) {
       // A long spin (BRAID_SPIN_US) between sparse progress would otherwise
       // never reach a check: the clock is read here anyway.
-      if (now - last_thorough_check_ > std::chrono::milliseconds(kBlockMs)) {
-        last_thorough_check_ = now;
+      if (thorough_check_due(now)) {
         check_peers(true);
         if (stop()) return;
       }
@@ -926,10 +928,7 @@ void Engine::drive(Pred stop, double spin_us) {
       if (stop()) return;
       continue;
     }
-    now = Clock::now();
-    bool thorough = now - last_thorough_check_ > std::chrono::milliseconds(kBlockMs);
-    if (thorough) last_thorough_check_ = now;
-    check_peers(thorough);
+    check_peers(thorough_check_due(Clock::now()));
     if (stop()) return;
   }
 }

@@ -236,9 +236,12 @@ class Engine {
   void check_peers(bool thorough);
   // Why an unbound receive from any source can no longer be served (ok: it can).
   Status any_source_failure(const Op& op, bool thorough);
-  // check_peers while ops progress: steady traffic with one peer must not
-  // hide a dead other peer, or an op past its deadline on another lane.
-  void check_peers_while_busy();
+  // Fails everything with `why`, about `op`, unless advance() makes progress
+  // first (what the peer sent before it went) or serves an abort.
+  void fail_unless_progress(const Op& op, const Status& why);
+  // Whether a thorough check of peers and deadlines is due (every kBlockMs);
+  // if so, the next one counts from `now` (driver only).
+  bool thorough_check_due(Clock::time_point now);
   Status watch_collective(const Op& op);
   // One line per operation in flight: its step and what it waits on (driver only).
   void dump(const char* why);
