@@ -1,27 +1,37 @@
-// ceiling: the in-process ceiling for all_reduce, what "% of ceiling" is
-// measured against.
+// ceiling: the in-process ceiling of all_reduce, broadcast, all_gather and
+// reduce_scatter, what "% of ceiling" is measured against.
 //
 // N threads (-t, default 2) share one address space; each has its own input
-// buffer of `size` bytes and its own output buffer, as N ranks would. One
-// all_reduce moves the fewest bytes an all_reduce can:
-// 1. each thread reduces its 1/N slice of all N inputs in one pass (the slice
-//    is walked in blocks that stay in L1, so each input byte is read once and
-//    each result byte written once) into the same slice of its own output;
-// 2. a barrier; each thread copies the N - 1 other reduced slices from their
-//    owners' outputs into its own output (memcpy: the all-gather);
-// 3. a barrier, so that the next iteration does not overwrite a slice that
-//    another thread is still copying.
-// No IPC, no extra copy, no protocol: a shared-memory all_reduce between
+// and output buffer, as N ranks would, and one call of the collective (-C,
+// default all_reduce) moves the fewest bytes it can:
+// - all_reduce: each thread reduces its 1/N slice of all N inputs in one pass
+//   (the slice is walked in blocks that stay in L1, so each input byte is read
+//   once and each result byte written once) into the same slice of its own
+//   output; a barrier; each thread copies the N - 1 other reduced slices from
+//   their owners' outputs into its own output (memcpy: the all-gather);
+// - reduce_scatter: the first half of that: thread t reduces block t of all N
+//   inputs into its output;
+// - all_gather: each thread copies every thread's input (its own included,
+//   out of place) into its block of its own output, straight from the owner;
+// - broadcast: the root's (thread 0's) input goes to every other output, each
+//   thread copying its 1/N slice of it to all of them (so N cores share the
+//   N - 1 copies, as processes can when the root writes into its peers'
+//   buffers while they read); the root's output is untouched, as in place.
+// A barrier ends each call, so that the next one does not overwrite what
+// another thread still reads and the threads run calls in step, as ranks do.
+// No IPC, no extra copy, no protocol: a shared-memory collective between
 // processes can approach this but not pass it.
 //
 // The barrier spins on an atomic for a short while, then calls sched_yield, so
-// that threads may outnumber cores. float32 sum (-d float) and bfloat16 sum
-// (-d bfloat16: converted to float32, summed, rounded once to nearest even).
+// that threads may outnumber cores. float32 (-d float) and bfloat16
+// (-d bfloat16: reductions convert to float32, sum, round once to nearest even).
 //
 // The table has the columns of the *_perf binaries' out-of-place group: size,
-// count, type, redop (sum), root (-1), time (mean of -n iterations after -w
-// warm-up ones, in us), algbw = size / time, busbw = algbw * 2(n-1)/n, and
-// #wrong (one more iteration is checked against exact sums).
+// count (per rank for all_gather and reduce_scatter, as there), type, redop
+// (sum, or none), root (0 for broadcast, else -1), time (mean of -n iterations
+// after -w warm-up ones, in us), algbw = size / time, busbw = algbw times the
+// collective's factor (2(n-1)/n, 1, (n-1)/n, (n-1)/n), and #wrong (one more
+// iteration is checked against exact values).
 #include "flags.h"
 
 #include <getopt.h>
@@ -211,18 +221,38 @@ constexpr TypeInfo kTypes[] = {
     {Type::kBFloat16, "bfloat16", nullptr, 2},
 };
 
+enum class Collective { kAllReduce, kBroadcast, kAllGather, kReduceScatter };
+
+struct CollectiveInfo {
+  Collective coll;
+  const char* name;
+  bool reduces;
+  bool per_rank_count;  // size = count x threads, as the *_perf binaries count
+  double (*busbw_factor)(double n);
+};
+
+constexpr CollectiveInfo kCollectives[] = {
+    {Collective::kAllReduce, "all_reduce", true, false, [](double n) { return 2 * (n - 1) / n; }},
+    {Collective::kBroadcast, "broadcast", false, false, [](double) { return 1.0; }},
+    {Collective::kAllGather, "all_gather", false, true, [](double n) { return (n - 1) / n; }},
+    {Collective::kReduceScatter, "reduce_scatter", true, true, [](double n) { return (n - 1) / n; }},
+};
+
 struct Options : braid_bench::Sweep {
   long threads = 2;
   std::vector<const TypeInfo*> types{&kTypes[0]};
+  const CollectiveInfo* coll = &kCollectives[0];
 };
 
 void print_usage(FILE* out, const char* prog) {
   std::fprintf(out,
                "Usage: %s [options]\n"
-               "  The in-process ceiling of all_reduce (sum): threads sharing one address space, each\n"
-               "  reducing its slice of every input in one pass, then copying the other slices.\n"
-               "  Sizes take K, M, G suffixes (powers of 1024).\n"
-               "  -t, --threads <n>          threads, the ranks of the all_reduce (default 2)\n"
+               "  The in-process ceiling of a collective: threads sharing one address space move the\n"
+               "  fewest bytes it can (all_reduce: each reduces its slice of every input in one pass,\n"
+               "  then copies the other slices). Sizes take K, M, G suffixes (powers of 1024).\n"
+               "  -C, --collective <name>    all_reduce, broadcast, all_gather or reduce_scatter\n"
+               "                             (default all_reduce)\n"
+               "  -t, --threads <n>          threads, the ranks of the collective (default 2)\n"
                "  -b, --minbytes <size>      smallest size (default 8)\n"
                "  -e, --maxbytes <size>      largest size (default 64M)\n"
                "  -f, --stepfactor <n>       multiply the size by n (>= 2) between steps (default 2)\n"
@@ -241,7 +271,8 @@ using braid_bench::parse_size;
 enum class ParseResult { kRun, kHelp, kError };
 
 ParseResult parse_args(int argc, char** argv, Options* opt, std::string* error) {
-  static const option kLongOptions[] = {{"threads", required_argument, nullptr, 't'},
+  static const option kLongOptions[] = {{"collective", required_argument, nullptr, 'C'},
+                                        {"threads", required_argument, nullptr, 't'},
                                         {"minbytes", required_argument, nullptr, 'b'},
                                         {"maxbytes", required_argument, nullptr, 'e'},
                                         {"stepfactor", required_argument, nullptr, 'f'},
@@ -259,7 +290,7 @@ ParseResult parse_args(int argc, char** argv, Options* opt, std::string* error) 
   opterr = 0;
   optind = 1;
   for (;;) {
-    const int c = getopt_long(argc, argv, ":t:b:e:f:i:n:w:c:d:h", kLongOptions, nullptr);
+    const int c = getopt_long(argc, argv, ":C:t:b:e:f:i:n:w:c:d:h", kLongOptions, nullptr);
     if (c == -1) break;
     // The flag as the user wrote it when getopt rejected it, else its short form.
     char short_flag[3] = {'-', static_cast<char>(c), '\0'};
@@ -270,6 +301,17 @@ ParseResult parse_args(int argc, char** argv, Options* opt, std::string* error) 
         (c == '?' || c == ':') && short_flag[1] == static_cast<char>(c) ? argv[optind - 1] : short_flag;
     const char* arg = optarg;
     switch (c) {
+      case 'C': {
+        opt->coll = nullptr;
+        for (const CollectiveInfo& ci : kCollectives) {
+          if (std::strcmp(arg, ci.name) == 0) opt->coll = &ci;
+        }
+        if (opt->coll == nullptr) {
+          return fail(flag, "unknown collective '" + std::string(arg) +
+                                "' (all_reduce, broadcast, all_gather or reduce_scatter)");
+        }
+        break;
+      }
       case 't':
         if (!parse_long(arg, 1, 4096, &opt->threads)) return fail(flag, "threads must be an integer >= 1");
         break;
@@ -324,6 +366,8 @@ struct Shared {
   std::vector<unsigned char*> in;   // per thread, allocated and first touched by its thread
   std::vector<unsigned char*> out;  // per thread
   std::vector<long long> wrong;     // per thread, for the last job
+  // reduce_scatter: thread t's block of every input, set by thread t per job.
+  std::vector<std::vector<unsigned char*>> blocks;
   std::atomic<bool> alloc_failed{false};
   Job job;             // written by thread 0 before the barrier that starts a job
   double time_us = 0;  // written by thread 0
@@ -344,42 +388,107 @@ void slice(const Shared& sh, size_t count, size_t elem, int t, size_t* lo, size_
   *hi = std::min(count, *lo + chunk);
 }
 
-// One all_reduce, as thread t sees it.
-void all_reduce(Shared& sh, const Job& job, int t) {
-  const size_t elem = job.type->size;
-  size_t lo = 0, hi = 0;
-  slice(sh, job.count, elem, t, &lo, &hi);
-  if (lo < hi) {
-    if (job.type->type == Type::kFloat32) {
-      reduce_f32(sh.in, sh.out[t], lo, hi);
-    } else {
-      reduce_bf16(sh.in, sh.out[t], lo, hi);
-    }
+// reduce_f32 or reduce_bf16: out[i] = sum of in[k][i] for i in [lo, hi).
+void reduce(const Job& job, const std::vector<unsigned char*>& in, unsigned char* out, size_t lo, size_t hi) {
+  if (lo >= hi) return;
+  if (job.type->type == Type::kFloat32) {
+    reduce_f32(in, out, lo, hi);
+  } else {
+    reduce_bf16(in, out, lo, hi);
   }
-  sh.barrier.wait();
-  for (int d = 1; d < sh.nthreads; ++d) {  // start at t + 1, so threads read different owners
-    const int j = (t + d) % sh.nthreads;
-    slice(sh, job.count, elem, j, &lo, &hi);
-    if (lo < hi) std::memcpy(sh.out[t] + lo * elem, sh.out[j] + lo * elem, (hi - lo) * elem);
+}
+
+// One call of the collective, as thread t sees it; it ends with a barrier.
+void run_call(Shared& sh, const Job& job, int t) {
+  const size_t elem = job.type->size;
+  const size_t block = job.count * elem;  // all_gather and reduce_scatter: one rank's block
+  const int n = sh.nthreads;
+  size_t lo = 0, hi = 0;
+  switch (sh.opt.coll->coll) {
+    case Collective::kAllReduce:
+      slice(sh, job.count, elem, t, &lo, &hi);
+      reduce(job, sh.in, sh.out[t], lo, hi);
+      sh.barrier.wait();
+      for (int d = 1; d < n; ++d) {  // start at t + 1, so threads read different owners
+        const int j = (t + d) % n;
+        slice(sh, job.count, elem, j, &lo, &hi);
+        if (lo < hi) std::memcpy(sh.out[t] + lo * elem, sh.out[j] + lo * elem, (hi - lo) * elem);
+      }
+      break;
+    case Collective::kReduceScatter:
+      reduce(job, sh.blocks[t], sh.out[t], 0, job.count);
+      break;
+    case Collective::kAllGather:
+      for (int d = 0; d < n; ++d) {  // own block first, then from t + 1 on
+        const int j = (t + d) % n;
+        if (block > 0) std::memcpy(sh.out[t] + static_cast<size_t>(j) * block, sh.in[j], block);
+      }
+      break;
+    case Collective::kBroadcast:
+      // Every thread copies its slice of the root's input to every other
+      // output: the n - 1 copies are shared by all n cores, as a broadcast
+      // between processes can share them (a root that writes into its
+      // peers' buffers while they read).
+      slice(sh, job.count, elem, t, &lo, &hi);
+      for (int d = 1; d <= n; ++d) {  // start at t + 1, so threads write different outputs
+        const int j = (t + d) % n;
+        if (j == 0) continue;
+        if (lo < hi) std::memcpy(sh.out[j] + lo * elem, sh.in[0] + lo * elem, (hi - lo) * elem);
+      }
+      break;
   }
   sh.barrier.wait();
 }
 
-void fill_input(const Job& job, unsigned char* buf, int t) {
+// Elements of thread t's input for this job.
+size_t input_count(const Shared& sh, const Job& job) {
+  return sh.opt.coll->coll == Collective::kReduceScatter ? job.count * static_cast<size_t>(sh.nthreads)
+                                                         : job.count;
+}
+
+// Elements of thread t's output for this job.
+size_t output_count(const Shared& sh, const Job& job) {
+  return sh.opt.coll->coll == Collective::kAllGather ? job.count * static_cast<size_t>(sh.nthreads)
+                                                     : job.count;
+}
+
+void fill_input(const Shared& sh, const Job& job, unsigned char* buf, int t) {
+  const size_t count = input_count(sh, job);
   if (job.type->type == Type::kFloat32) {
     float* p = reinterpret_cast<float*>(buf);
-    for (size_t i = 0; i < job.count; ++i) p[i] = input_value(t, i);
+    for (size_t i = 0; i < count; ++i) p[i] = input_value(t, i);
   } else {
     uint16_t* p = reinterpret_cast<uint16_t*>(buf);
-    for (size_t i = 0; i < job.count; ++i) p[i] = f32_to_bf16(input_value(t, i));
+    for (size_t i = 0; i < count; ++i) p[i] = f32_to_bf16(input_value(t, i));
   }
 }
 
-long long count_wrong(const Shared& sh, const Job& job, const unsigned char* buf) {
+// Element i of thread t's output, exactly (small integers).
+float expected_value(const Shared& sh, const Job& job, int t, size_t i) {
+  const int n = sh.nthreads;
+  float sum = 0;
+  switch (sh.opt.coll->coll) {
+    case Collective::kAllReduce:
+      for (int k = 0; k < n; ++k) sum += input_value(k, i);
+      return sum;
+    case Collective::kReduceScatter:
+      for (int k = 0; k < n; ++k) sum += input_value(k, static_cast<size_t>(t) * job.count + i);
+      return sum;
+    case Collective::kAllGather:
+      return input_value(static_cast<int>(i / job.count), i % job.count);
+    case Collective::kBroadcast:
+      return input_value(0, i);
+  }
+  return 0;
+}
+
+long long count_wrong(const Shared& sh, const Job& job, int t) {
+  if (sh.opt.coll->coll == Collective::kBroadcast && t == 0) return 0;  // the root receives nothing
+  const unsigned char* buf = sh.out[t];
   long long wrong = 0;
-  for (size_t i = 0; i < job.count; ++i) {
-    float expected = 0;  // exact: small integers
-    for (int k = 0; k < sh.nthreads; ++k) expected += input_value(k, i);
+  const size_t count = output_count(sh, job);
+  for (size_t i = 0; i < count; ++i) {
+    const float expected = expected_value(sh, job, t, i);
     if (job.type->type == Type::kFloat32) {
       wrong += reinterpret_cast<const float*>(buf)[i] != expected;
     } else {
@@ -390,19 +499,22 @@ long long count_wrong(const Shared& sh, const Job& job, const unsigned char* buf
 }
 
 void run_job(Shared& sh, const Job& job, int t) {
-  fill_input(job, sh.in[t], t);
+  fill_input(sh, job, sh.in[t], t);
+  sh.blocks[t].clear();
+  for (int k = 0; k < sh.nthreads; ++k)
+    sh.blocks[t].push_back(sh.in[k] + static_cast<size_t>(t) * job.count * job.type->size);
   sh.barrier.wait();  // every input is filled before anyone reads it
-  for (long i = 0; i < sh.opt.warmup; ++i) all_reduce(sh, job, t);
+  for (long i = 0; i < sh.opt.warmup; ++i) run_call(sh, job, t);
   sh.barrier.wait();
   const double t0 = now_seconds();
-  for (long i = 0; i < sh.opt.iters; ++i) all_reduce(sh, job, t);  // ends with a barrier
+  for (long i = 0; i < sh.opt.iters; ++i) run_call(sh, job, t);  // ends with a barrier
   if (t == 0) sh.time_us = (now_seconds() - t0) * 1e6 / static_cast<double>(sh.opt.iters);
   sh.wrong[t] = -1;
   if (!sh.opt.check) return;
-  std::memset(sh.out[t], 0xff, job.count * job.type->size);  // nan in both types
+  std::memset(sh.out[t], 0xff, output_count(sh, job) * job.type->size);  // nan in both types
   sh.barrier.wait();
-  all_reduce(sh, job, t);
-  sh.wrong[t] = count_wrong(sh, job, sh.out[t]);
+  run_call(sh, job, t);
+  sh.wrong[t] = count_wrong(sh, job, t);
 }
 
 void thread_main(Shared& sh, int t) {
@@ -462,6 +574,7 @@ int main(int argc, char** argv) {
   sh.in.assign(n, nullptr);
   sh.out.assign(n, nullptr);
   sh.wrong.assign(n, 0);
+  sh.blocks.assign(n, {});
   std::vector<std::thread> workers;
   for (int t = 1; t < sh.nthreads; ++t) workers.emplace_back(thread_main, std::ref(sh), t);
 
@@ -481,11 +594,34 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  std::printf("# ceiling: all_reduce (sum) between %d threads of one process, no IPC\n", sh.nthreads);
-  std::printf(
-      "# each thread reduces its 1/%d slice of all %d inputs in one pass, then copies the other slices "
-      "(memcpy); 2 spinning barriers per iteration\n",
-      sh.nthreads, sh.nthreads);
+  const CollectiveInfo& coll = *opt.coll;
+  std::printf("# ceiling: %s%s between %d threads of one process, no IPC\n", coll.name,
+              coll.reduces ? " (sum)" : "", sh.nthreads);
+  switch (coll.coll) {
+    case Collective::kAllReduce:
+      std::printf(
+          "# each thread reduces its 1/%d slice of all %d inputs in one pass, then copies the other slices "
+          "(memcpy); 2 spinning barriers per iteration\n",
+          sh.nthreads, sh.nthreads);
+      break;
+    case Collective::kReduceScatter:
+      std::printf(
+          "# each thread reduces its block of all %d inputs in one pass; 1 spinning barrier per iteration\n",
+          sh.nthreads);
+      break;
+    case Collective::kAllGather:
+      std::printf(
+          "# each thread copies all %d inputs (its own too) into its output (memcpy); 1 spinning barrier per "
+          "iteration\n",
+          sh.nthreads);
+      break;
+    case Collective::kBroadcast:
+      std::printf(
+          "# each thread copies its 1/%d slice of the root's (0's) input to every other output (memcpy), the "
+          "root's own untouched (as in place); 1 spinning barrier per iteration\n",
+          sh.nthreads);
+      break;
+  }
   if (opt.step_factor != 0) {
     std::printf("# minBytes %zu maxBytes %zu step: %zu(factor) warmup iters: %ld iters: %ld validation: %d\n",
                 opt.min_bytes, opt.max_bytes, opt.step_factor, opt.warmup, opt.iters, opt.check ? 1 : 0);
@@ -501,17 +637,17 @@ int main(int argc, char** argv) {
              "(GB/s)", "(GB/s)", "");
   std::fflush(stdout);
 
-  const double factor = 2.0 * static_cast<double>(n - 1) / static_cast<double>(n);
+  const double factor = coll.busbw_factor(static_cast<double>(n));
   double busbw_sum = 0;
   long busbw_n = 0;
   long long total_wrong = 0;
   for (const TypeInfo* type : opt.types) {
     for (size_t bytes = opt.min_bytes; bytes <= opt.max_bytes;) {
-      sh.job = Job{type, bytes / type->size};
+      sh.job = Job{type, bytes / type->size / (coll.per_rank_count ? n : 1)};
       sh.barrier.wait();  // start the job
       run_job(sh, sh.job, 0);
       sh.barrier.wait();  // every thread's results are in
-      const size_t size = sh.job.count * type->size;
+      const size_t size = sh.job.count * type->size * (coll.per_rank_count ? n : 1);
       const double algbw = sh.time_us > 0 ? static_cast<double>(size) / sh.time_us / 1e3 : 0;
       const double busbw = algbw * factor;
       busbw_sum += busbw;
@@ -521,7 +657,8 @@ int main(int argc, char** argv) {
       if (opt.check) total_wrong += wrong;
       const std::string wrong_text = opt.check ? std::to_string(wrong) : "N/A";
       std::printf("%12zu  %12zu  %8s  %6s  %6d  %s  %6.2f  %6.2f %6s\n", size, sh.job.count, type->name,
-                  "sum", -1, format_time(sh.time_us).c_str(), algbw, busbw, wrong_text.c_str());
+                  coll.reduces ? "sum" : "none", coll.coll == Collective::kBroadcast ? 0 : -1,
+                  format_time(sh.time_us).c_str(), algbw, busbw, wrong_text.c_str());
       std::fflush(stdout);
       const size_t next =
           opt.step_factor != 0 ? (bytes == 0 ? 1 : bytes * opt.step_factor) : bytes + opt.step_bytes;

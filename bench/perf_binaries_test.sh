@@ -74,6 +74,18 @@ for coll in all_reduce broadcast all_gather reduce_scatter; do
     fail "registered_$coll: the header does not say the buffers are registered"
 done
 
+# ceiling (threads of one process, no MPI): every collective's result is
+# checked, 3 threads, both types, sizes that do not split evenly into lines.
+for coll in all_reduce broadcast all_gather reduce_scatter; do
+  "$bin/ceiling" -C "$coll" -t 3 -b 96 -e 96K -f 32 -n 3 -w 1 -c 1 -d all >"$dir/ceiling_$coll" 2>&1 ||
+    fail "ceiling -C $coll exited with $?: $(tail -3 "$dir/ceiling_$coll")"
+  grep -q "^# ceiling: $coll.* between 3 threads" "$dir/ceiling_$coll" || fail "ceiling -C $coll: no title"
+  grep -q "^# Wrong values         : 0 OK" "$dir/ceiling_$coll" || fail "ceiling -C $coll: results not checked OK"
+  [ "$(rows "ceiling_$coll")" -eq 6 ] || fail "ceiling -C $coll: expected 6 rows (3 sizes x 2 types)"
+done
+"$bin/ceiling" -C all_to_all >"$dir/bad" 2>&1 && fail "ceiling -C all_to_all was accepted"
+grep -qF "ceiling: error: -C: unknown collective 'all_to_all'" "$dir/bad" || fail "ceiling -C all_to_all: $(tail -1 "$dir/bad")"
+
 # Bad input: exit status 2 and the flag named.
 bad() {  # bad COLLECTIVE MESSAGE ARGS...
   local coll=$1 want=$2

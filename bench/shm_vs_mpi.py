@@ -9,9 +9,10 @@ For every collective and rank count it launches
 and prints, per size, braid's time over MPI's as a speed-up (MPI time / braid
 time): out of place for every collective (MPI runs out of place), and in
 place for broadcast, where MPI_Bcast's root copies nothing, as braid's root
-does only in place. For all_reduce it also prints braid's busbw as a share
-of bench/ceiling's at the same size and thread count (fp32 and bf16), the
-ceiling's also the best of R runs.
+does only in place. At up to 4 ranks it also prints braid's and MPI's busbw
+as a share of bench/ceiling's for the same collective, size and thread count
+(all_reduce in fp32 and bf16, the others in fp32; broadcast's ceiling and
+braid's figure are in place), the ceiling's also the best of R runs.
 Every run checks results (-c 1); a wrong value stops the script.
 Each time is the best of R turns (default 3) taken in turns with MPI's in
 one launch; these machines are noisy, so run it twice.
@@ -81,11 +82,11 @@ def perf(build, coll, np_, lo, hi, factor, iters, rounds, dtype, compare, regist
     return table
 
 
-def ceiling(build, threads, lo, hi, factor, iters, dtype, rounds):
+def ceiling(build, coll, threads, lo, hi, factor, iters, dtype, rounds):
     """busbw per size, best of `rounds` runs: braid's figures are best of as
     many turns, and one run of the ceiling read 5.4 GB/s where the next
     read 10 (2 threads, 8 MiB) on this shared machine."""
-    cmd = [f"{build}/bench/ceiling", "-t", str(threads), "-b", lo, "-e", hi, "-f", str(factor), "-n",
+    cmd = [f"{build}/bench/ceiling", "-C", coll, "-t", str(threads), "-b", lo, "-e", hi, "-f", str(factor), "-n",
            str(iters), "-d", dtype]
     best = {}
     for _ in range(rounds):
@@ -135,23 +136,35 @@ def main():
                 header += ["braid in place us", "MPI/braid in place"]
             markdown(f"### {coll}, {np_} ranks, float sum (`--compare mpi -c 1`{what})", header, body)
 
-    if "all_reduce" in colls:
-        for dtype in ("float", "bfloat16"):
+    for coll in colls:
+        for dtype in ("float", "bfloat16") if coll == "all_reduce" else ("float",):
             for np_ in nps:
                 if np_ > 4:
                     continue
-                ours = perf(args.build, "all_reduce", np_, "64K", "32M", 2, args.large_iters, args.rounds, dtype,
-                            False, reg)
-                ceil = ceiling(args.build, np_, "64K", "32M", 2, args.large_iters, dtype, args.rounds)
+                ours = perf(args.build, coll, np_, "64K", "32M", 2, args.large_iters, args.rounds, dtype, True,
+                            reg)
+                ceil = ceiling(args.build, coll, np_, "64K", "32M", 2, args.large_iters, dtype, args.rounds)
+                # broadcast: the ceiling's root copies nothing, as braid's in place and MPI_Bcast's.
+                key, title = ("ip", "braid in place") if coll == "broadcast" else ("oop", "braid out of place")
                 body = []
                 for size in sorted(ours):
-                    c = ceil[size]
-                    body.append([fmt_size(size), f"{c:.2f}", f"{ours[size]['oop_bus']:.2f}",
-                                 f"{ours[size]['oop_bus'] / c:.0%}", f"{ours[size]['ip_bus']:.2f}",
-                                 f"{ours[size]['ip_bus'] / c:.0%}"])
-                markdown(f"### all_reduce against the in-process ceiling, {np_} ranks, {dtype} sum (busbw GB/s{what})",
-                         ["size", "ceiling", "braid out of place", "share", "braid in place", "share"], body)
-
+                    c, t = ceil[size], ours[size]
+                    bus = t[key + "_bus"]
+                    cells = [fmt_size(size), f"{c:.2f}", f"{bus:.2f}", f"{bus / c:.0%}"]
+                    if t["mpi"] is None:  # a type MPI lacks (bfloat16)
+                        cells += ["-", "-"]
+                    else:
+                        mpi_bus = bus * t[key] / t["mpi"]  # same size and busbw factor
+                        cells += [f"{mpi_bus:.2f}", f"{mpi_bus / c:.0%}"]
+                    if coll != "broadcast":
+                        cells += [f"{t['ip_bus']:.2f}", f"{t['ip_bus'] / c:.0%}"]
+                    body.append(cells)
+                header = ["size", "ceiling", title, "share", "MPI", "share"]
+                if coll != "broadcast":
+                    header += ["braid in place", "share"]
+                sum_ = " sum" if coll in ("all_reduce", "reduce_scatter") else ""
+                markdown(f"### {coll} against the in-process ceiling, {np_} ranks, {dtype}{sum_} (busbw GB/s{what})",
+                         header, body)
 
 if __name__ == "__main__":
     main()
