@@ -120,6 +120,10 @@ class Tuner {
   double crowding() const;
   // A peer read's fixed cost per byte (where init timed no peer reads).
   double peer_read_beta() const;
+  // predict_us without the timed ratio's scaling of the ring: peer reads at
+  // the model's fixed rates (an oversubscribed broadcast's still splits its
+  // timed cost its own way).
+  double modelled_us(Coll c, Algo a, size_t bytes) const;
   // The latency of one one-way hop through shm (chains and trees).
   double shm_hop_us() const;
   // A pipelined one-way chain (broadcast, reduce) of hops inside hosts and

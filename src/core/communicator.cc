@@ -275,15 +275,20 @@ Status slowest_over_ranks(Bootstrap& bootstrap, float* values, size_t n, Deadlin
 // kernel's copy) they ran 1.3-2.5x slower than the ring from 1 MiB. So each
 // collective the tuner may run by reading peers is timed both ways at init
 // (peer_read_probe_bytes: 1 MiB, 4 MiB for broadcast where ranks share
-// cores), best of 4 turns taken alternately after 2 untimed ones (where
-// ranks share cores the first turns ran up to 6x slower), the slowest
-// rank's time counting: 12 calls per collective, a few milliseconds with
-// cores to spare, 30 ms for 4 ranks on 2 cores.
+// cores), best of 3 turns taken alternately after 1 untimed one (where
+// ranks share cores the first calls ran up to 6x slower), the slowest
+// rank's time counting. A turn is 4 calls back to back, as a training loop
+// or a benchmark makes them, the last 3 timed: one call at a time, 4 ranks
+// on 2 cores had the ring's all_gather at 0.65-0.87x the reads' time where
+// back to back it took 1.15-1.3x (a ring lets a rank that is done start the
+// next call; reads end with every rank's release). 32 calls per
+// collective, a few milliseconds with cores to spare, about 70 ms for 4
+// ranks on 2 cores.
 Status Communicator::probe_peer_reads(Deadline deadline) {
   const JobShape& sh = tuner_.shape();
   if (!sh.peer_reads || nranks_ < 2) return Status::ok();
   constexpr Coll kProbed[] = {Coll::kAllReduce, Coll::kBroadcast, Coll::kAllGather, Coll::kReduceScatter};
-  constexpr int kNumProbed = 4, kWarmups = 2, kRounds = 4;
+  constexpr int kNumProbed = 4, kWarmups = 1, kRounds = 3, kCallsPerTurn = 3;
   float times_us[kNumProbed][2] = {};  // [probed collective][peer_read, ring]; 0: not timed
   // Page-aligned, as large buffers from mmap (torch's, the benchmarks') are:
   // heap blocks that malloc reused from an earlier communicator's probe made
@@ -335,14 +340,20 @@ Status Communicator::probe_peer_reads(Deadline deadline) {
     float first_turn_us = 0;
     for (int round = 0; round < kWarmups + kRounds; ++round) {
       for (int k = 0; k < 2; ++k) {
-        std::shared_ptr<Op> op = make_op(kind, a, false, k == 0 ? Algo::kPeerRead : Algo::kRing);
-        op->untraceable = true;
-        const auto t0 = std::chrono::steady_clock::now();
-        engine_->post(op);
-        BRAID_RETURN_IF_ERROR(engine_->wait(*op).with_context(std::string("timing ") + coll_name(c) +
-                                                              " at init (peer reads against the ring)"));
+        // The first call of a turn absorbs the skew the other algorithm left
+        // between ranks; the others are timed.
+        auto t0 = std::chrono::steady_clock::now();
+        for (int call = 0; call <= kCallsPerTurn; ++call) {
+          std::shared_ptr<Op> op = make_op(kind, a, false, k == 0 ? Algo::kPeerRead : Algo::kRing);
+          op->untraceable = true;
+          engine_->post(op);
+          BRAID_RETURN_IF_ERROR(engine_->wait(*op).with_context(std::string("timing ") + coll_name(c) +
+                                                                " at init (peer reads against the ring)"));
+          if (call == 0) t0 = std::chrono::steady_clock::now();
+        }
         const double us =
-            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+            kCallsPerTurn;
         if (round >= kWarmups) best[k] = std::min(best[k], us);
         first_turn_us += round == 0 ? us : 0;
       }
@@ -353,7 +364,7 @@ Status Communicator::probe_peer_reads(Deadline deadline) {
         // build with BRAID_TIMEOUT=1 would spend more than the timeout.
         budget_checked = true;
         BRAID_RETURN_IF_ERROR(slowest_over_ranks(*bootstrap_, &first_turn_us, 1, deadline));
-        const double projected_s = 1e-6 * first_turn_us * (kWarmups + kRounds) * probed;
+        const double projected_s = 1e-6 * first_turn_us * (kCallsPerTurn + 1) * (kWarmups + kRounds) * probed;
         if (projected_s > 0.1 * config_.timeout_s) {
           engine_->restart_collective_seq();
           BRAID_INFO("TUNE", rank_,
