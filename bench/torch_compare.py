@@ -222,7 +222,10 @@ def worker(rank, world, port, args, out):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nprocs", type=int, default=2)
-    parser.add_argument("--iters", type=int, default=50, help="iterations per sample at 1 MiB and below")
+    # 50 calls (5 samples of 10) timed how far apart gloo's barrier let the
+    # ranks go rather than the call: braid's 64 KiB broadcast read 48 us
+    # there and 14.7 us with 500.
+    parser.add_argument("--iters", type=int, default=300, help="calls per measurement at 1 MiB and below")
     parser.add_argument("--rounds", type=int, default=3, help="alternating samples per backend (best kept)")
     parser.add_argument("--ddp-steps", type=int, default=10)
     parser.add_argument("--batch", type=int, default=8)
