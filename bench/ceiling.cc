@@ -501,8 +501,10 @@ long long count_wrong(const Shared& sh, const Job& job, int t) {
 void run_job(Shared& sh, const Job& job, int t) {
   fill_input(sh, job, sh.in[t], t);
   sh.blocks[t].clear();
-  for (int k = 0; k < sh.nthreads; ++k)
-    sh.blocks[t].push_back(sh.in[k] + static_cast<size_t>(t) * job.count * job.type->size);
+  if (sh.opt.coll->coll == Collective::kReduceScatter) {
+    for (int k = 0; k < sh.nthreads; ++k)
+      sh.blocks[t].push_back(sh.in[k] + static_cast<size_t>(t) * job.count * job.type->size);
+  }
   sh.barrier.wait();  // every input is filled before anyone reads it
   for (long i = 0; i < sh.opt.warmup; ++i) run_call(sh, job, t);
   sh.barrier.wait();

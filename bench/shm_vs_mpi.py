@@ -156,11 +156,11 @@ def main():
                     else:
                         mpi_bus = bus * t[key] / t["mpi"]  # same size and busbw factor
                         cells += [f"{mpi_bus:.2f}", f"{mpi_bus / c:.0%}"]
-                    if coll != "broadcast":
+                    if coll in ("all_reduce", "reduce_scatter"):  # in place, they move the same bytes
                         cells += [f"{t['ip_bus']:.2f}", f"{t['ip_bus'] / c:.0%}"]
                     body.append(cells)
                 header = ["size", "ceiling", title, "share", "MPI", "share"]
-                if coll != "broadcast":
+                if coll in ("all_reduce", "reduce_scatter"):
                     header += ["braid in place", "share"]
                 sum_ = " sum" if coll in ("all_reduce", "reduce_scatter") else ""
                 markdown(f"### {coll} against the in-process ceiling, {np_} ranks, {dtype}{sum_} (busbw GB/s{what})",

@@ -61,7 +61,8 @@ struct JobShape {
   // A peer-read call's time over the ring's (broadcast: the chain's), [Coll],
   // timed at init on one host (Communicator::probe_peer_reads; 0: not
   // measured) for peer_read_probe_bytes(). Where set, it prices that
-  // collective's peer reads.
+  // collective's peer reads: alone where each rank has a core and from that
+  // size up, else with the model's fixed rates too (Tuner::predict_us).
   std::array<double, kNumTunedColls> peer_read_vs_ring{};
 };
 

@@ -288,7 +288,7 @@ Status Communicator::probe_peer_reads(Deadline deadline) {
   const JobShape& sh = tuner_.shape();
   if (!sh.peer_reads || nranks_ < 2) return Status::ok();
   constexpr Coll kProbed[] = {Coll::kAllReduce, Coll::kBroadcast, Coll::kAllGather, Coll::kReduceScatter};
-  constexpr int kNumProbed = 4, kWarmups = 1, kRounds = 3, kCallsPerTurn = 3;
+  constexpr int kNumProbed = 4, kWarmups = 1, kRounds = 3, kTimedCallsPerTurn = 3;
   float times_us[kNumProbed][2] = {};  // [probed collective][peer_read, ring]; 0: not timed
   // Page-aligned, as large buffers from mmap (torch's, the benchmarks') are:
   // heap blocks that malloc reused from an earlier communicator's probe made
@@ -337,13 +337,14 @@ Status Communicator::probe_peer_reads(Deadline deadline) {
       a.count = count;
     }
     double best[2] = {1e30, 1e30};
-    float first_turn_us = 0;
+    float first_turn_us = 0;  // both algorithms' whole first turns, untimed call included
     for (int round = 0; round < kWarmups + kRounds; ++round) {
       for (int k = 0; k < 2; ++k) {
         // The first call of a turn absorbs the skew the other algorithm left
         // between ranks; the others are timed.
-        auto t0 = std::chrono::steady_clock::now();
-        for (int call = 0; call <= kCallsPerTurn; ++call) {
+        const auto start = std::chrono::steady_clock::now();
+        auto t0 = start;
+        for (int call = 0; call <= kTimedCallsPerTurn; ++call) {
           std::shared_ptr<Op> op = make_op(kind, a, false, k == 0 ? Algo::kPeerRead : Algo::kRing);
           op->untraceable = true;
           engine_->post(op);
@@ -351,26 +352,29 @@ Status Communicator::probe_peer_reads(Deadline deadline) {
                                                                 " at init (peer reads against the ring)"));
           if (call == 0) t0 = std::chrono::steady_clock::now();
         }
-        const double us =
-            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
-            kCallsPerTurn;
+        const auto end = std::chrono::steady_clock::now();
+        const double us = std::chrono::duration<double, std::micro>(end - t0).count() / kTimedCallsPerTurn;
         if (round >= kWarmups) best[k] = std::min(best[k], us);
-        first_turn_us += round == 0 ? us : 0;
+        if (round == 0)
+          first_turn_us += static_cast<float>(std::chrono::duration<double, std::micro>(end - start).count());
       }
       if (!budget_checked) {
         // The probe takes a tenth of the init timeout at most: the first
-        // turn (the slowest rank's, cold, so an overestimate) times the
-        // turns to come decides, the same way on every rank. A sanitizer
-        // build with BRAID_TIMEOUT=1 would spend more than the timeout.
+        // turns (the slowest rank's, cold, so an overestimate) times the
+        // turns to come decides, the same way on every rank: the timeout
+        // counted is the shortest any rank has. A sanitizer build with
+        // BRAID_TIMEOUT=1 would spend more than the timeout.
         budget_checked = true;
-        BRAID_RETURN_IF_ERROR(slowest_over_ranks(*bootstrap_, &first_turn_us, 1, deadline));
-        const double projected_s = 1e-6 * first_turn_us * (kCallsPerTurn + 1) * (kWarmups + kRounds) * probed;
-        if (projected_s > 0.1 * config_.timeout_s) {
+        float reduced[2] = {first_turn_us, -static_cast<float>(config_.timeout_s)};
+        BRAID_RETURN_IF_ERROR(slowest_over_ranks(*bootstrap_, reduced, 2, deadline));
+        const double projected_s = 1e-6 * reduced[0] * (kWarmups + kRounds) * probed;
+        const double timeout_s = -reduced[1];
+        if (projected_s > 0.1 * timeout_s) {
           engine_->restart_collective_seq();
           BRAID_INFO("TUNE", rank_,
                      "peer reads not timed: about %.2f s at init, over a tenth of the timeout (%.1f s); the "
                      "model's fixed rates stand",
-                     projected_s, config_.timeout_s);
+                     projected_s, timeout_s);
           return Status::ok();
         }
       }
