@@ -88,6 +88,11 @@ TEST(Api, BadEnvironmentNamesTheVariable) {
   EXPECT_EQ(braid_get_unique_id(&id), BRAID_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(braid_get_last_error()).find("BRAID_SHM_SLOT_BYTES"), std::string::npos);
   unsetenv("BRAID_SHM_SLOT_BYTES");
+  setenv("BRAID_TCP_BUFFER_BYTES", "4G", 1);  // above its 1 GiB bound
+  EXPECT_EQ(braid_get_unique_id(&id), BRAID_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(braid_get_last_error()).find("BRAID_TCP_BUFFER_BYTES"), std::string::npos)
+      << braid_get_last_error();
+  unsetenv("BRAID_TCP_BUFFER_BYTES");
   setenv("BRAID_CUDA_P2P_LEVEL", "NV2", 1);
   EXPECT_EQ(braid_get_unique_id(&id), BRAID_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(braid_get_last_error())

@@ -11,13 +11,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "src/core/config.h"
@@ -479,6 +482,40 @@ TEST(TcpConnection, PeerThatClosesIsReported) {
   Status st = p.b->check_peer(true);
   EXPECT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find("closed its tcp connection"), std::string::npos) << st.message();
+}
+
+// Fixed buffers where the kernel's caps allow them (it reports twice the
+// size asked, its bookkeeping included); above the caps, or 0, the socket
+// keeps what it had and the kernel goes on autotuning it.
+TEST(TcpConnection, SocketBuffersAreFixedOnlyWithinTheKernelsCaps) {
+  auto sysctl = [](const char* path) {
+    unsigned long long v = 0;
+    if (FILE* f = std::fopen(path, "r")) {
+      if (std::fscanf(f, "%llu", &v) != 1) v = 0;
+      std::fclose(f);
+    }
+    return static_cast<size_t>(v);
+  };
+  const size_t cap = std::min(sysctl("/proc/sys/net/core/rmem_max"), sysctl("/proc/sys/net/core/wmem_max"));
+  ASSERT_GT(cap, 4096u) << "cannot read net.core.rmem_max / wmem_max";
+  auto buffers = [](int fd) {
+    int snd = 0, rcv = 0;
+    socklen_t len = sizeof(int);
+    getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &snd, &len);
+    len = sizeof(int);
+    getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcv, &len);
+    return std::make_pair(snd, rcv);
+  };
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  const auto before = buffers(fd);
+  EXPECT_FALSE(set_socket_buffers(fd, 0));
+  EXPECT_FALSE(set_socket_buffers(fd, cap + 1));
+  EXPECT_EQ(buffers(fd), before) << "a refused size leaves the socket alone";
+  const size_t want = std::min<size_t>(cap, 1u << 20);
+  EXPECT_TRUE(set_socket_buffers(fd, want));
+  EXPECT_EQ(buffers(fd), std::make_pair(static_cast<int>(2 * want), static_cast<int>(2 * want)));
+  close(fd);
 }
 
 }  // namespace

@@ -141,6 +141,7 @@ Status Config::from_env(Config* out) {
   BRAID_RETURN_IF_ERROR(env_int("BRAID_TCP_SOCKETS", 1, 16, &sockets, &present));
   c.tcp_sockets = static_cast<int>(sockets);
   BRAID_RETURN_IF_ERROR(env_size("BRAID_TCP_READ_AHEAD", 0, 1u << 20, &c.tcp_read_ahead, &present));
+  BRAID_RETURN_IF_ERROR(env_size("BRAID_TCP_BUFFER_BYTES", 0, 1u << 30, &c.tcp_buffer_bytes, &present));
   BRAID_RETURN_IF_ERROR(env_double("BRAID_SPIN_US", 0, 1e6, &c.spin_us, &present));
   if (const char* a = env("BRAID_ALGO")) BRAID_RETURN_IF_ERROR(parse_algo_spec(a, &c.algo));
   BRAID_RETURN_IF_ERROR(env_size("BRAID_DIRECT_MAX_BYTES", 0, 1u << 30, &c.direct_max_bytes, &present));

@@ -35,9 +35,12 @@ struct Config {
   int tcp_slots = 4;                         // BRAID_TCP_SLOTS
   int tcp_sockets = 1;                       // BRAID_TCP_SOCKETS, per peer and channel
   size_t tcp_read_ahead = 4096;              // BRAID_TCP_READ_AHEAD: bytes a short read asks for (0: none)
-  double spin_us = 300.0;                    // BRAID_SPIN_US: spin this long before blocking
-  AlgoChoice algo;                           // BRAID_ALGO=ring or all_reduce:tree;...
-  size_t direct_max_bytes = 16 * 1024;       // BRAID_DIRECT_MAX_BYTES
+  // BRAID_TCP_BUFFER_BYTES: each socket's send and receive buffer, fixed
+  // where net.core.[rw]mem_max allow it (0: the kernel's autotuning).
+  size_t tcp_buffer_bytes = 4u << 20;
+  double spin_us = 300.0;               // BRAID_SPIN_US: spin this long before blocking
+  AlgoChoice algo;                      // BRAID_ALGO=ring or all_reduce:tree;...
+  size_t direct_max_bytes = 16 * 1024;  // BRAID_DIRECT_MAX_BYTES
   // BRAID_WINDOW_MIN_BYTES: the smallest call offered registered windows;
   // unset (SIZE_MAX): 16 KiB, or 128 KiB where ranks share cores.
   size_t window_min_bytes = SIZE_MAX;

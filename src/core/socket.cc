@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -180,6 +182,30 @@ Status set_nonblocking(int fd, bool nonblocking) {
 void set_nodelay(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+namespace {
+
+// A sysctl holding one number (0 where it cannot be read).
+size_t read_sysctl(const char* path) {
+  FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return 0;
+  unsigned long long v = 0;
+  if (std::fscanf(f, "%llu", &v) != 1) v = 0;
+  std::fclose(f);
+  return static_cast<size_t>(v);
+}
+
+}  // namespace
+
+bool set_socket_buffers(int fd, size_t bytes) {
+  static const size_t wmem_max = read_sysctl("/proc/sys/net/core/wmem_max");
+  static const size_t rmem_max = read_sysctl("/proc/sys/net/core/rmem_max");
+  if (bytes == 0 || bytes > wmem_max || bytes > rmem_max || bytes > static_cast<size_t>(INT_MAX))
+    return false;
+  const int v = static_cast<int>(bytes);
+  return setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof(v)) == 0 &&
+         setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, sizeof(v)) == 0;
 }
 
 void close_fd(int* fd) {

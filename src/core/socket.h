@@ -50,6 +50,11 @@ Status recv_all(int fd, void* buf, size_t len, Deadline deadline);
 
 Status set_nonblocking(int fd, bool nonblocking);
 void set_nodelay(int fd);
+// Fixes the socket's send and receive buffers at `bytes` each (the kernel
+// then stops autotuning them), where net.core.wmem_max and rmem_max allow
+// that much; returns false and leaves the socket as it was where they do
+// not (a smaller fixed buffer would cap a long, fast link's throughput).
+bool set_socket_buffers(int fd, size_t bytes);
 void close_fd(int* fd);
 
 }  // namespace braid
