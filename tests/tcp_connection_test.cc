@@ -14,7 +14,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -488,15 +487,7 @@ TEST(TcpConnection, PeerThatClosesIsReported) {
 // size asked, its bookkeeping included); above the caps, or 0, the socket
 // keeps what it had and the kernel goes on autotuning it.
 TEST(TcpConnection, SocketBuffersAreFixedOnlyWithinTheKernelsCaps) {
-  auto sysctl = [](const char* path) {
-    unsigned long long v = 0;
-    if (FILE* f = std::fopen(path, "r")) {
-      if (std::fscanf(f, "%llu", &v) != 1) v = 0;
-      std::fclose(f);
-    }
-    return static_cast<size_t>(v);
-  };
-  const size_t cap = std::min(sysctl("/proc/sys/net/core/rmem_max"), sysctl("/proc/sys/net/core/wmem_max"));
+  const size_t cap = socket_buffer_limit();
   ASSERT_GT(cap, 4096u) << "cannot read net.core.rmem_max / wmem_max";
   auto buffers = [](int fd) {
     int snd = 0, rcv = 0;

@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -198,11 +199,14 @@ size_t read_sysctl(const char* path) {
 
 }  // namespace
 
+size_t socket_buffer_limit() {
+  static const size_t limit =
+      std::min(read_sysctl("/proc/sys/net/core/rmem_max"), read_sysctl("/proc/sys/net/core/wmem_max"));
+  return limit;
+}
+
 bool set_socket_buffers(int fd, size_t bytes) {
-  static const size_t wmem_max = read_sysctl("/proc/sys/net/core/wmem_max");
-  static const size_t rmem_max = read_sysctl("/proc/sys/net/core/rmem_max");
-  if (bytes == 0 || bytes > wmem_max || bytes > rmem_max || bytes > static_cast<size_t>(INT_MAX))
-    return false;
+  if (bytes == 0 || bytes > socket_buffer_limit() || bytes > static_cast<size_t>(INT_MAX)) return false;
   const int v = static_cast<int>(bytes);
   return setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof(v)) == 0 &&
          setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, sizeof(v)) == 0;

@@ -55,6 +55,9 @@ void set_nodelay(int fd);
 // that much; returns false and leaves the socket as it was where they do
 // not (a smaller fixed buffer would cap a long, fast link's throughput).
 bool set_socket_buffers(int fd, size_t bytes);
+// The most set_socket_buffers fixes: the smaller of net.core.rmem_max and
+// wmem_max (0 where they cannot be read).
+size_t socket_buffer_limit();
 void close_fd(int* fd);
 
 }  // namespace braid
