@@ -337,46 +337,50 @@ Status Communicator::probe_peer_reads(Deadline deadline) {
       a.count = count;
     }
     double best[2] = {1e30, 1e30};
-    float first_turn_us = 0;  // both algorithms' whole first turns, untimed call included
     for (int round = 0; round < kWarmups + kRounds; ++round) {
       for (int k = 0; k < 2; ++k) {
         // The first call of a turn absorbs the skew the other algorithm left
         // between ranks; the others are timed.
-        const auto start = std::chrono::steady_clock::now();
-        auto t0 = start;
+        auto t0 = std::chrono::steady_clock::now();
         for (int call = 0; call <= kTimedCallsPerTurn; ++call) {
           std::shared_ptr<Op> op = make_op(kind, a, false, k == 0 ? Algo::kPeerRead : Algo::kRing);
           op->untraceable = true;
           engine_->post(op);
           BRAID_RETURN_IF_ERROR(engine_->wait(*op).with_context(std::string("timing ") + coll_name(c) +
                                                                 " at init (peer reads against the ring)"));
-          if (call == 0) t0 = std::chrono::steady_clock::now();
+          if (call > 0) continue;
+          const auto now = std::chrono::steady_clock::now();
+          if (!budget_checked) {
+            // The probe takes a tenth of the init timeout at most: its very
+            // first call (the slowest rank's, cold, so an overestimate)
+            // times the calls to come decides, the same way on every rank:
+            // the timeout counted is the shortest any rank has. A sanitizer
+            // build with BRAID_TIMEOUT=0.3 spent the whole timeout on the
+            // first turns alone.
+            budget_checked = true;
+            float reduced[2] = {
+                static_cast<float>(std::chrono::duration<double, std::micro>(now - t0).count()),
+                -static_cast<float>(config_.timeout_s)};
+            BRAID_RETURN_IF_ERROR(slowest_over_ranks(*bootstrap_, reduced, 2, deadline));
+            const double projected_s =
+                1e-6 * reduced[0] * 2 * (kTimedCallsPerTurn + 1) * (kWarmups + kRounds) * probed;
+            const double timeout_s = -reduced[1];
+            if (projected_s > 0.1 * timeout_s) {
+              engine_->restart_collective_seq();
+              BRAID_INFO(
+                  "TUNE", rank_,
+                  "peer reads not timed: about %.2f s at init, over a tenth of the timeout (%.1f s); the "
+                  "model's fixed rates stand",
+                  projected_s, timeout_s);
+              return Status::ok();
+            }
+          }
+          t0 = std::chrono::steady_clock::now();
         }
-        const auto end = std::chrono::steady_clock::now();
-        const double us = std::chrono::duration<double, std::micro>(end - t0).count() / kTimedCallsPerTurn;
+        const double us =
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+            kTimedCallsPerTurn;
         if (round >= kWarmups) best[k] = std::min(best[k], us);
-        if (round == 0)
-          first_turn_us += static_cast<float>(std::chrono::duration<double, std::micro>(end - start).count());
-      }
-      if (!budget_checked) {
-        // The probe takes a tenth of the init timeout at most: the first
-        // turns (the slowest rank's, cold, so an overestimate) times the
-        // turns to come decides, the same way on every rank: the timeout
-        // counted is the shortest any rank has. A sanitizer build with
-        // BRAID_TIMEOUT=1 would spend more than the timeout.
-        budget_checked = true;
-        float reduced[2] = {first_turn_us, -static_cast<float>(config_.timeout_s)};
-        BRAID_RETURN_IF_ERROR(slowest_over_ranks(*bootstrap_, reduced, 2, deadline));
-        const double projected_s = 1e-6 * reduced[0] * (kWarmups + kRounds) * probed;
-        const double timeout_s = -reduced[1];
-        if (projected_s > 0.1 * timeout_s) {
-          engine_->restart_collective_seq();
-          BRAID_INFO("TUNE", rank_,
-                     "peer reads not timed: about %.2f s at init, over a tenth of the timeout (%.1f s); the "
-                     "model's fixed rates stand",
-                     projected_s, timeout_s);
-          return Status::ok();
-        }
       }
       if (c == Coll::kAllReduce) std::fill(in, in + total, 1.0f);  // sums grow; keep them finite
     }
