@@ -74,32 +74,29 @@ TEST(Api, InitRejectsBadArguments) {
 }
 
 TEST(Api, BadEnvironmentNamesTheVariable) {
-  setenv("BRAID_TIMEOUT", "soon", 1);
-  braid_unique_id_t id;
-  EXPECT_EQ(braid_get_unique_id(&id), BRAID_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(braid_get_last_error()).find("BRAID_TIMEOUT='soon'"), std::string::npos)
-      << braid_get_last_error();
-  unsetenv("BRAID_TIMEOUT");
-  setenv("BRAID_TRANSPORT", "pigeon", 1);
-  EXPECT_EQ(braid_get_unique_id(&id), BRAID_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(braid_get_last_error()).find("BRAID_TRANSPORT"), std::string::npos);
-  unsetenv("BRAID_TRANSPORT");
-  setenv("BRAID_SHM_SLOT_BYTES", "12Q", 1);
-  EXPECT_EQ(braid_get_unique_id(&id), BRAID_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(braid_get_last_error()).find("BRAID_SHM_SLOT_BYTES"), std::string::npos);
-  unsetenv("BRAID_SHM_SLOT_BYTES");
-  setenv("BRAID_TCP_BUFFER_BYTES", "4G", 1);  // above its 1 GiB bound
-  EXPECT_EQ(braid_get_unique_id(&id), BRAID_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(braid_get_last_error()).find("BRAID_TCP_BUFFER_BYTES"), std::string::npos)
-      << braid_get_last_error();
-  unsetenv("BRAID_TCP_BUFFER_BYTES");
-  setenv("BRAID_CUDA_P2P_LEVEL", "NV2", 1);
-  EXPECT_EQ(braid_get_unique_id(&id), BRAID_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(braid_get_last_error())
-                .find("BRAID_CUDA_P2P_LEVEL='NV2' is invalid: expected LOC, NVL, PIX, PXB, PHB, NODE or SYS"),
-            std::string::npos)
-      << braid_get_last_error();
-  unsetenv("BRAID_CUDA_P2P_LEVEL");
+  struct Case {
+    const char* name;
+    const char* value;
+    const char* expected;  // in the error
+  };
+  const Case cases[] = {
+      {"BRAID_TIMEOUT", "soon", "BRAID_TIMEOUT='soon'"},
+      {"BRAID_TRANSPORT", "pigeon", "BRAID_TRANSPORT='pigeon' is invalid: expected auto, shm or tcp"},
+      {"BRAID_SHM_SLOT_BYTES", "12Q", "BRAID_SHM_SLOT_BYTES='12Q'"},
+      {"BRAID_TCP_BUFFER_BYTES", "4G", "BRAID_TCP_BUFFER_BYTES='4G'"},  // above its 1 GiB bound
+      {"BRAID_TUNE_PROBE", "yes", "BRAID_TUNE_PROBE='yes'"},
+      {"BRAID_CUDA_P2P_LEVEL", "NV2",
+       "BRAID_CUDA_P2P_LEVEL='NV2' is invalid: expected LOC, NVL, PIX, PXB, PHB, NODE or SYS"},
+      {"BRAID_CPU_ISA", "sse9", "BRAID_CPU_ISA='sse9' is invalid: expected default, avx2 or avx512"},
+  };
+  for (const Case& c : cases) {
+    setenv(c.name, c.value, 1);
+    braid_unique_id_t id;
+    EXPECT_EQ(braid_get_unique_id(&id), BRAID_ERR_INVALID_ARGUMENT) << c.name;
+    EXPECT_NE(std::string(braid_get_last_error()).find(c.expected), std::string::npos)
+        << braid_get_last_error();
+    unsetenv(c.name);
+  }
 }
 
 TEST(Api, InitEnvNeedsItsVariables) {

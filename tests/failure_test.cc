@@ -505,27 +505,45 @@ INSTANTIATE_TEST_SUITE_P(, FailureTransports, ::testing::Values("shm", "tcp"));
 // Tuning that decides algorithms must agree, set or not: BRAID_PEER_READ_MIN_BYTES
 // at its reductions' default on one rank only still moves broadcast's and
 // all_gather's threshold there (64 KiB unset), so init refuses, naming it.
-TEST(Config, PeerReadThresholdSetOnOneRankOnlyFailsInit) {
-  launcher::LaunchOptions o;
-  o.nranks = 2;
-  o.make_comm = false;
-  o.env = {{"BRAID_DEBUG", "NONE"}};
-  o.per_rank_setup = [](int rank) {
-    if (rank == 0) setenv("BRAID_PEER_READ_MIN_BYTES", "256K", 1);
+// So does BRAID_TUNE_PROBE, which decides whether init runs collectives.
+TEST(Config, DecidingSettingsThatDifferBetweenRanksFailInit) {
+  struct Case {
+    const char* name;
+    const char* rank0;
+    const char* rank1;  // nullptr: unset
+    const char* expected;
   };
-  auto r = launcher::fork_ranks(o, [](braid_comm_t, int rank, int n, const braid_unique_id_t& id) {
-    braid_comm_t comm = nullptr;
-    const braid_result_t res = braid_comm_init_rank(&comm, n, id, rank);
-    const std::string msg = braid_get_last_error();
-    if (res != BRAID_ERR_MISMATCH ||
-        msg.find("BRAID_PEER_READ_MIN_BYTES (set on some ranks only) differs "
-                 "between ranks: rank 0 has 262144, rank 1 has 65536") == std::string::npos) {
-      std::fprintf(stderr, "rank %d got %d: %s\n", rank, res, msg.c_str());
-      return 1;
-    }
-    return 0;
-  });
-  ASSERT_TRUE(r.ok()) << r.describe();
+  const Case cases[] = {
+      {"BRAID_PEER_READ_MIN_BYTES", "256K", nullptr,
+       "BRAID_PEER_READ_MIN_BYTES (set on some ranks only) differs between ranks: rank 0 has 262144, rank 1 "
+       "has "
+       "65536"},
+      {"BRAID_TUNE_PROBE", "0", "1", "BRAID_TUNE_PROBE differs between ranks: rank 0 has 0, rank 1 has 1"},
+  };
+  for (const Case& c : cases) {
+    launcher::LaunchOptions o;
+    o.nranks = 2;
+    o.make_comm = false;
+    o.env = {{"BRAID_DEBUG", "NONE"}};
+    o.per_rank_setup = [&c](int rank) {
+      const char* v = rank == 0 ? c.rank0 : c.rank1;
+      if (v != nullptr)
+        setenv(c.name, v, 1);
+      else
+        unsetenv(c.name);
+    };
+    auto r = launcher::fork_ranks(o, [&c](braid_comm_t, int rank, int n, const braid_unique_id_t& id) {
+      braid_comm_t comm = nullptr;
+      const braid_result_t res = braid_comm_init_rank(&comm, n, id, rank);
+      const std::string msg = braid_get_last_error();
+      if (res != BRAID_ERR_MISMATCH || msg.find(c.expected) == std::string::npos) {
+        std::fprintf(stderr, "rank %d got %d: %s\n", rank, res, msg.c_str());
+        return 1;
+      }
+      return 0;
+    });
+    EXPECT_TRUE(r.ok()) << c.name << ": " << r.describe();
+  }
 }
 
 // Running out of file descriptors fails the call with the limit and its fix.

@@ -223,23 +223,30 @@ TEST(Observability, ShmSlotCopiesFollowTheirMeasurement) {
 // ways at init: every rank logs the same times, and the tuner's line
 // follows them. A collective BRAID_ALGO forces is not timed, and without
 // peer reads nothing is. With a short timeout the probe may not fit its
-// budget: then every rank says so and keeps the fixed rates.
+// budget, and BRAID_TUNE_PROBE=0 turns it off: then every rank says so and
+// keeps the fixed rates.
 TEST(Observability, PeerReadsAreTimedAtInitAndDecide) {
+  enum class Skip { kNever, kMay, kMust };
   struct Case {
     Env env;
     std::vector<std::string> timed;
-    bool may_skip = false;  // the probe may not fit a tenth of this timeout
+    Skip skip = Skip::kNever;
   };
+  const std::vector<std::string> all = {"all_reduce", "broadcast", "all_gather", "reduce_scatter"};
   const Case cases[] = {
-      {{}, {"all_reduce", "broadcast", "all_gather", "reduce_scatter"}},
+      {{}, all},
       {{{"BRAID_ALGO", "all_reduce:ring"}}, {"broadcast", "all_gather", "reduce_scatter"}},
       {{{"BRAID_SHM_PEER_READS", "0"}}, {}},
-      {{{"BRAID_TIMEOUT", "0.3"}}, {"all_reduce", "broadcast", "all_gather", "reduce_scatter"}, true},
+      {{{"BRAID_TIMEOUT", "0.3"}}, all, Skip::kMay},  // the probe may not fit a tenth of it
+      {{{"BRAID_TUNE_PROBE", "0"}}, {}, Skip::kMust},
   };
   for (const Case& c : cases) {
     const ScratchDir scratch("probe");
     const std::string& dir = scratch.path;
-    auto result = two_ranks_logging(dir, "TUNE", c.env, 1 << 18);  // 1 MiB, where the timed choice applies
+    // The sanitizer builds export BRAID_TUNE_PROBE=0; these cases set it.
+    Env env = {{"BRAID_TUNE_PROBE", "1"}};
+    env.insert(env.end(), c.env.begin(), c.env.end());
+    auto result = two_ranks_logging(dir, "TUNE", env, 1 << 18);  // 1 MiB, where the timed choice applies
     ASSERT_TRUE(result.ok()) << result.describe();
     std::map<std::string, std::string> timed[2], picks[2];
     bool skipped[2] = {false, false};
@@ -256,9 +263,11 @@ TEST(Observability, PeerReadsAreTimedAtInitAndDecide) {
     EXPECT_EQ(timed[0], timed[1]) << "both ranks decide from the same times";
     EXPECT_EQ(picks[0], picks[1]);
     EXPECT_EQ(skipped[0], skipped[1]);
+    if (c.skip != Skip::kMay) {
+      EXPECT_EQ(skipped[0], c.skip == Skip::kMust);
+    }
     if (skipped[0]) {
       // Untimed, 2 ranks read peers for all_reduce at the fixed rates.
-      EXPECT_TRUE(c.may_skip);
       EXPECT_TRUE(timed[0].empty());
       EXPECT_NE(picks[0]["all_reduce"].find("<= peer_read"), std::string::npos) << picks[0]["all_reduce"];
       continue;

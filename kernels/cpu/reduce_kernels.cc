@@ -497,6 +497,8 @@ Isa detect_isa() {
     }
   }
 #endif
+  // An invalid cap leaves the CPU's best: the communicator's init refuses it
+  // with a message (Config), and kernels run before any init cannot report.
   if (const char* cap = std::getenv("BRAID_CPU_ISA")) {
     Isa limit = best;
     if (std::strcmp(cap, "default") == 0) {
@@ -582,6 +584,10 @@ const char* active_isa() {
       break;
   }
   return "default";
+}
+
+bool valid_isa_cap(const char* cap) {
+  return std::strcmp(cap, "default") == 0 || std::strcmp(cap, "avx2") == 0 || std::strcmp(cap, "avx512") == 0;
 }
 
 bool is_floating(braid_dtype_t dtype) {

@@ -23,6 +23,10 @@ void reduce(braid_dtype_t dtype, braid_redop_t op, void* dst, const void* a, con
 // (with F16C) or "default" (SSE2 on x86-64), after any BRAID_CPU_ISA cap.
 const char* active_isa();
 
+// Whether `cap` is a value BRAID_CPU_ISA takes: "default", "avx2" or
+// "avx512" (the most the kernels use; no cap below what the CPU offers).
+bool valid_isa_cap(const char* cap);
+
 // data[i] /= divisor, for floating dtypes (the AVG finish).
 void divide(braid_dtype_t dtype, void* data, size_t count, int divisor);
 

@@ -11,6 +11,7 @@
 #include <numeric>
 #include <optional>
 
+#include "kernels/cpu/reduce_kernels.h"
 #include "src/algo/ipc_collectives.h"
 #include "src/core/device_memory.h"
 #include "src/core/dtype.h"
@@ -45,7 +46,7 @@ struct PeerInfo {
   uint64_t cuda_chunk_bytes;
   uint64_t window_min_bytes;
   int32_t cuda_ipc;
-  int32_t pad;
+  int32_t tune_probe;
   topo::RankPlacement placement;
 };
 
@@ -126,6 +127,7 @@ Status Communicator::setup_transports() {
   mine.cuda_chunk_bytes = config_.cuda_chunk_bytes;
   mine.window_min_bytes = config_.window_min_bytes;
   mine.cuda_ipc = config_.cuda_ipc ? 1 : 0;
+  mine.tune_probe = config_.tune_probe ? 1 : 0;
   std::vector<uint8_t> raw;
   BRAID_RETURN_IF_ERROR(bootstrap_->all_gather(&mine, sizeof(mine), &raw, deadline));
   std::vector<PeerInfo> infos(nranks_);
@@ -155,6 +157,9 @@ Status Communicator::setup_transports() {
   BRAID_RETURN_IF_ERROR(check_same(infos, "BRAID_CUDA_IPC", [](const PeerInfo& p) { return p.cuda_ipc; }));
   BRAID_RETURN_IF_ERROR(
       check_same(infos, "BRAID_CUDA_CHUNK_BYTES", [](const PeerInfo& p) { return p.cuda_chunk_bytes; }));
+  // The init probe is collective: every rank runs it or none does.
+  BRAID_RETURN_IF_ERROR(
+      check_same(infos, "BRAID_TUNE_PROBE", [](const PeerInfo& p) { return p.tune_probe; }));
 
   std::vector<int> host_group, tcp_peers;
   one_machine_ = true;
@@ -289,6 +294,16 @@ Status Communicator::probe_peer_reads(Deadline deadline) {
   if (!sh.peer_reads || nranks_ < 2) return Status::ok();
   constexpr Coll kProbed[] = {Coll::kAllReduce, Coll::kBroadcast, Coll::kAllGather, Coll::kReduceScatter};
   constexpr int kNumProbed = 4, kWarmups = 1, kRounds = 3, kTimedCallsPerTurn = 3;
+  auto timed_here = [&](Coll c) {
+    return tuner_.forced()[c] == Algo::kAuto &&
+           tuner_.can_run(c, Algo::kPeerRead, peer_read_probe_bytes(c, sh));
+  };
+  const int probed = static_cast<int>(std::count_if(std::begin(kProbed), std::end(kProbed), timed_here));
+  if (probed == 0) return Status::ok();
+  if (!config_.tune_probe) {
+    BRAID_INFO("TUNE", rank_, "peer reads not timed: BRAID_TUNE_PROBE=0; the model's fixed rates stand");
+    return Status::ok();
+  }
   float times_us[kNumProbed][2] = {};  // [probed collective][peer_read, ring]; 0: not timed
   // Page-aligned, as large buffers from mmap (torch's, the benchmarks') are:
   // heap blocks that malloc reused from an earlier communicator's probe made
@@ -311,12 +326,6 @@ Status Communicator::probe_peer_reads(Deadline deadline) {
   float* const in = in_buf.get();
   float* const out = out_buf.get();
   std::fill(out, out + probe_floats, 0.0f);  // its pages touched before any timing
-  auto timed_here = [&](Coll c) {
-    return tuner_.forced()[c] == Algo::kAuto &&
-           tuner_.can_run(c, Algo::kPeerRead, peer_read_probe_bytes(c, sh));
-  };
-  const int probed = static_cast<int>(std::count_if(std::begin(kProbed), std::end(kProbed), timed_here));
-  if (probed == 0) return Status::ok();
   bool budget_checked = false;
   for (int i = 0; i < kNumProbed; ++i) {
     const Coll c = kProbed[i];
@@ -561,9 +570,9 @@ std::string rank_ranges(const std::vector<int>& ranks) {
 // BRAID_DEBUG=INFO: what this rank runs with, in a few lines.
 void Communicator::log_summary() const {
   if (log_level() < LogLevel::kInfo) return;
-  BRAID_INFO("INIT", rank_, "braid %d.%d.%d: rank %d of %d, host %s, pid %d", BRAID_VERSION_MAJOR,
-             BRAID_VERSION_MINOR, BRAID_VERSION_PATCH, rank_, nranks_, hosts_[rank_].c_str(),
-             static_cast<int>(getpid()));
+  BRAID_INFO("INIT", rank_, "braid %d.%d.%d: rank %d of %d, host %s, pid %d, host kernels %s",
+             BRAID_VERSION_MAJOR, BRAID_VERSION_MINOR, BRAID_VERSION_PATCH, rank_, nranks_,
+             hosts_[rank_].c_str(), static_cast<int>(getpid()), kernels::active_isa());
   std::vector<int> all(nranks_), peers;
   std::iota(all.begin(), all.end(), 0);
   std::copy_if(all.begin(), all.end(), std::back_inserter(peers), [&](int p) { return p != rank_; });

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <fstream>
 
+#include "kernels/cpu/reduce_kernels.h"
+
 namespace braid {
 namespace {
 
@@ -112,6 +114,8 @@ Status Config::from_env(Config* out) {
     else
       return bad("BRAID_TRANSPORT", t, "auto, shm or tcp");
   }
+  if (const char* v = env("BRAID_CPU_ISA"); v && !kernels::valid_isa_cap(v))
+    return bad("BRAID_CPU_ISA", v, "default, avx2 or avx512");
   if (const char* v = env("BRAID_SOCKET_IFNAME")) c.socket_ifname = v;
   if (const char* v = env("BRAID_HOST_ID"))
     c.host_id = v;
@@ -127,6 +131,9 @@ Status Config::from_env(Config* out) {
   BRAID_RETURN_IF_ERROR(
       env_size("BRAID_PEER_READ_MIN_BYTES", 0, size_t{1} << 40, &c.peer_read_min_bytes, &present));
   if (present) c.copy_peer_read_min_bytes = c.peer_read_min_bytes;
+  long probe = 1;
+  BRAID_RETURN_IF_ERROR(env_int("BRAID_TUNE_PROBE", 0, 1, &probe, &present));
+  c.tune_probe = probe != 0;
   BRAID_RETURN_IF_ERROR(
       env_size("BRAID_SHM_STREAM_MIN_BYTES", 0, size_t{1} << 40, &c.shm_stream_min_bytes, &present));
   c.shm_stream_set = present;

@@ -30,7 +30,7 @@ struct WaitPoint {
 // the dynamic linker on every access. For the few small variables every call
 // touches. A library loaded with dlopen (braid_torch under Python) takes its
 // initial-exec TLS from the space glibc keeps for that
-// (rtld.optional_static_tls, 512 bytes); braid's need 25.
+// (rtld.optional_static_tls, 512 bytes); braid's need 37.
 #define BRAID_FAST_TLS __attribute__((tls_model("initial-exec")))
 
 // The op being resumed on this thread (set by the engine around resume()).

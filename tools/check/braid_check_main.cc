@@ -60,7 +60,7 @@ void usage(FILE* f) {
       "  --collectives a,b     all_reduce,broadcast,reduce,all_gather,reduce_scatter,gather,\n"
       "                        scatter,all_to_all,barrier,send_recv,isend_irecv (default all)\n"
       "  --dtypes a,b          int8,uint8,int32,uint32,int64,uint64,float16,bfloat16,float32,float64\n"
-      "  --ops a,b             sum,prod,min,max,avg (default every op valid for the dtype)\n"
+      "  --ops a,b             sum,prod,min,max,avg,band,bor,bxor (default every op valid for the dtype)\n"
       "  --roots a,b           roots of rooted collectives (default every rank)\n"
       "  --seed S              input seed (default 1)\n"
       "  --no-in-place --no-out-of-place --no-blocking --no-nonblocking --no-random\n"

@@ -50,7 +50,8 @@ const char* collective_name(Collective c);
 // and a few aliases ("allreduce", "bcast", "alltoall", ...).
 bool parse_collective(std::string_view name, Collective* out);
 bool parse_dtype(std::string_view name, braid_dtype_t* out);  // "float16", "fp16", "half", "bf16", ...
-bool parse_redop(std::string_view name, braid_redop_t* out);  // "sum", "prod", "min", "max", "avg"
+bool parse_redop(std::string_view name,
+                 braid_redop_t* out);  // "sum", "prod", ..., "avg", "band", "bor", "bxor"
 const char* dtype_label(braid_dtype_t dtype);
 const char* redop_label(braid_redop_t op);
 
