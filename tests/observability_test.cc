@@ -297,6 +297,68 @@ TEST(Observability, PeerReadsAreTimedAtInitAndDecide) {
   }
 }
 
+// The probe's times are kept per process by shape: a later communicator of
+// the same shape uses them where every one of its ranks has them, and times
+// afresh (all its ranks) where any lacks them.
+TEST(Observability, ProbeTimesAreKeptForLaterCommunicatorsOfTheSameShape) {
+  const ScratchDir scratch("probe-kept");
+  const std::string& dir = scratch.path;
+  braid::test::run_ranks(
+      3,
+      {{"BRAID_TUNE_PROBE", "1"},
+       {"BRAID_DEBUG", "INFO"},
+       {"BRAID_DEBUG_SUBSYS", "TUNE"},
+       {"BRAID_DEBUG_FILE", dir + "/log-%p.txt"}},
+      [](braid_comm_t comm, int rank, int) {
+        // Pairs of ranks, one after the other: {0, 1}, {0, 1} again, {1, 2}.
+        for (int pair_start : {0, 0, 1}) {
+          const bool in = rank == pair_start || rank == pair_start + 1;
+          braid_comm_t pair = nullptr;
+          BRAID_ASSERT_OK(braid_comm_split(comm, in ? 0 : BRAID_SPLIT_NOCOLOR, rank, &pair));
+          ASSERT_EQ(pair != nullptr, in);
+          if (pair == nullptr) continue;
+          float x = 1.0f;
+          BRAID_ASSERT_OK(braid_all_reduce(&x, &x, 1, BRAID_FLOAT32, BRAID_SUM, pair, nullptr));
+          EXPECT_EQ(x, 2.0f);
+          BRAID_ASSERT_OK(braid_comm_destroy(pair));
+        }
+      });
+  // Per process, in order, each communicator's all_reduce line: "timed" or
+  // "kept"; the first is the 3-rank communicator's, whose rank is the
+  // process's.
+  std::map<int, std::vector<std::string>> seen;  // world rank -> sequence
+  std::map<int, std::vector<std::string>> numbers;
+  for (const std::string& name : files_in(dir)) {
+    std::istringstream in(read_file(dir + "/" + name));
+    std::string line;
+    int world = -1;
+    std::vector<std::string> seq, nums;
+    while (std::getline(in, line)) {
+      LogLine l;
+      ASSERT_TRUE(parse_line(line, &l)) << line;
+      if (l.message.rfind("all_reduce of 1 MiB: ", 0) != 0) continue;
+      if (world < 0) world = l.rank;
+      const bool kept = l.message.find("timed by an earlier communicator of this shape") != std::string::npos;
+      seq.push_back(kept ? "kept" : "timed");
+      nums.push_back(l.message.substr(0, l.message.find(" (")));
+    }
+    ASSERT_GE(world, 0) << name;
+    seen[world] = seq;
+    numbers[world] = nums;
+  }
+  using V = std::vector<std::string>;
+  EXPECT_EQ(seen[0], (V{"timed", "timed", "kept"}));
+  EXPECT_EQ(seen[1], (V{"timed", "timed", "kept", "timed"})) << "rank 2 had no times for {1, 2}";
+  EXPECT_EQ(seen[2], (V{"timed", "timed"}));
+  // The kept times are the ones {0, 1} measured, on both of its ranks.
+  ASSERT_EQ(numbers[0].size(), 3u);
+  ASSERT_EQ(numbers[1].size(), 4u);
+  EXPECT_EQ(numbers[0][2], numbers[0][1]);
+  EXPECT_EQ(numbers[1][2], numbers[0][1]);
+  EXPECT_EQ(numbers[1][1], numbers[0][1]);
+  EXPECT_EQ(numbers[1][3], numbers[2][1]) << "{1, 2} decides from the same times on both ranks";
+}
+
 TEST(Observability, SubsystemsCanBeSelectedOrExcluded) {
   for (const std::string filter : {"TUNE", "^INIT,TOPO"}) {
     const ScratchDir scratch("subsys");

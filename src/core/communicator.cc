@@ -3,10 +3,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <map>
 #include <mutex>
 #include <numeric>
 #include <optional>
@@ -271,7 +273,43 @@ Status slowest_over_ranks(Bootstrap& bootstrap, float* values, size_t n, Deadlin
   return Status::ok();
 }
 
+// The init probe's results (slowest rank's times, [collective][reads, ring]),
+// kept per process by the shape they were timed on: torch makes a group per
+// mesh dimension or pipeline stage, and timing each again cost 130 ms of a
+// 145 ms new_group (4 ranks on 2 cores) where gloo takes 2-4 ms.
+using ProbeTimes = std::array<float, 8>;
+std::mutex g_probe_mu;
+std::map<uint64_t, ProbeTimes>& probe_cache() {
+  static auto* cache = new std::map<uint64_t, ProbeTimes>();  // outlives static destructors
+  return *cache;
+}
+
+uint64_t mix(uint64_t h, uint64_t v) {
+  return (h ^ v) * 0x100000001b3ull;  // FNV-1a step over whole words
+}
+
 }  // namespace
+
+// What decides the probe's times: the rank count, where each rank sits
+// (NUMA node and package, in rank order; not the core, which an unbound
+// process changes), how many ranks share a core, the piece size, and the
+// settings that decide which collectives are timed (BRAID_ALGO, the peer
+// read thresholds). Equal on every rank.
+uint64_t Communicator::probe_shape_key() const {
+  const JobShape& sh = tuner_.shape();
+  uint64_t h = 0xcbf29ce484222325ull;
+  h = mix(h, static_cast<uint64_t>(nranks_));
+  h = mix(h, static_cast<uint64_t>(sh.ranks_per_core * 1000));
+  h = mix(h, sh.piece_bytes);
+  h = mix(h, config_.algo.encode());
+  h = mix(h, sh.peer_read_min_bytes);
+  h = mix(h, sh.copy_peer_read_min_bytes);
+  for (const topo::RankPlacement& p : placements_) {
+    h = mix(h, p.host_hash);
+    h = mix(h, static_cast<uint64_t>(static_cast<uint32_t>(p.numa)) << 32 | static_cast<uint32_t>(p.package));
+  }
+  return h;
+}
 
 // The kernel's cross-memory copies (process_vm_readv) pin every page they
 // touch: on one VM they copied at a third of memcpy's speed and the peer
@@ -304,7 +342,41 @@ Status Communicator::probe_peer_reads(Deadline deadline) {
     BRAID_INFO("TUNE", rank_, "peer reads not timed: BRAID_TUNE_PROBE=0; the model's fixed rates stand");
     return Status::ok();
   }
-  float times_us[kNumProbed][2] = {};  // [probed collective][peer_read, ring]; 0: not timed
+  // [probed collective][peer_read, ring], the slowest rank's; 0: not timed.
+  float times_us[kNumProbed][2] = {};
+  static_assert(sizeof(times_us) == sizeof(ProbeTimes));
+  auto apply = [&](const char* source) {
+    JobShape shape = sh;
+    for (int i = 0; i < kNumProbed; ++i) {
+      const float* slowest = times_us[i];
+      if (slowest[0] <= 0 || slowest[1] <= 0) continue;
+      const Coll c = kProbed[i];
+      shape.peer_read_vs_ring[static_cast<int>(c)] = slowest[0] / slowest[1];
+      BRAID_INFO("TUNE", rank_,
+                 "%s of %s: %.1f us reading peers, %.1f us on the %s (slowest rank, best of %d%s)",
+                 coll_name(c), bytes_text(peer_read_probe_bytes(c, sh)).c_str(), slowest[0], slowest[1],
+                 c == Coll::kBroadcast ? "chain" : "ring", kRounds, source);
+    }
+    tuner_ = Tuner(shape, config_.algo);
+  };
+  // Where every rank kept times from an earlier communicator of this shape,
+  // those stand (the slowest rank's); where any rank lacks them, all time.
+  const uint64_t key = probe_shape_key();
+  float kept[1 + 2 * kNumProbed] = {1.0f};  // [0]: 1 where this rank has none
+  {
+    std::lock_guard<std::mutex> lock(g_probe_mu);
+    auto it = probe_cache().find(key);
+    if (it != probe_cache().end()) {
+      kept[0] = 0.0f;
+      std::copy(it->second.begin(), it->second.end(), kept + 1);
+    }
+  }
+  BRAID_RETURN_IF_ERROR(slowest_over_ranks(*bootstrap_, kept, std::size(kept), deadline));
+  if (kept[0] == 0.0f) {
+    std::memcpy(times_us, kept + 1, sizeof(times_us));
+    apply("; timed by an earlier communicator of this shape");
+    return Status::ok();
+  }
   // Page-aligned, as large buffers from mmap (torch's, the benchmarks') are:
   // heap blocks that malloc reused from an earlier communicator's probe made
   // the ring all_gather time 3-4x its real cost (80 us against 280-330 at
@@ -399,17 +471,11 @@ Status Communicator::probe_peer_reads(Deadline deadline) {
   // Also the point after which no rank runs a probe any more.
   BRAID_RETURN_IF_ERROR(slowest_over_ranks(*bootstrap_, &times_us[0][0], 2 * kNumProbed, deadline));
   engine_->restart_collective_seq();
-  JobShape shape = sh;
-  for (int i = 0; i < kNumProbed; ++i) {
-    const float* slowest = times_us[i];
-    if (slowest[0] <= 0 || slowest[1] <= 0) continue;
-    const Coll c = kProbed[i];
-    shape.peer_read_vs_ring[static_cast<int>(c)] = slowest[0] / slowest[1];
-    BRAID_INFO("TUNE", rank_, "%s of %s: %.1f us reading peers, %.1f us on the %s (slowest rank, best of %d)",
-               coll_name(c), bytes_text(peer_read_probe_bytes(c, sh)).c_str(), slowest[0], slowest[1],
-               c == Coll::kBroadcast ? "chain" : "ring", kRounds);
+  {
+    std::lock_guard<std::mutex> lock(g_probe_mu);
+    std::memcpy(probe_cache()[key].data(), times_us, sizeof(times_us));
   }
-  tuner_ = Tuner(shape, config_.algo);
+  apply("");
   return Status::ok();
 }
 
