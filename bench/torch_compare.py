@@ -9,7 +9,9 @@ communicator (ctypes on the extension's exported braid_all_reduce): the
 "torch/C" column is what the binding adds. The last section times a DDP
 training step (about 10 M parameters) through each backend, and through DDP
 with a communication hook that keeps every bucket local: DDP's own cost,
-the floor any backend can reach.
+the floor any backend can reach. Last, what making a group costs
+(dist.new_group and its first all_reduce), as torch makes one per mesh
+dimension or pipeline stage.
 
 Times are medians over iterations of the slowest rank; ratios are
 braid / gloo (below 1 means braid is faster).
@@ -59,9 +61,28 @@ def timed(fn, iters, group_for_max):
         for _ in range(per_sample):
             fn()
         samples.append((time.perf_counter() - t0) / per_sample)
-    t = torch.tensor(samples, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group_for_max)
-    return statistics.median(t.tolist())
+    return statistics.median(max_over_ranks(s, group_for_max) for s in samples)
+
+
+def max_over_ranks(seconds, group):
+    t = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return t.item()
+
+
+def group_creation(backend, gloo, rounds=5):
+    """Median over rounds of the slowest rank's dist.new_group over every
+    rank plus the group's first all_reduce (where lazy setup would show)."""
+    t = torch.ones(1)
+    samples = []
+    for _ in range(rounds):
+        dist.barrier(group=gloo)
+        t0 = time.perf_counter()
+        g = dist.new_group(backend=backend)
+        dist.all_reduce(t, group=g)
+        samples.append(max_over_ranks(time.perf_counter() - t0, gloo))
+        dist.destroy_process_group(g)
+    return statistics.median(samples)
 
 
 def c_all_reduce(lib, comm, buf):
@@ -94,7 +115,10 @@ def worker(rank, world, port, args, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
     gloo = dist.group.WORLD
+    dist.barrier(group=gloo)
+    t0 = time.perf_counter()
     braid = dist.new_group(backend="braid")
+    first_group = max_over_ranks(time.perf_counter() - t0, gloo)
     lib = ctypes.CDLL(braid_torch._C.__file__)
     lib.braid_get_last_error.restype = ctypes.c_char_p
     comm = braid._get_backend(torch.device("cpu")).comm_handle
@@ -213,9 +237,12 @@ def worker(rank, world, port, args, out):
         lopt.step()
 
     compute = [timed(local_step, 1, gloo) for _ in range(args.ddp_steps)]
+    groups = {"first braid": first_group}
+    for label in ("gloo", "braid"):
+        groups[label] = group_creation(label, gloo)
     if rank == 0:
         out.put((rows, params, {k: statistics.median(v) for k, v in step_times.items()}, statistics.median(compute),
-                 solo_cost))
+                 solo_cost, groups))
     dist.destroy_process_group()
 
 
@@ -243,7 +270,7 @@ def main():
     procs = [ctx.Process(target=worker, args=(r, args.nprocs, port, args, out)) for r in range(args.nprocs)]
     for p in procs:
         p.start()
-    rows, params, ddp, compute, solo_cost = out.get(timeout=1800)
+    rows, params, ddp, compute, solo_cost, groups = out.get(timeout=1800)
     for p in procs:
         p.join()
     if any(p.exitcode != 0 for p in procs):
@@ -271,6 +298,9 @@ def main():
     if over_gloo > 0:
         print(f"what communication adds to the step, braid/gloo = {over_braid / over_gloo:.2f} "
               f"({over_braid * 1e3:.1f} ms against {over_gloo * 1e3:.1f} ms)")
+    print(f"\nnew_group over every rank and its first all_reduce (slowest rank, median of 5): "
+          f"gloo {groups['gloo'] * 1e3:.1f} ms, braid {groups['braid'] * 1e3:.1f} ms; braid's first group of "
+          f"this shape, which times peer reads at init, {groups['first braid'] * 1e3:.1f} ms")
 
 
 if __name__ == "__main__":
