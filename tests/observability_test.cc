@@ -298,21 +298,22 @@ TEST(Observability, PeerReadsAreTimedAtInitAndDecide) {
 }
 
 // The probe's times are kept per process by shape: a later communicator of
-// the same shape uses them where every one of its ranks has them, and times
-// afresh (all its ranks) where any lacks them.
+// the same shape uses them where every one of its ranks holds the same
+// times, and times afresh (all its ranks) where any lacks them or holds
+// times another communicator took.
 TEST(Observability, ProbeTimesAreKeptForLaterCommunicatorsOfTheSameShape) {
   const ScratchDir scratch("probe-kept");
   const std::string& dir = scratch.path;
   braid::test::run_ranks(
       3,
       {{"BRAID_TUNE_PROBE", "1"},
+       {"BRAID_TIMEOUT", "600"},  // a budget the probe fits in any build
        {"BRAID_DEBUG", "INFO"},
-       {"BRAID_DEBUG_SUBSYS", "TUNE"},
+       {"BRAID_DEBUG_SUBSYS", "INIT,TUNE"},
        {"BRAID_DEBUG_FILE", dir + "/log-%p.txt"}},
       [](braid_comm_t comm, int rank, int) {
-        // Pairs of ranks, one after the other: {0, 1}, {0, 1} again, {1, 2}.
-        for (int pair_start : {0, 0, 1}) {
-          const bool in = rank == pair_start || rank == pair_start + 1;
+        for (auto [a, b] : {std::pair{0, 1}, {0, 1}, {1, 2}, {0, 2}}) {
+          const bool in = rank == a || rank == b;
           braid_comm_t pair = nullptr;
           BRAID_ASSERT_OK(braid_comm_split(comm, in ? 0 : BRAID_SPLIT_NOCOLOR, rank, &pair));
           ASSERT_EQ(pair != nullptr, in);
@@ -323,11 +324,9 @@ TEST(Observability, ProbeTimesAreKeptForLaterCommunicatorsOfTheSameShape) {
           BRAID_ASSERT_OK(braid_comm_destroy(pair));
         }
       });
-  // Per process, in order, each communicator's all_reduce line: "timed" or
-  // "kept"; the first is the 3-rank communicator's, whose rank is the
-  // process's.
-  std::map<int, std::vector<std::string>> seen;  // world rank -> sequence
-  std::map<int, std::vector<std::string>> numbers;
+  // Per process, in order: each communicator's all_reduce line, "timed" or
+  // "kept", and its numbers. The process's rank is its 3-rank line's.
+  std::map<int, std::vector<std::string>> seen, numbers;  // by rank in the 3-rank communicator
   for (const std::string& name : files_in(dir)) {
     std::istringstream in(read_file(dir + "/" + name));
     std::string line;
@@ -336,8 +335,8 @@ TEST(Observability, ProbeTimesAreKeptForLaterCommunicatorsOfTheSameShape) {
     while (std::getline(in, line)) {
       LogLine l;
       ASSERT_TRUE(parse_line(line, &l)) << line;
+      if (l.subsys == "INIT" && l.message.find(" of 3, host ") != std::string::npos) world = l.rank;
       if (l.message.rfind("all_reduce of 1 MiB: ", 0) != 0) continue;
-      if (world < 0) world = l.rank;
       const bool kept = l.message.find("timed by an earlier communicator of this shape") != std::string::npos;
       seq.push_back(kept ? "kept" : "timed");
       nums.push_back(l.message.substr(0, l.message.find(" (")));
@@ -347,16 +346,21 @@ TEST(Observability, ProbeTimesAreKeptForLaterCommunicatorsOfTheSameShape) {
     numbers[world] = nums;
   }
   using V = std::vector<std::string>;
-  EXPECT_EQ(seen[0], (V{"timed", "timed", "kept"}));
+  // The 3-rank communicator first, then the pairs each process is in.
+  EXPECT_EQ(seen[0], (V{"timed", "timed", "kept", "timed"}))
+      << "ranks 0 and 2 held different times for {0, 2}";
   EXPECT_EQ(seen[1], (V{"timed", "timed", "kept", "timed"})) << "rank 2 had no times for {1, 2}";
-  EXPECT_EQ(seen[2], (V{"timed", "timed"}));
-  // The kept times are the ones {0, 1} measured, on both of its ranks.
-  ASSERT_EQ(numbers[0].size(), 3u);
+  EXPECT_EQ(seen[2], (V{"timed", "timed", "timed"}));
+  ASSERT_EQ(numbers[0].size(), 4u);
   ASSERT_EQ(numbers[1].size(), 4u);
+  ASSERT_EQ(numbers[2].size(), 3u);
+  // Each pair decides from the same numbers on both its ranks; the kept ones
+  // are those {0, 1} measured.
+  EXPECT_EQ(numbers[1][1], numbers[0][1]);
   EXPECT_EQ(numbers[0][2], numbers[0][1]);
   EXPECT_EQ(numbers[1][2], numbers[0][1]);
-  EXPECT_EQ(numbers[1][1], numbers[0][1]);
-  EXPECT_EQ(numbers[1][3], numbers[2][1]) << "{1, 2} decides from the same times on both ranks";
+  EXPECT_EQ(numbers[1][3], numbers[2][1]);
+  EXPECT_EQ(numbers[0][3], numbers[2][2]);
 }
 
 TEST(Observability, SubsystemsCanBeSelectedOrExcluded) {

@@ -292,15 +292,20 @@ uint64_t mix(uint64_t h, uint64_t v) {
 
 // What decides the probe's times: the rank count, where each rank sits
 // (NUMA node and package, in rank order; not the core, which an unbound
-// process changes), how many ranks share a core, the piece size, and the
-// settings that decide which collectives are timed (BRAID_ALGO, the peer
-// read thresholds). Equal on every rank.
+// process changes), how many ranks share a core, the shm slots and how
+// they are copied into, BRAID_ALGO (which collectives are timed) and the
+// peer-read thresholds (kept apart, though they change no timed call).
+// Equal on every rank.
 uint64_t Communicator::probe_shape_key() const {
   const JobShape& sh = tuner_.shape();
   uint64_t h = 0xcbf29ce484222325ull;
   h = mix(h, static_cast<uint64_t>(nranks_));
   h = mix(h, static_cast<uint64_t>(sh.ranks_per_core * 1000));
   h = mix(h, sh.piece_bytes);
+  h = mix(h, config_.shm_slot_bytes);
+  h = mix(h, static_cast<uint64_t>(config_.shm_slots));
+  h = mix(h, slot_streaming_ ? config_.shm_stream_min_bytes : 0);
+  h = mix(h, slot_streaming_ ? config_.shm_stream_max_bytes : 0);
   h = mix(h, config_.algo.encode());
   h = mix(h, sh.peer_read_min_bytes);
   h = mix(h, sh.copy_peer_read_min_bytes);
@@ -359,20 +364,29 @@ Status Communicator::probe_peer_reads(Deadline deadline) {
     }
     tuner_ = Tuner(shape, config_.algo);
   };
-  // Where every rank kept times from an earlier communicator of this shape,
-  // those stand (the slowest rank's); where any rank lacks them, all time.
+  // Where every rank kept the same times from an earlier communicator of
+  // this shape, those stand; where any rank lacks them or kept others (from
+  // another communicator of the shape, which mixed would match no
+  // measurement), all time afresh. One all-gather of each number and its
+  // negation gives every rank the largest and smallest.
   const uint64_t key = probe_shape_key();
-  float kept[1 + 2 * kNumProbed] = {1.0f};  // [0]: 1 where this rank has none
+  constexpr int kTimes = 2 * kNumProbed;
+  float kept[1 + 2 * kTimes] = {1.0f};  // [0]: 1 where this rank has none
   {
     std::lock_guard<std::mutex> lock(g_probe_mu);
     auto it = probe_cache().find(key);
     if (it != probe_cache().end()) {
       kept[0] = 0.0f;
-      std::copy(it->second.begin(), it->second.end(), kept + 1);
+      for (int i = 0; i < kTimes; ++i) {
+        kept[1 + i] = it->second[i];
+        kept[1 + kTimes + i] = -it->second[i];
+      }
     }
   }
   BRAID_RETURN_IF_ERROR(slowest_over_ranks(*bootstrap_, kept, std::size(kept), deadline));
-  if (kept[0] == 0.0f) {
+  bool all_same = kept[0] == 0.0f;
+  for (int i = 0; i < kTimes && all_same; ++i) all_same = kept[1 + i] == -kept[1 + kTimes + i];
+  if (all_same) {
     std::memcpy(times_us, kept + 1, sizeof(times_us));
     apply("; timed by an earlier communicator of this shape");
     return Status::ok();
@@ -524,6 +538,7 @@ Status Communicator::choose_slot_copies(const std::vector<int>& host_group, Dead
                   "; a %s copy between ranks %d and %d took %.2f us plain, %.2f us streaming",
                   bytes_text(kStreamProbeBytes).c_str(), host_group[0], host_group[1], leader.plain_us,
                   leader.streaming_us);
+  slot_streaming_ = config_.shm_stream_set || (leader.measured && leader.streaming);
   if (config_.shm_stream_set) {
     shm_->stream_copies(config_.shm_stream_min_bytes, config_.shm_stream_max_bytes);
     BRAID_INFO("SHM", rank_, "slot copies of %s use streaming stores, as BRAID_SHM_STREAM_*_BYTES say%s",

@@ -148,6 +148,7 @@ class Communicator {
   uint32_t next_window_id_ = 0;
   size_t window_min_bytes_ = 0;            // BRAID_WINDOW_MIN_BYTES or its default for this job
   size_t window_streaming_bytes_ = 0;      // see window_or
+  bool slot_streaming_ = false;            // shm slot copies stream (choose_slot_copies)
   std::atomic<uint64_t> window_bytes_{0};  // transport_bytes "shm_window"
   std::mutex error_mu_;
   std::string last_error_;
