@@ -61,13 +61,14 @@ def timed(fn, iters, group_for_max):
         for _ in range(per_sample):
             fn()
         samples.append((time.perf_counter() - t0) / per_sample)
-    return statistics.median(max_over_ranks(s, group_for_max) for s in samples)
+    return statistics.median(max_over_ranks(samples, group_for_max))
 
 
 def max_over_ranks(seconds, group):
-    t = torch.tensor([seconds], dtype=torch.float64)
+    """Each of a list of per-rank times, as the slowest rank took it (one all_reduce)."""
+    t = torch.tensor(seconds, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return t.item()
+    return t.tolist()
 
 
 def group_creation(backend, gloo, rounds=5):
@@ -80,9 +81,9 @@ def group_creation(backend, gloo, rounds=5):
         t0 = time.perf_counter()
         g = dist.new_group(backend=backend)
         dist.all_reduce(t, group=g)
-        samples.append(max_over_ranks(time.perf_counter() - t0, gloo))
+        samples.append(time.perf_counter() - t0)
         dist.destroy_process_group(g)
-    return statistics.median(samples)
+    return statistics.median(max_over_ranks(samples, gloo))
 
 
 def c_all_reduce(lib, comm, buf):
@@ -118,7 +119,7 @@ def worker(rank, world, port, args, out):
     dist.barrier(group=gloo)
     t0 = time.perf_counter()
     braid = dist.new_group(backend="braid")
-    first_group = max_over_ranks(time.perf_counter() - t0, gloo)
+    first_group = max_over_ranks([time.perf_counter() - t0], gloo)[0]
     lib = ctypes.CDLL(braid_torch._C.__file__)
     lib.braid_get_last_error.restype = ctypes.c_char_p
     comm = braid._get_backend(torch.device("cpu")).comm_handle

@@ -279,13 +279,9 @@ Status slowest_over_ranks(Bootstrap& bootstrap, float* values, size_t n, Deadlin
 // 145 ms new_group (4 ranks on 2 cores) where gloo takes 2-4 ms.
 using ProbeTimes = std::array<float, 8>;
 std::mutex g_probe_mu;
-std::map<uint64_t, ProbeTimes>& probe_cache() {
-  static auto* cache = new std::map<uint64_t, ProbeTimes>();  // outlives static destructors
+std::map<std::vector<uint64_t>, ProbeTimes>& probe_cache() {
+  static auto* cache = new std::map<std::vector<uint64_t>, ProbeTimes>();  // outlives static destructors
   return *cache;
-}
-
-uint64_t mix(uint64_t h, uint64_t v) {
-  return (h ^ v) * 0x100000001b3ull;  // FNV-1a step over whole words
 }
 
 }  // namespace
@@ -295,25 +291,26 @@ uint64_t mix(uint64_t h, uint64_t v) {
 // process changes), how many ranks share a core, the shm slots and how
 // they are copied into, BRAID_ALGO (which collectives are timed) and the
 // peer-read thresholds (kept apart, though they change no timed call).
-// Equal on every rank.
-uint64_t Communicator::probe_shape_key() const {
+// Equal on every rank. The words themselves are the key (it never leaves
+// the process), so no two shapes can share one.
+std::vector<uint64_t> Communicator::probe_shape_key() const {
   const JobShape& sh = tuner_.shape();
-  uint64_t h = 0xcbf29ce484222325ull;
-  h = mix(h, static_cast<uint64_t>(nranks_));
-  h = mix(h, static_cast<uint64_t>(sh.ranks_per_core * 1000));
-  h = mix(h, sh.piece_bytes);
-  h = mix(h, config_.shm_slot_bytes);
-  h = mix(h, static_cast<uint64_t>(config_.shm_slots));
-  h = mix(h, slot_streaming_ ? config_.shm_stream_min_bytes : 0);
-  h = mix(h, slot_streaming_ ? config_.shm_stream_max_bytes : 0);
-  h = mix(h, config_.algo.encode());
-  h = mix(h, sh.peer_read_min_bytes);
-  h = mix(h, sh.copy_peer_read_min_bytes);
+  std::vector<uint64_t> key = {static_cast<uint64_t>(nranks_),
+                               static_cast<uint64_t>(sh.ranks_per_core * 1000),
+                               sh.piece_bytes,
+                               config_.shm_slot_bytes,
+                               static_cast<uint64_t>(config_.shm_slots),
+                               slot_streaming_ ? config_.shm_stream_min_bytes : 0,
+                               slot_streaming_ ? config_.shm_stream_max_bytes : 0,
+                               config_.algo.encode(),
+                               sh.peer_read_min_bytes,
+                               sh.copy_peer_read_min_bytes};
   for (const topo::RankPlacement& p : placements_) {
-    h = mix(h, p.host_hash);
-    h = mix(h, static_cast<uint64_t>(static_cast<uint32_t>(p.numa)) << 32 | static_cast<uint32_t>(p.package));
+    key.push_back(p.host_hash);
+    key.push_back(static_cast<uint64_t>(static_cast<uint32_t>(p.numa)) << 32 |
+                  static_cast<uint32_t>(p.package));
   }
-  return h;
+  return key;
 }
 
 // The kernel's cross-memory copies (process_vm_readv) pin every page they
@@ -369,7 +366,7 @@ Status Communicator::probe_peer_reads(Deadline deadline) {
   // another communicator of the shape, which mixed would match no
   // measurement), all time afresh. One all-gather of each number and its
   // negation gives every rank the largest and smallest.
-  const uint64_t key = probe_shape_key();
+  const std::vector<uint64_t> key = probe_shape_key();
   constexpr int kTimes = 2 * kNumProbed;
   float kept[1 + 2 * kTimes] = {1.0f};  // [0]: 1 where this rank has none
   {
@@ -539,12 +536,11 @@ Status Communicator::choose_slot_copies(const std::vector<int>& host_group, Dead
                   bytes_text(kStreamProbeBytes).c_str(), host_group[0], host_group[1], leader.plain_us,
                   leader.streaming_us);
   slot_streaming_ = config_.shm_stream_set || (leader.measured && leader.streaming);
+  if (slot_streaming_) shm_->stream_copies(config_.shm_stream_min_bytes, config_.shm_stream_max_bytes);
   if (config_.shm_stream_set) {
-    shm_->stream_copies(config_.shm_stream_min_bytes, config_.shm_stream_max_bytes);
     BRAID_INFO("SHM", rank_, "slot copies of %s use streaming stores, as BRAID_SHM_STREAM_*_BYTES say%s",
                band.c_str(), measured);
-  } else if (leader.measured && leader.streaming) {
-    shm_->stream_copies(config_.shm_stream_min_bytes, config_.shm_stream_max_bytes);
+  } else if (slot_streaming_) {
     BRAID_INFO("SHM", rank_, "slot copies of %s use streaming stores%s", band.c_str(), measured);
   } else if (leader.measured) {
     BRAID_INFO("SHM", rank_, "slot copies use plain stores%s", measured);

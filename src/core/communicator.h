@@ -85,7 +85,7 @@ class Communicator {
   // gives the tuner the ratios (JobShape::peer_read_vs_ring). Collective:
   // every rank calls it at init.
   Status probe_peer_reads(Deadline deadline);
-  uint64_t probe_shape_key() const;
+  std::vector<uint64_t> probe_shape_key() const;
   Task all_reduce_task(Op* op, const CollArgs& a, Algo algo);
   void log_summary() const;
   // With BRAID_CHECK_CALLS, runs the op's task behind a comparison of calls.
