@@ -219,6 +219,71 @@ TEST_P(Transports, GroupedRingExchangeDoesNotDeadlock) {
   });
 }
 
+// Sends of 16 KiB and up between ranks that read each other's memory (shm)
+// hand the receiver the buffer's address and it reads the data in place:
+// the sender's shm count grows by that offer (16 bytes) only, the
+// receiver's by the data, where through slots the sender counts it all. A
+// blocking send the slots could hold whole still copies, so ranks that both
+// send first, then receive, get through.
+TEST(ShmPeerReads, LargeSendsAreReadFromTheSendersMemory) {
+  run_ranks(2, {{"BRAID_TRANSPORT", "shm"}}, [](braid_comm_t comm, int rank, int) {
+    const int peer = 1 - rank;
+    auto value = [](int r, size_t i) { return static_cast<int32_t>(r * 1000003 + static_cast<int32_t>(i)); };
+    auto shm_bytes = [&] {
+      uint64_t b = 0;
+      EXPECT_EQ(braid_comm_transport_bytes(comm, "shm", &b), BRAID_SUCCESS);
+      return b;
+    };
+    auto fill = [&](std::vector<int32_t>& v, int r) {
+      for (size_t i = 0; i < v.size(); ++i) v[i] = value(r, i);
+    };
+    auto check = [&](const std::vector<int32_t>& v, int r, const char* what) {
+      for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], value(r, i)) << what << " of " << v.size();
+    };
+    struct Case {
+      size_t count;
+      bool read;
+    };
+    // i-calls, either side of 16 KiB, and one of several slots.
+    for (Case c : {Case{4095, false}, Case{4096, true}, Case{300001, true}, Case{size_t{1} << 20, true}}) {
+      std::vector<int32_t> buf(c.count, -1);
+      const uint64_t before = shm_bytes();
+      braid_request_t req;
+      if (rank == 0) {
+        fill(buf, 0);
+        BRAID_ASSERT_OK(braid_isend(buf.data(), c.count, BRAID_INT32, 1, comm, nullptr, &req));
+      } else {
+        BRAID_ASSERT_OK(braid_irecv(buf.data(), c.count, BRAID_INT32, 0, comm, nullptr, &req));
+      }
+      BRAID_ASSERT_OK(braid_wait(&req));
+      if (rank == 1) check(buf, 0, "irecv");
+      const uint64_t bytes = c.count * sizeof(int32_t), moved = shm_bytes() - before;
+      const uint64_t want = rank == 0 ? (c.read ? 16 : bytes) : (c.read ? bytes : 0);
+      EXPECT_EQ(moved, want) << "rank " << rank << ", " << c.count << " elements";
+    }
+    // Blocking sends first on both ranks, 256 KiB each: the slots hold them.
+    std::vector<int32_t> out(65536), in(65536, -1);
+    fill(out, rank);
+    uint64_t before = shm_bytes();
+    BRAID_ASSERT_OK(braid_send(out.data(), out.size(), BRAID_INT32, peer, comm, nullptr));
+    BRAID_ASSERT_OK(braid_recv(in.data(), in.size(), BRAID_INT32, peer, comm, nullptr));
+    check(in, peer, "blocking recv");
+    EXPECT_EQ(shm_bytes() - before, out.size() * sizeof(int32_t));
+    // A blocking send larger than the slots waits for its receiver anyway:
+    // it offers its buffer.
+    std::vector<int32_t> big(size_t{2} << 20, -1);
+    before = shm_bytes();
+    if (rank == 0) {
+      fill(big, 0);
+      BRAID_ASSERT_OK(braid_send(big.data(), big.size(), BRAID_INT32, 1, comm, nullptr));
+      EXPECT_EQ(shm_bytes() - before, 16u);
+    } else {
+      BRAID_ASSERT_OK(braid_recv(big.data(), big.size(), BRAID_INT32, 0, comm, nullptr));
+      check(big, 0, "blocking recv");
+    }
+  });
+}
+
 // Rank s sends (s + d + 1) * 3001 elements to rank d (some blocks span many
 // slots, rank 0 sends nothing to itself when asked), packed in a permuted
 // order with gaps, so displacements matter.

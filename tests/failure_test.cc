@@ -500,6 +500,72 @@ TEST_P(FailureTransports, CheckCallsNamesBothSidesOfAMismatch) {
   });
 }
 
+// A large send on shm offers its buffer for the receiver to read
+// (ShmPeerReads in collectives_test). A receive of another size fails, on
+// the receiver with both sizes named, on the sender (which waits for the
+// read) with the receiver's failure: no hang, no partial data.
+TEST(ShmPeerReadFailures, SizesThatDifferAreReported) {
+  const Env env = {{"BRAID_TRANSPORT", "shm"}, {"BRAID_DEBUG", "NONE"}, {"BRAID_TIMEOUT", "120"}};
+  struct Case {
+    size_t recv_count;
+    const char* named;
+  };
+  // The receiver expects another large message (it looks for an offer), or
+  // a small one (it takes the offer for the data's first piece).
+  for (Case c :
+       {Case{size_t{1} << 18, "rank 0 sent 1048576 bytes where 262144 were expected"},
+        Case{1000, "rank 0 sent it a message of send/recv (a buffer offered to be read in place)"}}) {
+    run_ranks(2, env, [c](braid_comm_t comm, int rank, int) {
+      std::vector<uint8_t> buf(size_t{1} << 20, 7);
+      braid_request_t req;
+      if (rank == 0) {
+        BRAID_ASSERT_OK(braid_isend(buf.data(), buf.size(), BRAID_UINT8, 1, comm, nullptr, &req));
+        EXPECT_EQ(braid_wait(&req), BRAID_ERR_MISMATCH) << braid_comm_get_last_error(comm);
+        return;
+      }
+      std::fill(buf.begin(), buf.end(), 0);
+      EXPECT_EQ(braid_recv(buf.data(), c.recv_count, BRAID_UINT8, 0, comm, nullptr), BRAID_ERR_MISMATCH);
+      const std::string msg = braid_comm_get_last_error(comm);
+      EXPECT_TRUE(contains(msg.c_str(), c.named)) << msg;
+      EXPECT_EQ(std::count(buf.begin(), buf.end(), 0), static_cast<long>(buf.size()))
+          << "data arrived anyway";
+    });
+  }
+}
+
+// A sender waiting for its buffer to be read learns that the receiver died;
+// a receiver whose sender died after offering fails its read.
+TEST(ShmPeerReadFailures, ADeadPeerFailsTheOfferedSend) {
+  const Env env = {{"BRAID_TRANSPORT", "shm"}, {"BRAID_DEBUG", "NONE"}, {"BRAID_TIMEOUT", "120"}};
+  auto result = launch(
+      3, env,
+      [](braid_comm_t comm, int rank, int) {
+        std::vector<uint8_t> buf(size_t{1} << 20, 7);
+        braid_request_t req;
+        if (rank == 2) {
+          // Offers its buffer to rank 1, then dies before anyone reads it.
+          BRAID_ASSERT_OK(braid_isend(buf.data(), buf.size(), BRAID_UINT8, 1, comm, nullptr, &req));
+          raise(SIGKILL);
+        }
+        if (rank == 1) {
+          // Dies with rank 0's offer unread, once rank 2 is gone.
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          EXPECT_EQ(braid_recv(buf.data(), buf.size(), BRAID_UINT8, 2, comm, nullptr), BRAID_ERR_REMOTE);
+          const std::string msg = braid_comm_get_last_error(comm);
+          EXPECT_TRUE(contains(msg.c_str(), "rank 2")) << msg;
+          EXPECT_TRUE(contains(msg.c_str(), "process_vm_readv")) << msg;
+          _exit(::testing::Test::HasFailure() ? 1 : 0);
+        }
+        BRAID_ASSERT_OK(braid_isend(buf.data(), buf.size(), BRAID_UINT8, 1, comm, nullptr, &req));
+        EXPECT_EQ(braid_wait(&req), BRAID_ERR_REMOTE) << braid_comm_get_last_error(comm);
+        const std::string msg = braid_comm_get_last_error(comm);
+        EXPECT_TRUE(contains(msg.c_str(), "rank 1")) << msg;
+        EXPECT_FALSE(contains(msg.c_str(), "timed out")) << msg;
+      },
+      60);
+  expect_survivors_exited(result, 2);
+}
+
 INSTANTIATE_TEST_SUITE_P(, FailureTransports, ::testing::Values("shm", "tcp"));
 
 // Tuning that decides algorithms must agree, set or not: BRAID_PEER_READ_MIN_BYTES

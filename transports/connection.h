@@ -31,9 +31,10 @@ struct CallTag {
   int32_t root = -1;                // -1 where the call has none
   uint8_t kind = 0;                 // OpKind
   uint8_t dtype = 0xff, op = 0xff;  // 0xff where the call has none
-  uint8_t path = 0;                 // kHostPath, or kDevicePath (device memory through CUDA IPC)
+  uint8_t path = 0;                 // kHostPath, kDevicePath (device memory through CUDA IPC) or kReadPath
   uint8_t reserved[4] = {};
-  static constexpr uint8_t kHostPath = 0, kDevicePath = 1;
+  // kReadPath: a send whose receiver reads the data from the sender's memory.
+  static constexpr uint8_t kHostPath = 0, kDevicePath = 1, kReadPath = 2;
   bool operator==(const CallTag& o) const {
     return count == o.count && seq == o.seq && root == o.root && kind == o.kind && dtype == o.dtype &&
            op == o.op && path == o.path;
@@ -107,6 +108,14 @@ class Connection {
   virtual Status write_peer(uint64_t /*remote*/, const void* /*src*/, size_t /*bytes*/) {
     return Status::unsupported("this transport cannot write a peer's memory");
   }
+
+  // A send that lets the receiver read its buffer (p2p_send, large
+  // messages, where supports_peer_reads() is true) takes the next ticket
+  // and waits until the peer's count of finished reads reaches it; the
+  // receiver counts each read with finish_read, which wakes the sender.
+  virtual uint64_t take_read_ticket() { return 0; }
+  virtual uint64_t reads_finished() const { return 0; }
+  virtual void finish_read() {}
 
   // Maps the peer's braid_mem_alloc memory whose memfd is `fd` there,
   // `bytes` long (shm, where supports_peer_reads() is true).

@@ -841,12 +841,28 @@ Task dissemination_barrier(const Channel& ch) {
   for (int k = 1; k < n; k <<= 1) co_await exchange(ch, mod(r + k, n), nullptr, 0, mod(r - k, n), nullptr, 0);
 }
 
-Task p2p_send(const Channel& ch, CollArgs a) {
-  co_await send_message(ch, a.peer, a.sendbuf, a.count * dtype_size(a.dtype));
+Task p2p_send(const Channel& ch, CollArgs a, bool offer_read) {
+  const size_t bytes = a.count * dtype_size(a.dtype);
+  if (offer_read)
+    co_await send_by_offer(ch, a.peer, a.sendbuf, bytes);
+  else
+    co_await send_message(ch, a.peer, a.sendbuf, bytes);
 }
 
-Task p2p_recv(const Channel& ch, CollArgs a) {
-  co_await recv_message(ch, a.peer, a.recvbuf, a.count * dtype_size(a.dtype));
+Task p2p_recv(const Channel& ch, CollArgs a, size_t read_min_bytes) {
+  const size_t bytes = a.count * dtype_size(a.dtype);
+  // Whether the sender offered its buffer shows in its first message: it
+  // offers only at read_min_bytes and up, where this side is told so.
+  if (bytes >= read_min_bytes && ch.to(a.peer)->supports_peer_reads()) {
+    CallTag tag;
+    size_t got = 0;
+    co_await peek_message(ch, a.peer, &tag, &got);
+    if (tag.path == CallTag::kReadPath) {
+      co_await recv_by_reading(ch, a.peer, a.recvbuf, bytes);
+      co_return;
+    }
+  }
+  co_await recv_message(ch, a.peer, a.recvbuf, bytes);
 }
 
 }  // namespace braid

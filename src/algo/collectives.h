@@ -128,7 +128,10 @@ Task dissemination_barrier(const Channel& ch);
 // both sides, on every rank, before a byte of data moves (the tag on every
 // message catches a mismatch only once a message arrives).
 Task checked_call(const Channel& ch, CallTag mine, Task body);
-Task p2p_send(const Channel& ch, CollArgs a);
-Task p2p_recv(const Channel& ch, CollArgs a);
+// Point-to-point. offer_read: the receiver reads the buffer from this
+// rank's memory (send_by_offer); a receive of read_min_bytes or more takes
+// either form.
+Task p2p_send(const Channel& ch, CollArgs a, bool offer_read);
+Task p2p_recv(const Channel& ch, CollArgs a, size_t read_min_bytes);
 
 }  // namespace braid

@@ -264,6 +264,72 @@ Step recv_message(const Channel& ch, int from, void* dst, size_t bytes) {
   return recv_pieces(ch, from, dst, bytes);
 }
 
+namespace {
+
+// What a send that offers its buffer sends instead of the data.
+struct ReadOffer {
+  uint64_t addr;   // the sender's buffer, in its address space
+  uint64_t bytes;  // its length
+};
+
+struct TicketWait {
+  Connection* conn;
+  uint64_t ticket;
+};
+bool ticket_read(void* ctx) {
+  auto* w = static_cast<TicketWait*>(ctx);
+  return w->conn->reads_finished() >= w->ticket;
+}
+
+}  // namespace
+
+Task send_by_offer(const Channel& ch, int to, const void* src, size_t bytes) {
+  Connection* c = ch.to(to);
+  const ReadOffer offer{reinterpret_cast<uint64_t>(src), bytes};
+  TicketWait w{c, c->take_read_ticket()};
+  co_await send_piece(ch, to, &offer, sizeof(offer));
+  if (!ticket_read(&w))
+    co_await Until{
+        WaitPoint{ticket_read, &w, ch.global(to), "for its buffer to be read by", {c, nullptr}, {0, 0}}};
+}
+
+Task peek_message(const Channel& ch, int from, CallTag* tag, size_t* bytes) {
+  RecvWait w{ch.to(from)};
+  if (!recv_check(&w)) co_await wait_recv(&w, ch.global(from));
+  *tag = w.conn->recv_tag();
+  *bytes = w.bytes;
+}
+
+Task recv_by_reading(const Channel& ch, int from, void* dst, size_t bytes) {
+  RecvWait w{ch.to(from)};
+  if (!recv_check(&w)) co_await wait_recv(&w, ch.global(from));
+  Connection* c = w.conn;
+  CallTag expected = current_op()->tag;
+  expected.path = CallTag::kReadPath;
+  if (!(c->recv_tag() == expected) || w.bytes != sizeof(ReadOffer)) {
+    FailOp fail{call_mismatch(ch.global(ch.rank), expected, ch.global(from), c->recv_tag())};
+    co_await fail;
+  }
+  ReadOffer offer;
+  std::memcpy(&offer, w.data, sizeof(offer));
+  c->release_recv();
+  if (offer.bytes != bytes) {
+    Op* op = current_op();
+    FailOp fail{Status(BRAID_ERR_MISMATCH,
+                       std::string(op->name) + ": rank " + std::to_string(ch.global(from)) + " sent " +
+                           std::to_string(offer.bytes) + " bytes where " + std::to_string(bytes) +
+                           " were expected (do both ranks pass the same count and dtype?)")};
+    co_await fail;
+  }
+  Status st = bytes == 0 ? Status::ok() : c->read_peer(dst, offer.addr, bytes);
+  if (!st) {
+    FailOp fail{st};  // named: see checked_call
+    co_await fail;
+  }
+  c->count_moved(bytes);
+  c->finish_read();
+}
+
 Task exchange(const Channel& ch, int to, const void* src, size_t send_bytes, int from, void* dst,
               size_t recv_bytes) {
   const char* s = static_cast<const char*>(src);

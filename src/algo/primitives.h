@@ -66,6 +66,16 @@ Task recv_copy_send(const Channel& ch, int from, int to, void* dst, size_t bytes
 // Whole messages of any size, split into pieces.
 Step send_message(const Channel& ch, int to, const void* src, size_t bytes);
 Step recv_message(const Channel& ch, int from, void* dst, size_t bytes);
+// A message that the receiver reads from this rank's memory (where the
+// connection supports peer reads): `to` gets the buffer's address, and the
+// send ends once `to` has read it. One copy, where sending copies twice.
+Task send_by_offer(const Channel& ch, int to, const void* src, size_t bytes);
+// The receiving end: reads the offered buffer into dst, then tells `from`.
+Task recv_by_reading(const Channel& ch, int from, void* dst, size_t bytes);
+// Waits for the next message from `from` without taking it, and says what
+// it is: its call tag and size.
+Task peek_message(const Channel& ch, int from, CallTag* tag, size_t* bytes);
+
 // Sends to `to` and receives from `from` at the same time, piece by piece, so
 // rings of exchanges cannot deadlock on full slots.
 Task exchange(const Channel& ch, int to, const void* src, size_t send_bytes, int from, void* dst,

@@ -135,6 +135,9 @@ struct Pending {
 };
 struct GroupState {
   std::vector<Pending> ops;
+  // group_end's scratch, kept for its capacity.
+  std::vector<Op*> waiting;
+  std::vector<Engine*> engines;
 };
 GroupState& group() {
   thread_local GroupState g;
@@ -368,7 +371,7 @@ braid_result_t submit(const Call& c) {
                   comm.get());
   if (c.stream != nullptr) return submit_stream_ordered(c, comm);
   const bool async = c.request != nullptr;
-  std::shared_ptr<Op> op = comm->make_op(c.kind, c.args, async);
+  std::shared_ptr<Op> op = comm->make_op(c.kind, c.args, async, Algo::kAuto, t_group_depth > 0);
   if (async)
     *c.request = reinterpret_cast<braid_request_t>(requests().add(std::make_shared<Request>(comm, op)));
   if (t_group_depth > 0) {
@@ -803,14 +806,30 @@ BRAID_API braid_result_t braid_group_end(void) {
     }
   }
   for (auto& p : ops) p.comm->engine().post(p.op);
+  // The blocking ops of each communicator, waited for together.
+  std::vector<Op*>& waiting = group().waiting;
+  std::vector<Engine*>& engines = group().engines;  // those waited for (a group usually has one)
+  engines.clear();
+  for (const Pending& p : ops) {
+    Engine* engine = &p.comm->engine();
+    if (!p.blocking || std::find(engines.begin(), engines.end(), engine) != engines.end()) continue;
+    engines.push_back(engine);
+    waiting.clear();
+    for (const Pending& q : ops)
+      if (q.blocking && &q.comm->engine() == engine) waiting.push_back(q.op.get());
+    engine->wait_all(waiting.data(), waiting.size());
+  }
   for (auto& p : ops) {
     if (!p.blocking) continue;
-    Status st = p.comm->engine().wait(*p.op);
+    const Status& st = p.op->status;
     if (!st && first.is_ok()) {
       first = st;
       p.comm->set_last_error(st.message());
     }
   }
+  // The list's memory serves the thread's next group.
+  ops.clear();
+  if (group().ops.empty()) group().ops.swap(ops);
   return finish(first);
 }
 

@@ -878,7 +878,14 @@ bool keep_args_or_skip(OpKind kind, Op& op, CollArgs& a, int rank, int nranks, R
 
 }  // namespace
 
-std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, bool async, Algo forced) {
+// Measured on 2 ranks (bench/sendrecv_perf): a read beats two copies
+// through slots from 8-16 KiB. BRAID_PEER_READ_MIN_BYTES may lower it.
+size_t Communicator::p2p_read_min_bytes() const {
+  return std::min<size_t>(config_.copy_peer_read_min_bytes, 16 * 1024);
+}
+
+std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, bool async, Algo forced,
+                                          bool grouped) {
   auto pick = [&](Coll c, size_t bytes) { return forced != Algo::kAuto ? forced : tuner_.pick(c, bytes); };
   auto op = new_op();
   op->name = op_kind_name(kind);
@@ -895,10 +902,11 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
     op->any_source_conns = p2p_channel_.conns;
     op->source_out = a.source;
     const Channel* ch = &p2p_channel_;
-    op->bind = [ch, a](int peer) {
+    const size_t read_min = p2p_read_min_bytes();
+    op->bind = [ch, a, read_min](int peer) {
       CollArgs bound = a;
       bound.peer = peer;
-      return p2p_recv(*ch, bound);
+      return p2p_recv(*ch, bound, read_min);
     };
     return op;
   }
@@ -907,7 +915,21 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
     op->lane = kind == OpKind::kSend ? LaneKind::kSend : LaneKind::kRecv;
     op->lane_peer = a.peer;
     op->seq = kind == OpKind::kSend ? p2p_send_seq_++ : p2p_recv_seq_++;
-    op->task = kind == OpKind::kSend ? p2p_send(p2p_channel_, a) : p2p_recv(p2p_channel_, a);
+    if (kind == OpKind::kRecv) {
+      op->task = p2p_recv(p2p_channel_, a, p2p_read_min_bytes());
+      return op;
+    }
+    // A large send between ranks that read each other's memory lets the
+    // receiver read it in place: one copy where slots take two. It then
+    // ends only once the receiver has read it, so a blocking call that the
+    // slots could hold whole keeps copying: two ranks that both send before
+    // they receive still get through, as with slots.
+    const Connection* c = p2p_channel_.to(a.peer);
+    const size_t slot_capacity = static_cast<size_t>(config_.shm_slots) * p2p_channel_.piece_bytes;
+    const bool offer = c != nullptr && c->supports_peer_reads() && op->bytes >= p2p_read_min_bytes() &&
+                       (async || grouped || op->bytes > slot_capacity);
+    if (offer) op->tag.path = CallTag::kReadPath;
+    op->task = p2p_send(p2p_channel_, a, offer);
     return op;
   }
   op->lane = LaneKind::kCollective;

@@ -50,7 +50,13 @@ class Communicator {
 
   // Builds the operation; arguments must already be validated. `algo`
   // other than kAuto runs that algorithm where the tuner would pick.
-  std::shared_ptr<Op> make_op(OpKind kind, const CollArgs& args, bool async, Algo algo = Algo::kAuto);
+  // grouped: made between braid_group_start and braid_group_end, so it runs
+  // beside the group's other ops even where it blocks.
+  std::shared_ptr<Op> make_op(OpKind kind, const CollArgs& args, bool async, Algo algo = Algo::kAuto,
+                              bool grouped = false);
+  // Point-to-point messages of this size and up may be read from the
+  // sender's memory (make_op).
+  size_t p2p_read_min_bytes() const;
   // A stream-ordered call (transports/cuda/stream_staging.h), in two steps:
   // the staging it needs (a block taken, copies listed, the stream's context
   // current on this thread), then, once that is enqueued, the op to post.

@@ -52,7 +52,8 @@ const char* op_kind_name(OpKind kind) {
 
 std::string describe_call(const CallTag& t) {
   const auto kind = static_cast<OpKind>(t.kind);
-  if (kind == OpKind::kSend) return "send/recv";
+  if (kind == OpKind::kSend)
+    return t.path == CallTag::kReadPath ? "send/recv (a buffer offered to be read in place)" : "send/recv";
   if (t.kind == kCallCheckTag) return "the call check of #" + std::to_string(t.seq) + " (BRAID_CHECK_CALLS)";
   if (t.kind == kIpcConnectTag) return "the CUDA IPC setup #" + std::to_string(t.seq);
   if (t.kind == kIpcDisconnectTag) return "the CUDA IPC teardown #" + std::to_string(t.seq);
@@ -85,6 +86,7 @@ namespace {
 constexpr size_t kFrameGrain = 64;
 constexpr size_t kFrameClasses = 32;  // frames up to 2 KiB are recycled
 constexpr int kFramesKept = 64;       // per class and thread
+constexpr int kOpBlocksKept = 8;      // a group's ops, or an i-call's and the next call's
 
 struct ThreadCache {
   struct Node {
@@ -92,7 +94,8 @@ struct ThreadCache {
   };
   Node* frames[kFrameClasses] = {};
   int frame_count[kFrameClasses] = {};
-  void* op_block = nullptr;  // allocate_shared's block of one op
+  void* op_blocks[kOpBlocksKept] = {};  // allocate_shared's blocks, one op each
+  int op_block_count = 0;
   size_t op_block_bytes = 0;
   ~ThreadCache() {
     for (size_t cls = 0; cls < kFrameClasses; ++cls) {
@@ -102,7 +105,7 @@ struct ThreadCache {
       }
       frame_count[cls] = 0;
     }
-    ::operator delete(std::exchange(op_block, nullptr));
+    while (op_block_count > 0) ::operator delete(op_blocks[--op_block_count]);
   }
 };
 
@@ -135,7 +138,7 @@ inline ThreadCache* thread_cache() {
   return c != nullptr ? c : make_thread_cache();
 }
 
-// allocate_shared's allocator for ops: one cached block per thread.
+// allocate_shared's allocator for ops: a few cached blocks per thread.
 template <class T>
 struct OpAllocator {
   using value_type = T;
@@ -144,14 +147,15 @@ struct OpAllocator {
   OpAllocator(const OpAllocator<U>&) {}
   T* allocate(size_t n) {
     ThreadCache* c = thread_cache();
-    if (c != nullptr && c->op_block != nullptr && c->op_block_bytes == n * sizeof(T))
-      return static_cast<T*>(std::exchange(c->op_block, nullptr));
+    if (c != nullptr && c->op_block_count > 0 && c->op_block_bytes == n * sizeof(T))
+      return static_cast<T*>(c->op_blocks[--c->op_block_count]);
     return static_cast<T*>(::operator new(n * sizeof(T)));
   }
   void deallocate(T* p, size_t n) {
     ThreadCache* c = thread_cache();
-    if (c != nullptr && c->op_block == nullptr) {
-      c->op_block = p;
+    if (c != nullptr && c->op_block_count < kOpBlocksKept &&
+        (c->op_block_count == 0 || c->op_block_bytes == n * sizeof(T))) {
+      c->op_blocks[c->op_block_count++] = p;
       c->op_block_bytes = n * sizeof(T);
       return;
     }
@@ -934,7 +938,19 @@ void Engine::drive(Pred stop, double spin_us) {
 }
 
 Status Engine::wait(Op& op) {
-  while (!is_done(op)) {
+  Op* one = &op;
+  wait_all(&one, 1);
+  return op.status;
+}
+
+void Engine::wait_all(Op* const* ops, size_t n) {
+  size_t next = 0;  // ops before it are done
+  auto all_done = [&] {
+    while (next < n && is_done(*ops[next])) ++next;
+    return next == n;
+  };
+  while (!all_done()) {
+    Op& op = *ops[next];
     bool driving = driver_mu_.try_lock();
     if (!driving && progress_driving_.load()) {
       // The progress thread drives without spinning (it shares the cores
@@ -949,7 +965,7 @@ Status Engine::wait(Op& op) {
     }
     if (driving) {
       cancel_later_wake();
-      drive([&] { return is_done(op); }, spin_us_);
+      drive(all_done, spin_us_);
       release_driver();
       // Hand the remaining async ops to the progress thread.
       if (active_.load() > 0) wake_progress_thread();
@@ -959,7 +975,6 @@ Status Engine::wait(Op& op) {
     if (!is_done(op)) futex_wait(&op.done, 0, 1, false);
     op.sleepers.fetch_sub(1, std::memory_order_seq_cst);
   }
-  return op.status;
 }
 
 bool Engine::run_blocking(const std::shared_ptr<Op>& op, Status* result) {

@@ -152,6 +152,10 @@ class Engine {
   void post(const std::shared_ptr<Op>& op);
   // Waits for the op, driving the engine when no other thread does.
   Status wait(Op& op);
+  // Waits for all `n` ops in one drive: waiting for them one at a time
+  // would hand the rest to the progress thread between them (a wake-up
+  // and two context switches per op of a send/recv group).
+  void wait_all(Op* const* ops, size_t n);
   // A blocking collective, run on the calling thread when nothing else is in
   // flight: no queue, no lane, no lock beyond the driver's, which is what a
   // small call's latency is made of. If it must wait longer than a short
