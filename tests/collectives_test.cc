@@ -219,12 +219,13 @@ TEST_P(Transports, GroupedRingExchangeDoesNotDeadlock) {
   });
 }
 
-// Sends of 16 KiB and up between ranks that read each other's memory (shm)
-// hand the receiver the buffer's address and it reads the data in place:
-// the sender's shm count grows by that offer (16 bytes) only, the
-// receiver's by the data, where through slots the sender counts it all. A
-// blocking send the slots could hold whole still copies, so ranks that both
-// send first, then receive, get through.
+// Grouped sends of 16 KiB and up between ranks that read each other's
+// memory (shm) hand the receiver the buffer's address and it reads the data
+// in place: the sender's shm count grows by that offer (16 bytes) only, the
+// receiver's by the data, where through slots the sender counts it all. The
+// send ends only once it was read. Sends that the slots hold whole copy
+// unless grouped, so ranks that both send (or isend and wait) before they
+// receive still get through; a blocking send larger than the slots offers.
 TEST(ShmPeerReads, LargeSendsAreReadFromTheSendersMemory) {
   run_ranks(2, {{"BRAID_TRANSPORT", "shm"}}, [](braid_comm_t comm, int rank, int) {
     const int peer = 1 - rank;
@@ -240,46 +241,91 @@ TEST(ShmPeerReads, LargeSendsAreReadFromTheSendersMemory) {
     auto check = [&](const std::vector<int32_t>& v, int r, const char* what) {
       for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], value(r, i)) << what << " of " << v.size();
     };
+    // What each rank's shm count grew by, for rank 0 sending `bytes` to rank 1.
+    auto expect_moved = [&](uint64_t before, uint64_t bytes, bool read, const char* what) {
+      const uint64_t want = rank == 0 ? (read ? 16 : bytes) : (read ? bytes : 0);
+      EXPECT_EQ(shm_bytes() - before, want) << "rank " << rank << ", " << what << " of " << bytes << " bytes";
+    };
     struct Case {
       size_t count;
-      bool read;
+      bool grouped, read;
     };
-    // i-calls, either side of 16 KiB, and one of several slots.
-    for (Case c : {Case{4095, false}, Case{4096, true}, Case{300001, true}, Case{size_t{1} << 20, true}}) {
+    for (Case c : {Case{4095, true, false}, Case{4096, true, true}, Case{300001, true, true},
+                   Case{65536, false, false}, Case{size_t{1} << 20, false, true}}) {
       std::vector<int32_t> buf(c.count, -1);
       const uint64_t before = shm_bytes();
       braid_request_t req;
       if (rank == 0) {
         fill(buf, 0);
+        if (c.grouped) {
+          BRAID_ASSERT_OK(braid_group_start());
+        }
         BRAID_ASSERT_OK(braid_isend(buf.data(), c.count, BRAID_INT32, 1, comm, nullptr, &req));
+        if (c.grouped) {
+          BRAID_ASSERT_OK(braid_group_end());
+        }
       } else {
         BRAID_ASSERT_OK(braid_irecv(buf.data(), c.count, BRAID_INT32, 0, comm, nullptr, &req));
       }
       BRAID_ASSERT_OK(braid_wait(&req));
       if (rank == 1) check(buf, 0, "irecv");
-      const uint64_t bytes = c.count * sizeof(int32_t), moved = shm_bytes() - before;
-      const uint64_t want = rank == 0 ? (c.read ? 16 : bytes) : (c.read ? bytes : 0);
-      EXPECT_EQ(moved, want) << "rank " << rank << ", " << c.count << " elements";
+      expect_moved(before, c.count * sizeof(int32_t), c.read, c.grouped ? "grouped isend" : "isend");
     }
-    // Blocking sends first on both ranks, 256 KiB each: the slots hold them.
-    std::vector<int32_t> out(65536), in(65536, -1);
-    fill(out, rank);
-    uint64_t before = shm_bytes();
-    BRAID_ASSERT_OK(braid_send(out.data(), out.size(), BRAID_INT32, peer, comm, nullptr));
-    BRAID_ASSERT_OK(braid_recv(in.data(), in.size(), BRAID_INT32, peer, comm, nullptr));
-    check(in, peer, "blocking recv");
-    EXPECT_EQ(shm_bytes() - before, out.size() * sizeof(int32_t));
-    // A blocking send larger than the slots waits for its receiver anyway:
-    // it offers its buffer.
-    std::vector<int32_t> big(size_t{2} << 20, -1);
-    before = shm_bytes();
-    if (rank == 0) {
-      fill(big, 0);
-      BRAID_ASSERT_OK(braid_send(big.data(), big.size(), BRAID_INT32, 1, comm, nullptr));
-      EXPECT_EQ(shm_bytes() - before, 16u);
-    } else {
-      BRAID_ASSERT_OK(braid_recv(big.data(), big.size(), BRAID_INT32, 0, comm, nullptr));
-      check(big, 0, "blocking recv");
+    // An offered send is not done before its receiver reads it.
+    {
+      std::vector<int32_t> buf(size_t{1} << 18, -1);
+      if (rank == 0) {
+        fill(buf, 0);
+        braid_request_t req;
+        BRAID_ASSERT_OK(braid_group_start());
+        BRAID_ASSERT_OK(braid_isend(buf.data(), buf.size(), BRAID_INT32, 1, comm, nullptr, &req));
+        BRAID_ASSERT_OK(braid_group_end());
+        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+        int done = 0;
+        while (!done && std::chrono::steady_clock::now() < until) BRAID_ASSERT_OK(braid_test(&req, &done));
+        EXPECT_EQ(done, 0) << "the send finished while its receiver slept";
+        if (!done) {
+          BRAID_ASSERT_OK(braid_wait(&req));
+        }
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        BRAID_ASSERT_OK(braid_recv(buf.data(), buf.size(), BRAID_INT32, 0, comm, nullptr));
+        check(buf, 0, "recv after a sleep");
+      }
+    }
+    // A receive from any source takes an offer too.
+    {
+      std::vector<int32_t> buf(16384, -1);
+      const uint64_t before = shm_bytes();
+      if (rank == 0) {
+        fill(buf, 0);
+        BRAID_ASSERT_OK(braid_group_start());
+        BRAID_ASSERT_OK(braid_send(buf.data(), buf.size(), BRAID_INT32, 1, comm, nullptr));
+        BRAID_ASSERT_OK(braid_group_end());
+      } else {
+        int source = -1;
+        BRAID_ASSERT_OK(braid_recv_any(buf.data(), buf.size(), BRAID_INT32, &source, comm, nullptr));
+        EXPECT_EQ(source, 0);
+        check(buf, 0, "recv_any");
+      }
+      expect_moved(before, buf.size() * sizeof(int32_t), true, "grouped send to recv_any");
+    }
+    // Sends first on both ranks, 256 KiB each, blocking or isend and wait:
+    // the slots hold them.
+    for (bool isend : {false, true}) {
+      std::vector<int32_t> out(65536), in(65536, -1);
+      fill(out, rank);
+      const uint64_t before = shm_bytes();
+      if (isend) {
+        braid_request_t req;
+        BRAID_ASSERT_OK(braid_isend(out.data(), out.size(), BRAID_INT32, peer, comm, nullptr, &req));
+        BRAID_ASSERT_OK(braid_wait(&req));
+      } else {
+        BRAID_ASSERT_OK(braid_send(out.data(), out.size(), BRAID_INT32, peer, comm, nullptr));
+      }
+      BRAID_ASSERT_OK(braid_recv(in.data(), in.size(), BRAID_INT32, peer, comm, nullptr));
+      check(in, peer, "recv after both sent");
+      EXPECT_EQ(shm_bytes() - before, out.size() * sizeof(int32_t));
     }
   });
 }

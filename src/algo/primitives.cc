@@ -321,7 +321,12 @@ Task recv_by_reading(const Channel& ch, int from, void* dst, size_t bytes) {
                            " were expected (do both ranks pass the same count and dtype?)")};
     co_await fail;
   }
-  Status st = bytes == 0 ? Status::ok() : c->read_peer(dst, offer.addr, bytes);
+  // A sender that failed (a timeout, an abort) may have handed its buffer
+  // back to its program, which may reuse it: it marks itself failed before
+  // that, so a failure seen after the read may have spoiled the data.
+  Status st = c->peer_failure();
+  if (st && bytes > 0) st = c->read_peer(dst, offer.addr, bytes);
+  if (st) st = c->peer_failure();  // the read, a system call, has ended before this load
   if (!st) {
     FailOp fail{st};  // named: see checked_call
     co_await fail;

@@ -807,18 +807,30 @@ BRAID_API braid_result_t braid_group_end(void) {
   }
   for (auto& p : ops) p.comm->engine().post(p.op);
   // The blocking ops of each communicator, waited for together.
-  std::vector<Op*>& waiting = group().waiting;
-  std::vector<Engine*>& engines = group().engines;  // those waited for (a group usually has one)
-  engines.clear();
-  for (const Pending& p : ops) {
-    Engine* engine = &p.comm->engine();
-    if (!p.blocking || std::find(engines.begin(), engines.end(), engine) != engines.end()) continue;
-    engines.push_back(engine);
+  // Taken out of the thread's state while in use, so a group_end that runs
+  // inside this one (a callback that breaks the rules) gets lists of its own.
+  std::vector<Op*> waiting;
+  std::vector<Engine*> engines;  // those with blocking ops (a group usually has one)
+  waiting.swap(group().waiting);
+  engines.swap(group().engines);
+  for (const Pending& p : ops)
+    if (p.blocking && std::find(engines.begin(), engines.end(), &p.comm->engine()) == engines.end())
+      engines.push_back(&p.comm->engine());
+  // This thread drives one communicator at a time: the progress threads
+  // drive the others meanwhile, since their ops may be what a peer waits
+  // for before it can finish ours.
+  if (engines.size() > 1)
+    for (Engine* engine : engines) engine->wake_progress_thread();
+  for (Engine* engine : engines) {
     waiting.clear();
     for (const Pending& q : ops)
       if (q.blocking && &q.comm->engine() == engine) waiting.push_back(q.op.get());
     engine->wait_all(waiting.data(), waiting.size());
   }
+  waiting.clear();
+  engines.clear();
+  group().waiting.swap(waiting);
+  group().engines.swap(engines);
   for (auto& p : ops) {
     if (!p.blocking) continue;
     const Status& st = p.op->status;

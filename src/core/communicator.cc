@@ -921,13 +921,15 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
     }
     // A large send between ranks that read each other's memory lets the
     // receiver read it in place: one copy where slots take two. It then
-    // ends only once the receiver has read it, so a blocking call that the
-    // slots could hold whole keeps copying: two ranks that both send before
-    // they receive still get through, as with slots.
+    // ends only once the receiver has read it, so a send that the slots
+    // could hold whole keeps copying unless it is grouped (a group pairs
+    // its sends with receives, as NCCL's do): ranks that both send, or
+    // isend and wait, before they receive still get through, as with slots
+    // (torch's dist.send is an isend and a wait).
     const Connection* c = p2p_channel_.to(a.peer);
     const size_t slot_capacity = static_cast<size_t>(config_.shm_slots) * p2p_channel_.piece_bytes;
     const bool offer = c != nullptr && c->supports_peer_reads() && op->bytes >= p2p_read_min_bytes() &&
-                       (async || grouped || op->bytes > slot_capacity);
+                       (grouped || op->bytes > slot_capacity);
     if (offer) op->tag.path = CallTag::kReadPath;
     op->task = p2p_send(p2p_channel_, a, offer);
     return op;

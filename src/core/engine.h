@@ -156,6 +156,9 @@ class Engine {
   // would hand the rest to the progress thread between them (a wake-up
   // and two context switches per op of a send/recv group).
   void wait_all(Op* const* ops, size_t n);
+  // Has the progress thread drive what is in flight (a group's ops on a
+  // communicator whose caller drives another one).
+  void wake_progress_thread();
   // A blocking collective, run on the calling thread when nothing else is in
   // flight: no queue, no lane, no lock beyond the driver's, which is what a
   // small call's latency is made of. If it must wait longer than a short
@@ -217,7 +220,6 @@ class Engine {
   void start(Op& op);
   // One step of the op on this thread, until it waits, fails or finishes.
   void resume(Op& op);
-  void wake_progress_thread();
   // Wakes the progress thread after kProgressDelayUs unless a caller
   // starts driving first (cancel_later_wake).
   void wake_progress_thread_later();
