@@ -220,13 +220,13 @@ TEST_P(Transports, GroupedRingExchangeDoesNotDeadlock) {
 }
 
 // Grouped sends of 16 KiB and up between ranks that read each other's
-// memory (shm) hand the receiver the buffer's address and it reads the data
-// in place: the sender's shm count grows by that offer (16 bytes) only, the
-// receiver's by the data, where through slots the sender counts it all. The
-// send ends only once it was read. Sends that the slots hold whole copy
+// memory (shm) hand the receiver the buffer's address, and the two copy it
+// straight from the sender's buffer into the receiver's, sharing the chunks
+// (the counts show the 16-byte offer and the data once, where through slots
+// the sender counts all of it). The send ends only once it is in. Sends that the slots hold whole copy
 // unless grouped, so ranks that both send (or isend and wait) before they
 // receive still get through; a blocking send larger than the slots offers.
-TEST(ShmPeerReads, LargeSendsAreReadFromTheSendersMemory) {
+TEST(ShmPeerReads, LargeSendsAreCopiedStraightBetweenTheBuffers) {
   run_ranks(2, {{"BRAID_TRANSPORT", "shm"}}, [](braid_comm_t comm, int rank, int) {
     const int peer = 1 - rank;
     auto value = [](int r, size_t i) { return static_cast<int32_t>(r * 1000003 + static_cast<int32_t>(i)); };
@@ -241,10 +241,20 @@ TEST(ShmPeerReads, LargeSendsAreReadFromTheSendersMemory) {
     auto check = [&](const std::vector<int32_t>& v, int r, const char* what) {
       for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], value(r, i)) << what << " of " << v.size();
     };
-    // What each rank's shm count grew by, for rank 0 sending `bytes` to rank 1.
-    auto expect_moved = [&](uint64_t before, uint64_t bytes, bool read, const char* what) {
-      const uint64_t want = rank == 0 ? (read ? 16 : bytes) : (read ? bytes : 0);
-      EXPECT_EQ(shm_bytes() - before, want) << "rank " << rank << ", " << what << " of " << bytes << " bytes";
+    // What the ranks' shm counts grew by, for rank 0 sending `bytes` to
+    // rank 1: through slots rank 0 sends it all; offered, rank 0 sends the
+    // 16-byte offer and both copy their share of the data.
+    auto expect_moved = [&](uint64_t before, uint64_t bytes, bool offered, const char* what) {
+      uint64_t moved[2] = {0, 0};
+      moved[rank] = shm_bytes() - before;
+      BRAID_ASSERT_OK(braid_all_reduce(moved, moved, 2, BRAID_UINT64, BRAID_SUM, comm, nullptr));
+      if (offered) {
+        EXPECT_EQ(moved[0] + moved[1], bytes + 16) << what << " of " << bytes << " bytes";
+        EXPECT_GE(moved[0], 16u) << what << " of " << bytes << " bytes";
+      } else {
+        EXPECT_EQ(moved[0], bytes) << what << " of " << bytes << " bytes";
+        EXPECT_EQ(moved[1], 0u) << what << " of " << bytes << " bytes";
+      }
     };
     struct Case {
       size_t count;

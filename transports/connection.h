@@ -42,6 +42,21 @@ struct CallTag {
 };
 static_assert(sizeof(CallTag) == 24, "CallTag travels in slot and frame headers");
 
+// One offered send, copied by its two ends in chunks: the receiver opens it
+// (its buffer's address, the counts reset, then `opened` set to the offer's
+// number); then each end claims the next chunk and copies it (the sender
+// writes it into the receiver's buffer, the receiver reads it) until none
+// is left; the receiver, once every chunk is done, sets `finished`, which
+// ends the send. Offers are numbered from 1 on each connection, in order.
+// Lives in memory both processes map.
+struct SharedCopy {
+  std::atomic<uint64_t> opened;    // the offer being copied
+  std::atomic<uint64_t> finished;  // the last offer copied whole
+  std::atomic<uint64_t> dst;       // the receiver's buffer, in its address space
+  std::atomic<uint64_t> next;      // the next chunk to claim
+  std::atomic<uint64_t> done;      // chunks copied
+};
+
 class Connection {
  public:
   virtual ~Connection() = default;
@@ -109,13 +124,18 @@ class Connection {
     return Status::unsupported("this transport cannot write a peer's memory");
   }
 
-  // A send that lets the receiver read its buffer (p2p_send, large
-  // messages, where supports_peer_reads() is true) takes the next ticket
-  // and waits until the peer's count of finished reads reaches it; the
-  // receiver counts each read with finish_read, which wakes the sender.
-  virtual uint64_t take_read_ticket() { return 0; }
-  virtual uint64_t reads_finished() const { return 0; }
-  virtual void finish_read() {}
+  // A send that offers its buffer instead of sending it (send_by_offer,
+  // where supports_peer_reads() is true) is copied by both ends together,
+  // through the SharedCopy of the connection's direction from sender to
+  // receiver: `as_sender` picks this rank's side of it. Null where the
+  // transport has none.
+  virtual SharedCopy* shared_copy(bool /*as_sender*/) { return nullptr; }
+  // Wakes the peer if it sleeps waiting (a SharedCopy moved).
+  virtual void wake_peer() {}
+  // The number of this rank's next offer to the peer, and of the peer's
+  // next offer this rank takes (counted by the driving thread).
+  uint64_t number_offer_sent() { return ++offers_sent_; }
+  uint64_t number_offer_taken() { return ++offers_taken_; }
 
   // Maps the peer's braid_mem_alloc memory whose memfd is `fd` there,
   // `bytes` long (shm, where supports_peer_reads() is true).
@@ -137,6 +157,7 @@ class Connection {
 
  private:
   std::atomic<uint64_t> moved_{0};
+  uint64_t offers_sent_ = 0, offers_taken_ = 0;
 };
 
 inline bool Connection::send_from(const void* src, size_t bytes, const CallTag& tag) {

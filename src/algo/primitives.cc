@@ -272,25 +272,79 @@ struct ReadOffer {
   uint64_t bytes;  // its length
 };
 
-struct TicketWait {
-  Connection* conn;
-  uint64_t ticket;
+// An offered send is copied in chunks of this size, a system call each
+// (process_vm_readv or _writev): small enough for both ends to share the
+// work, and for the kernel to pin few pages at a time (on the development
+// VM one read of 64 MiB ran at 3.1 GB/s, the same in 256 KiB pieces at 5.1).
+constexpr size_t kCopyChunk = 256 * 1024;
+
+uint64_t copy_chunks(size_t bytes) {
+  return (bytes + kCopyChunk - 1) / kCopyChunk;
+}
+
+// Claims chunks of the open offer and copies them until none is left: the
+// sender writes them into the receiver's buffer, the receiver reads them.
+// `local` is this rank's buffer, `remote` the peer's; *copied counts bytes.
+Status copy_claimed_chunks(Connection* c, SharedCopy* sc, bool as_sender, char* local, uint64_t remote,
+                           size_t bytes, uint64_t* copied) {
+  const uint64_t n = copy_chunks(bytes);
+  for (;;) {
+    const uint64_t k = sc->next.fetch_add(1, std::memory_order_acq_rel);
+    if (k >= n) return Status::ok();
+    const size_t off = k * kCopyChunk, len = std::min(kCopyChunk, bytes - off);
+    // A receiver that failed may have returned and reused its buffer: no
+    // write lands there once its failure is known.
+    Status st = as_sender ? c->peer_failure() : Status::ok();
+    if (st)
+      st = as_sender ? c->write_peer(remote + off, local + off, len)
+                     : c->read_peer(local + off, remote + off, len);
+    if (!st) return st;
+    *copied += len;
+    sc->done.fetch_add(1, std::memory_order_acq_rel);
+    if (as_sender) c->wake_peer();  // the receiver waits for every chunk
+  }
+}
+
+struct OfferWait {
+  SharedCopy* sc;
+  uint64_t number, chunks;
 };
-bool ticket_read(void* ctx) {
-  auto* w = static_cast<TicketWait*>(ctx);
-  return w->conn->reads_finished() >= w->ticket;
+// The offer was copied whole, or is open with chunks left to claim.
+bool offer_moves(void* ctx) {
+  auto* w = static_cast<OfferWait*>(ctx);
+  if (w->sc->finished.load(std::memory_order_acquire) >= w->number) return true;
+  return w->sc->opened.load(std::memory_order_acquire) == w->number &&
+         w->sc->next.load(std::memory_order_relaxed) < w->chunks;
+}
+
+bool every_chunk_copied(void* ctx) {
+  auto* w = static_cast<OfferWait*>(ctx);
+  return w->sc->done.load(std::memory_order_acquire) >= w->chunks;
 }
 
 }  // namespace
 
 Task send_by_offer(const Channel& ch, int to, const void* src, size_t bytes) {
   Connection* c = ch.to(to);
+  SharedCopy* sc = c->shared_copy(true);
+  OfferWait w{sc, c->number_offer_sent(), copy_chunks(bytes)};
   const ReadOffer offer{reinterpret_cast<uint64_t>(src), bytes};
-  TicketWait w{c, c->take_read_ticket()};
   co_await send_piece(ch, to, &offer, sizeof(offer));
-  if (!ticket_read(&w))
-    co_await Until{
-        WaitPoint{ticket_read, &w, ch.global(to), "for its buffer to be read by", {c, nullptr}, {0, 0}}};
+  for (;;) {
+    if (!offer_moves(&w))
+      co_await Until{
+          WaitPoint{offer_moves, &w, ch.global(to), "for its buffer to be copied by", {c, nullptr}, {0, 0}}};
+    if (sc->finished.load(std::memory_order_acquire) >= w.number) co_return;
+    // The receiver opened it: help copy while chunks are left.
+    uint64_t written = 0;
+    Status st = copy_claimed_chunks(c, sc, true, static_cast<char*>(const_cast<void*>(src)),
+                                    sc->dst.load(std::memory_order_relaxed), bytes, &written);
+    c->count_moved(written);
+    if (!st) {
+      FailOp fail{st};  // named: see checked_call
+      co_await fail;
+    }
+  }
 }
 
 Task peek_message(const Channel& ch, int from, CallTag* tag, size_t* bytes) {
@@ -301,17 +355,17 @@ Task peek_message(const Channel& ch, int from, CallTag* tag, size_t* bytes) {
 }
 
 Task recv_by_reading(const Channel& ch, int from, void* dst, size_t bytes) {
-  RecvWait w{ch.to(from)};
-  if (!recv_check(&w)) co_await wait_recv(&w, ch.global(from));
-  Connection* c = w.conn;
+  RecvWait rw{ch.to(from)};
+  if (!recv_check(&rw)) co_await wait_recv(&rw, ch.global(from));
+  Connection* c = rw.conn;
   CallTag expected = current_op()->tag;
   expected.path = CallTag::kReadPath;
-  if (!(c->recv_tag() == expected) || w.bytes != sizeof(ReadOffer)) {
+  if (!(c->recv_tag() == expected) || rw.bytes != sizeof(ReadOffer)) {
     FailOp fail{call_mismatch(ch.global(ch.rank), expected, ch.global(from), c->recv_tag())};
     co_await fail;
   }
   ReadOffer offer;
-  std::memcpy(&offer, w.data, sizeof(offer));
+  std::memcpy(&offer, rw.data, sizeof(offer));
   c->release_recv();
   if (offer.bytes != bytes) {
     Op* op = current_op();
@@ -321,18 +375,35 @@ Task recv_by_reading(const Channel& ch, int from, void* dst, size_t bytes) {
                            " were expected (do both ranks pass the same count and dtype?)")};
     co_await fail;
   }
+  SharedCopy* sc = c->shared_copy(false);
+  OfferWait w{sc, c->number_offer_taken(), copy_chunks(bytes)};
   // A sender that failed (a timeout, an abort) may have handed its buffer
   // back to its program, which may reuse it: it marks itself failed before
-  // that, so a failure seen after the read may have spoiled the data.
+  // that, so a failure seen after the copy may have spoiled the data.
   Status st = c->peer_failure();
-  if (st && bytes > 0) st = c->read_peer(dst, offer.addr, bytes);
-  if (st) st = c->peer_failure();  // the read, a system call, has ended before this load
+  if (st) {
+    sc->dst.store(reinterpret_cast<uint64_t>(dst), std::memory_order_relaxed);
+    sc->next.store(0, std::memory_order_relaxed);
+    sc->done.store(0, std::memory_order_relaxed);
+    sc->opened.store(w.number, std::memory_order_release);
+    c->wake_peer();  // a sender asleep on the offer helps
+    uint64_t read = 0;
+    st = copy_claimed_chunks(c, sc, false, static_cast<char*>(dst), offer.addr, bytes, &read);
+    c->count_moved(read);
+  }
   if (!st) {
     FailOp fail{st};  // named: see checked_call
     co_await fail;
   }
-  c->count_moved(bytes);
-  c->finish_read();
+  if (!every_chunk_copied(&w))
+    co_await Until{WaitPoint{
+        every_chunk_copied, &w, ch.global(from), "for its share of the copy from", {c, nullptr}, {0, 0}}};
+  if (st = c->peer_failure(); !st) {
+    FailOp fail{st};  // named: see checked_call
+    co_await fail;
+  }
+  sc->finished.store(w.number, std::memory_order_release);
+  c->wake_peer();
 }
 
 Task exchange(const Channel& ch, int to, const void* src, size_t send_bytes, int from, void* dst,

@@ -66,11 +66,13 @@ Task recv_copy_send(const Channel& ch, int from, int to, void* dst, size_t bytes
 // Whole messages of any size, split into pieces.
 Step send_message(const Channel& ch, int to, const void* src, size_t bytes);
 Step recv_message(const Channel& ch, int from, void* dst, size_t bytes);
-// A message that the receiver reads from this rank's memory (where the
-// connection supports peer reads): `to` gets the buffer's address, and the
-// send ends once `to` has read it. One copy, where sending copies twice.
+// A message copied straight from this rank's buffer into the receiver's
+// (where the connection supports peer reads): `to` gets the buffer's
+// address, both ends copy chunks of it (see SharedCopy), and the send ends
+// once every chunk is in. One copy, where slots copy twice.
 Task send_by_offer(const Channel& ch, int to, const void* src, size_t bytes);
-// The receiving end: reads the offered buffer into dst, then tells `from`.
+// The receiving end: opens the offer with dst, copies its share, and tells
+// `from` once the whole message is in.
 Task recv_by_reading(const Channel& ch, int from, void* dst, size_t bytes);
 // Waits for the next message from `from` without taking it, and says what
 // it is: its call tag and size.

@@ -49,8 +49,8 @@ struct alignas(kCacheLine) SegmentHeader {
 };
 
 struct alignas(kCacheLine) FifoControl {
-  std::atomic<uint64_t> consumed;    // slots the receiver released
-  std::atomic<uint64_t> reads_done;  // the sender's buffers the receiver finished reading
+  std::atomic<uint64_t> consumed;  // slots the receiver released
+  SharedCopy copy;                 // the offered send being copied, if any
 };
 
 // Each message starts on a cache line and its payload follows the header at
@@ -237,14 +237,10 @@ class ShmConnection : public Connection {
   Status write_peer(uint64_t remote, const void* src, size_t bytes) override {
     return cross_copy(true, const_cast<char*>(static_cast<const char*>(src)), remote, bytes);
   }
-  uint64_t take_read_ticket() override {
-    return ++read_tickets_;
+  SharedCopy* shared_copy(bool as_sender) override {
+    return &control(as_sender ? send_ : recv_)->copy;
   }
-  uint64_t reads_finished() const override {
-    return control(send_)->reads_done.load(std::memory_order_acquire);
-  }
-  void finish_read() override {
-    control(recv_)->reads_done.store(++reads_done_, std::memory_order_release);
+  void wake_peer() override {
     theirs_->bell.ring(true);
   }
   Status map_peer_memory(int fd, size_t bytes, char** out) override {
@@ -341,13 +337,11 @@ class ShmConnection : public Connection {
   size_t fill_ = 0;
   bool next_in_open_ = false;
   uint64_t consumed_seen_ = 0;              // the receiver's slot release count, as last read
-  uint64_t read_tickets_ = 0;               // sends offered to the receiver to read
   size_t stream_min_ = 0, stream_max_ = 0;  // copy_to_slot's streaming band (empty: none)
   // Receiver: messages released, and the slot and offset of the next one.
   uint64_t received_ = 0;
   uint64_t at_slot_ = 0;
   size_t at_ = 0;
-  uint64_t reads_done_ = 0;  // the sender's buffers read
   int peer_;
   int peer_pid_ = 0;
   int peer_pidfd_ = -1;
