@@ -9,7 +9,9 @@ communicator (ctypes on the extension's exported braid_all_reduce): the
 "torch/C" column is what the binding adds. The last section times a DDP
 training step (about 10 M parameters) through each backend, and through DDP
 with a communication hook that keeps every bucket local: DDP's own cost,
-the floor any backend can reach. Last, what making a group costs
+the floor any backend can reach. Point-to-point: a dist.send/dist.recv
+ping-pong between pairs of ranks, and a ring exchange through
+batch_isend_irecv. Last, what making a group costs
 (dist.new_group and its first all_reduce), as torch makes one per mesh
 dimension or pipeline stage.
 
@@ -193,6 +195,34 @@ def worker(rank, world, port, args, out):
         both("broadcast", size, bc)
         both("all_gather", size, ag)
         both("reduce_scatter", size, rs)
+    # Point-to-point: a ping-pong between ranks 2k and 2k + 1 (dist.send and
+    # dist.recv, one way at a time), and a ring exchange through
+    # batch_isend_irecv (every rank sends to the next, receives from the
+    # previous), as pipeline stages move activations.
+    for size in (64 << 10, 8 << 20) if not args.ddp_only else ():
+        n = max(1, size // 4)
+
+        def ping_pong(g, n=n):
+            t, peer = torch.ones(n), rank ^ 1
+            if peer >= world:
+                return lambda: None
+            if rank % 2 == 0:
+                return lambda: (dist.send(t, peer, group=g), dist.recv(t, peer, group=g))
+            return lambda: (dist.recv(t, peer, group=g), dist.send(t, peer, group=g))
+
+        def ring(g, n=n):
+            out, into = torch.ones(n), torch.empty(n)
+            ops = [dist.P2POp(dist.isend, out, (rank + 1) % world, group=g),
+                   dist.P2POp(dist.irecv, into, (rank - 1) % world, group=g)]
+
+            def exchange():
+                for work in dist.batch_isend_irecv(ops):
+                    work.wait()
+
+            return exchange
+
+        both("ping-pong", size, ping_pong)
+        both("p2p ring", size, ring)
 
     # DDP: one optimizer step per sample, same model and data for both.
     torch.manual_seed(0)
