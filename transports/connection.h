@@ -57,6 +57,8 @@ struct SharedCopy {
   std::atomic<uint64_t> done;      // chunks copied
 };
 
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "SharedCopy is shared between processes");
+
 class Connection {
  public:
   virtual ~Connection() = default;
