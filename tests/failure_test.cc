@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "src/algo/primitives.h"
 #include "src/core/bootstrap.h"
 #include "src/core/socket.h"
 #include "tests/rank_test.h"
@@ -597,6 +598,63 @@ TEST(ShmPeerReadFailures, AnOfferWithdrawnByAFailedSenderIsNotRead) {
     EXPECT_TRUE(contains(msg.c_str(), "rank 0")) << msg;
     EXPECT_EQ(std::count(buf.begin(), buf.end(), 0), static_cast<long>(buf.size())) << "read anyway";
   });
+}
+
+// A receive that fails while its sender is between its check of the
+// receiver's failure mark and its write of a chunk returns only once that
+// write is in: a program that reuses the buffer at once keeps what it wrote.
+// The test hook holds the sender there (and the receiver's first chunk
+// until then, so the sender surely claims one) until the receiver aborted,
+// and 200 ms more.
+struct HeldCopy {
+  std::atomic<int> sender_held, aborted, send_returned;
+};
+HeldCopy* g_held = nullptr;  // shared between the forked ranks
+
+void hold_copies(bool as_sender) {
+  static bool first = true;  // each process holds its first chunk only
+  if (!first) return;
+  first = false;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  std::atomic<int>& wait_for = as_sender ? g_held->aborted : g_held->sender_held;
+  if (as_sender) g_held->sender_held.store(1);
+  while (wait_for.load() == 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (as_sender) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+}
+
+TEST(ShmPeerReadFailures, AFailedReceiveReturnsNoWriteLandsAfter) {
+  void* shared = mmap(nullptr, sizeof(HeldCopy), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(shared, MAP_FAILED);
+  g_held = new (shared) HeldCopy{};
+  braid::test_hook_before_chunk_copy = hold_copies;
+  run_ranks(2, kShmDetection, [](braid_comm_t comm, int rank, int) {
+    std::vector<uint8_t> buf(size_t{4} << 20, 7);
+    if (rank == 0) {
+      braid_request_t req;
+      BRAID_ASSERT_OK(offer(buf.data(), buf.size(), 1, comm, &req));
+      EXPECT_NE(braid_wait(&req), BRAID_SUCCESS);
+      g_held->send_returned.store(1);
+      return;
+    }
+    std::fill(buf.begin(), buf.end(), 0);
+    std::thread aborter([comm] {
+      while (g_held->sender_held.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      EXPECT_EQ(braid_comm_abort(comm), BRAID_SUCCESS);
+      g_held->aborted.store(1);
+    });
+    EXPECT_EQ(braid_recv(buf.data(), buf.size(), BRAID_UINT8, 0, comm, nullptr), BRAID_ERR_ABORTED);
+    std::fill(buf.begin(), buf.end(), 0xEE);  // reused
+    aborter.join();
+    for (int i = 0; i < 20000 && g_held->send_returned.load() == 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_EQ(g_held->send_returned.load(), 1);
+    EXPECT_EQ(std::count(buf.begin(), buf.end(), 0xEE), static_cast<long>(buf.size()))
+        << "a write landed after the receive returned";
+    _exit(::testing::Test::HasFailure() ? 1 : 0);  // abort released the handle
+  });
+  braid::test_hook_before_chunk_copy = nullptr;
+  munmap(shared, sizeof(HeldCopy));
 }
 
 INSTANTIATE_TEST_SUITE_P(, FailureTransports, ::testing::Values("shm", "tcp"));

@@ -48,6 +48,8 @@ static_assert(sizeof(CallTag) == 24, "CallTag travels in slot and frame headers"
 // writes it into the receiver's buffer, the receiver reads it) until none
 // is left; the receiver, once every chunk is done, sets `finished`, which
 // ends the send. Offers are numbered from 1 on each connection, in order.
+// A receive that fails closes the claims and waits until every claimed
+// chunk is copied or failed: no write lands in its buffer after it returned.
 // Lives in memory both processes map.
 struct SharedCopy {
   std::atomic<uint64_t> opened;    // the offer being copied
@@ -55,6 +57,7 @@ struct SharedCopy {
   std::atomic<uint64_t> dst;       // the receiver's buffer, in its address space
   std::atomic<uint64_t> next;      // the next chunk to claim
   std::atomic<uint64_t> done;      // chunks copied
+  std::atomic<uint64_t> failed;    // chunks whose copy failed
 };
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "SharedCopy is shared between processes");

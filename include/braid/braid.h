@@ -151,9 +151,11 @@ braid_result_t braid_comm_set_timeout(braid_comm_t comm, double seconds);
  * prints within one wake-up (20 ms). SIGUSR1 does the same for every
  * communicator of the process (BRAID_DUMP_SIGNAL=0 leaves SIGUSR1 alone). */
 braid_result_t braid_comm_dump(braid_comm_t comm);
-/* Payload bytes this rank has moved to its peers on comm through one
- * transport, "shm", "tcp" or "self": sent, or read straight from a peer's
- * memory; "cuda_ipc": read from peers' device memory. Shows which transport
+/* Payload bytes this rank has moved between itself and its peers on comm
+ * through one transport, "shm", "tcp" or "self": sent, or copied straight
+ * between its memory and a peer's (a large send on one host is copied in
+ * chunks by both ends, each counting its own); "cuda_ipc": read from peers'
+ * device memory. Shows which transport
  * carries which traffic (e.g. that ranks of one host talk over shm and hosts
  * over tcp). */
 braid_result_t braid_comm_transport_bytes(braid_comm_t comm, const char* transport, uint64_t* bytes);

@@ -854,13 +854,8 @@ Task p2p_recv(const Channel& ch, CollArgs a, size_t read_min_bytes) {
   // Whether the sender offered its buffer shows in its first message: it
   // offers only at read_min_bytes and up, where this side is told so.
   if (bytes >= read_min_bytes && ch.to(a.peer)->supports_peer_reads()) {
-    CallTag tag;
-    size_t got = 0;
-    co_await peek_message(ch, a.peer, &tag, &got);
-    if (tag.path == CallTag::kReadPath) {
-      co_await recv_by_reading(ch, a.peer, a.recvbuf, bytes);
-      co_return;
-    }
+    co_await recv_or_read(ch, a.peer, a.recvbuf, bytes);
+    co_return;
   }
   co_await recv_message(ch, a.peer, a.recvbuf, bytes);
 }

@@ -1,13 +1,17 @@
 #include "src/algo/primitives.h"
 
 #include <poll.h>
+#include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <string>
 
 #include "kernels/cpu/reduce_kernels.h"
+#include "src/core/deadline.h"
 #include "src/core/dtype.h"
+#include "src/core/logging.h"
 
 namespace braid {
 namespace {
@@ -96,6 +100,16 @@ bool usable(const Connection* c, size_t got, size_t want) {
   return got == want && c->recv_tag() == current_op()->tag;
 }
 
+// `peer` sent `what` (a piece, a message) of another size than this rank
+// expects: counts or dtypes differ between the `ranks` of the call.
+Status sizes_differ(const std::string& call, int peer, const char* what, size_t got, size_t want,
+                    const char* ranks) {
+  return Status(BRAID_ERR_MISMATCH, call + ": rank " + std::to_string(peer) + " sent " + what +
+                                        std::to_string(got) + " bytes where " + std::to_string(want) +
+                                        " were expected (do " + ranks +
+                                        " ranks pass the same count and dtype?)");
+}
+
 // Why a message was not usable, naming both calls (a differing call is the
 // cause most worth telling; a differing piece size follows from counts or
 // dtypes that the tag does not see, such as all_to_allv's).
@@ -103,11 +117,8 @@ FailOp unusable(const Channel& ch, int from, const Connection* c, size_t got, si
   Op* op = current_op();
   const int me = ch.global(ch.rank), peer = ch.global(from);
   if (!(c->recv_tag() == op->tag)) return FailOp{call_mismatch(me, op->tag, peer, c->recv_tag())};
-  return FailOp{
-      Status(BRAID_ERR_MISMATCH, std::string(op->name) + " #" + std::to_string(op->seq) + ": rank " +
-                                     std::to_string(peer) + " sent a piece of " + std::to_string(got) +
-                                     " bytes where " + std::to_string(want) +
-                                     " were expected (do all ranks pass the same count and dtype?)")};
+  return FailOp{sizes_differ(std::string(op->name) + " #" + std::to_string(op->seq), peer, "a piece of ", got,
+                             want, "all")};
 }
 
 // The next message from `from` is not the one expected (kOther).
@@ -282,6 +293,12 @@ uint64_t copy_chunks(size_t bytes) {
   return (bytes + kCopyChunk - 1) / kCopyChunk;
 }
 
+}  // namespace
+
+void (*test_hook_before_chunk_copy)(bool) = nullptr;
+
+namespace {
+
 // Claims chunks of the open offer and copies them until none is left: the
 // sender writes them into the receiver's buffer, the receiver reads them.
 // `local` is this rank's buffer, `remote` the peer's; *copied counts bytes.
@@ -295,10 +312,17 @@ Status copy_claimed_chunks(Connection* c, SharedCopy* sc, bool as_sender, char* 
     // A receiver that failed may have returned and reused its buffer: no
     // write lands there once its failure is known.
     Status st = as_sender ? c->peer_failure() : Status::ok();
+    if (st && test_hook_before_chunk_copy != nullptr) test_hook_before_chunk_copy(as_sender);
     if (st)
       st = as_sender ? c->write_peer(remote + off, local + off, len)
                      : c->read_peer(local + off, remote + off, len);
-    if (!st) return st;
+    if (!st) {
+      sc->failed.fetch_add(1, std::memory_order_acq_rel);
+      // A peer that failed may have freed its buffer: its failure is the
+      // cause worth telling, not the EFAULT that followed.
+      Status theirs = c->peer_failure();
+      return theirs ? st : theirs;
+    }
     *copied += len;
     sc->done.fetch_add(1, std::memory_order_acq_rel);
     if (as_sender) c->wake_peer();  // the receiver waits for every chunk
@@ -320,6 +344,52 @@ bool offer_moves(void* ctx) {
 bool every_chunk_copied(void* ctx) {
   auto* w = static_cast<OfferWait*>(ctx);
   return w->sc->done.load(std::memory_order_acquire) >= w->chunks;
+}
+
+// Past every chunk number: a claim returns at least this once claims closed.
+constexpr uint64_t kClaimsClosed = 1ull << 62;
+// How long a failing receive waits for the sender's chunks in flight: a
+// chunk takes tens of microseconds, or a few time slices where ranks
+// outnumber cores; a sender stopped for longer (a debugger) is left behind.
+constexpr double kTakeBackSeconds = 5.0;
+
+struct OpenedOffer {
+  Connection* conn;
+  SharedCopy* sc;
+  uint64_t chunks;
+  int sender;  // its rank, for the log
+};
+
+// A receive that opened an offer fails (its deadline, an abort, another
+// peer's failure, a copy that failed): it returns, and its program may
+// reuse the buffer at once, so no write of the sender may land after that.
+// The sender checks this rank's failure mark before each chunk, but a chunk
+// it claimed just before the mark was set may still be on its way: close
+// the claims, then wait until each claimed chunk is copied or failed, or
+// the sender failed or exited (its driver marks its failure between chunks,
+// never during one).
+void take_back_buffer(void* ctx) {
+  auto* o = static_cast<OpenedOffer*>(ctx);
+  SharedCopy* sc = o->sc;
+  const uint64_t claimed = std::min(sc->next.exchange(kClaimsClosed, std::memory_order_acq_rel), o->chunks);
+  const Deadline until = Deadline::after_seconds(kTakeBackSeconds);
+  for (int spins = 0;
+       sc->done.load(std::memory_order_acquire) + sc->failed.load(std::memory_order_acquire) < claimed;
+       ++spins) {
+    if (!o->conn->check_peer(true)) return;
+    if (until.expired()) {
+      BRAID_WARN("P2P", -1,
+                 "a failed receive returns while rank %d may still write a chunk into its buffer "
+                 "(in %.0f s the sender neither finished the chunk nor failed)",
+                 o->sender, kTakeBackSeconds);
+      return;
+    }
+    if (spins < 64) {
+      sched_yield();
+    } else {
+      usleep(50);
+    }
+  }
 }
 
 }  // namespace
@@ -347,18 +417,16 @@ Task send_by_offer(const Channel& ch, int to, const void* src, size_t bytes) {
   }
 }
 
-Task peek_message(const Channel& ch, int from, CallTag* tag, size_t* bytes) {
-  RecvWait w{ch.to(from)};
-  if (!recv_check(&w)) co_await wait_recv(&w, ch.global(from));
-  *tag = w.conn->recv_tag();
-  *bytes = w.bytes;
-}
-
-Task recv_by_reading(const Channel& ch, int from, void* dst, size_t bytes) {
+Task recv_or_read(const Channel& ch, int from, void* dst, size_t bytes) {
   RecvWait rw{ch.to(from)};
   if (!recv_check(&rw)) co_await wait_recv(&rw, ch.global(from));
   Connection* c = rw.conn;
-  CallTag expected = current_op()->tag;
+  if (c->recv_tag().path != CallTag::kReadPath) {
+    co_await recv_message(ch, from, dst, bytes);  // it sent the data
+    co_return;
+  }
+  Op* op = current_op();
+  CallTag expected = op->tag;
   expected.path = CallTag::kReadPath;
   if (!(c->recv_tag() == expected) || rw.bytes != sizeof(ReadOffer)) {
     FailOp fail{call_mismatch(ch.global(ch.rank), expected, ch.global(from), c->recv_tag())};
@@ -368,11 +436,7 @@ Task recv_by_reading(const Channel& ch, int from, void* dst, size_t bytes) {
   std::memcpy(&offer, rw.data, sizeof(offer));
   c->release_recv();
   if (offer.bytes != bytes) {
-    Op* op = current_op();
-    FailOp fail{Status(BRAID_ERR_MISMATCH,
-                       std::string(op->name) + ": rank " + std::to_string(ch.global(from)) + " sent " +
-                           std::to_string(offer.bytes) + " bytes where " + std::to_string(bytes) +
-                           " were expected (do both ranks pass the same count and dtype?)")};
+    FailOp fail{sizes_differ(op->name, ch.global(from), "", offer.bytes, bytes, "both")};
     co_await fail;
   }
   SharedCopy* sc = c->shared_copy(false);
@@ -381,10 +445,14 @@ Task recv_by_reading(const Channel& ch, int from, void* dst, size_t bytes) {
   // back to its program, which may reuse it: it marks itself failed before
   // that, so a failure seen after the copy may have spoiled the data.
   Status st = c->peer_failure();
+  OpenedOffer opened{c, sc, w.chunks, ch.global(from)};
   if (st) {
     sc->dst.store(reinterpret_cast<uint64_t>(dst), std::memory_order_relaxed);
     sc->next.store(0, std::memory_order_relaxed);
     sc->done.store(0, std::memory_order_relaxed);
+    sc->failed.store(0, std::memory_order_relaxed);
+    op->before_failing = take_back_buffer;
+    op->before_failing_ctx = &opened;
     sc->opened.store(w.number, std::memory_order_release);
     c->wake_peer();  // a sender asleep on the offer helps
     uint64_t read = 0;
@@ -402,6 +470,7 @@ Task recv_by_reading(const Channel& ch, int from, void* dst, size_t bytes) {
     FailOp fail{st};  // named: see checked_call
     co_await fail;
   }
+  op->before_failing = nullptr;  // every chunk is in: the sender writes no more
   sc->finished.store(w.number, std::memory_order_release);
   c->wake_peer();
 }

@@ -71,12 +71,14 @@ Step recv_message(const Channel& ch, int from, void* dst, size_t bytes);
 // address, both ends copy chunks of it (see SharedCopy), and the send ends
 // once every chunk is in. One copy, where slots copy twice.
 Task send_by_offer(const Channel& ch, int to, const void* src, size_t bytes);
-// The receiving end: opens the offer with dst, copies its share, and tells
-// `from` once the whole message is in.
-Task recv_by_reading(const Channel& ch, int from, void* dst, size_t bytes);
-// Waits for the next message from `from` without taking it, and says what
-// it is: its call tag and size.
-Task peek_message(const Channel& ch, int from, CallTag* tag, size_t* bytes);
+// The receiving end, where the sender may have offered: takes the next
+// message from `from` if it is the data; if it is an offer, opens it with
+// dst, copies its share, and tells `from` once the whole message is in.
+Task recv_or_read(const Channel& ch, int from, void* dst, size_t bytes);
+// Tests only: when set, each end of an offered send runs it before it
+// copies a chunk (a sender after its check of the receiver's failure mark),
+// to hold a copy there (tests/failure_test.cc).
+extern void (*test_hook_before_chunk_copy)(bool as_sender);
 
 // Sends to `to` and receives from `from` at the same time, piece by piece, so
 // rings of exchanges cannot deadlock on full slots.

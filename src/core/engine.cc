@@ -512,6 +512,7 @@ bool Engine::bind_any_source() {
 }
 
 void Engine::complete(const std::shared_ptr<Op>& op, const Status& st) {
+  if (!st.is_ok() && op->before_failing != nullptr) op->before_failing(op->before_failing_ctx);
   op->status = st;
   active_.fetch_sub(1);
   finish(op);

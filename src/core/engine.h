@@ -87,6 +87,11 @@ class Op {
   void (*on_complete)(void* ctx) = nullptr;
   void* on_complete_ctx = nullptr;
   std::shared_ptr<void> on_complete_state;  // owns on_complete_ctx where the op does
+  // Called when the op fails, before its coroutine frames are freed (the
+  // context may live in them): an algorithm that lent its buffer to a peer
+  // takes it back. Set and cleared by the algorithm.
+  void (*before_failing)(void* ctx) = nullptr;
+  void* before_failing_ctx = nullptr;
 
   // A receive from any source waits unbound (lane_peer == -1) until some
   // peer's connection in `any_source_conns` holds a message; the engine then
