@@ -604,8 +604,8 @@ TEST(ShmPeerReadFailures, AnOfferWithdrawnByAFailedSenderIsNotRead) {
 // receiver's failure mark and its write of a chunk returns only once that
 // write is in: a program that reuses the buffer at once keeps what it wrote.
 // The test hook holds the sender there (and the receiver's first chunk
-// until then, so the sender surely claims one) until the receiver aborted,
-// and 200 ms more.
+// until then, so the sender surely claims one) until the receiver aborts,
+// and 300 ms more.
 struct HeldCopy {
   std::atomic<int> sender_held, aborted, send_returned;
 };
@@ -620,7 +620,7 @@ void hold_copies(bool as_sender) {
   if (as_sender) g_held->sender_held.store(1);
   while (wait_for.load() == 0 && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  if (as_sender) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  if (as_sender) std::this_thread::sleep_for(std::chrono::milliseconds(300));
 }
 
 TEST(ShmPeerReadFailures, AFailedReceiveReturnsNoWriteLandsAfter) {
@@ -639,9 +639,14 @@ TEST(ShmPeerReadFailures, AFailedReceiveReturnsNoWriteLandsAfter) {
     }
     std::fill(buf.begin(), buf.end(), 0);
     std::thread aborter([comm] {
-      while (g_held->sender_held.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      EXPECT_EQ(braid_comm_abort(comm), BRAID_SUCCESS);
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (g_held->sender_held.load() == 0 && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      EXPECT_EQ(g_held->sender_held.load(), 1) << "rank 0 never copied a chunk";
+      // Marked first: the abort may take over the driver and wait for the
+      // held write, which waits for this mark.
       g_held->aborted.store(1);
+      EXPECT_EQ(braid_comm_abort(comm), BRAID_SUCCESS);
     });
     EXPECT_EQ(braid_recv(buf.data(), buf.size(), BRAID_UINT8, 0, comm, nullptr), BRAID_ERR_ABORTED);
     std::fill(buf.begin(), buf.end(), 0xEE);  // reused

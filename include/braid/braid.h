@@ -133,7 +133,10 @@ braid_result_t braid_comm_split(braid_comm_t comm, int color, int key, braid_com
 /* Waits for outstanding operations, then frees everything. */
 braid_result_t braid_comm_destroy(braid_comm_t comm);
 /* Makes every pending and future operation fail with BRAID_ERR_ABORTED and
- * tells the peers; then frees like destroy. Safe to call from another thread. */
+ * tells the peers; then frees like destroy. Safe to call from another thread.
+ * Returns once no peer can still write into a buffer of a failed receive: a
+ * large receive on one host whose sender is copying a chunk into it waits
+ * for that chunk (microseconds; at most 5 s for a sender that is stopped). */
 braid_result_t braid_comm_abort(braid_comm_t comm);
 braid_result_t braid_comm_rank(braid_comm_t comm, int* rank);
 braid_result_t braid_comm_size(braid_comm_t comm, int* size);

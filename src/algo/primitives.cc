@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cstring>
 #include <string>
 
@@ -357,7 +358,7 @@ struct OpenedOffer {
   Connection* conn;
   SharedCopy* sc;
   uint64_t chunks;
-  int sender;  // its rank, for the log
+  int rank, sender;  // for the log
 };
 
 // A receive that opened an offer fails (its deadline, an abort, another
@@ -378,7 +379,7 @@ void take_back_buffer(void* ctx) {
        ++spins) {
     if (!o->conn->check_peer(true)) return;
     if (until.expired()) {
-      BRAID_WARN("P2P", -1,
+      BRAID_WARN("P2P", o->rank,
                  "a failed receive returns while rank %d may still write a chunk into its buffer "
                  "(in %.0f s the sender neither finished the chunk nor failed)",
                  o->sender, kTakeBackSeconds);
@@ -445,12 +446,13 @@ Task recv_or_read(const Channel& ch, int from, void* dst, size_t bytes) {
   // back to its program, which may reuse it: it marks itself failed before
   // that, so a failure seen after the copy may have spoiled the data.
   Status st = c->peer_failure();
-  OpenedOffer opened{c, sc, w.chunks, ch.global(from)};
+  OpenedOffer opened{c, sc, w.chunks, ch.global(ch.rank), ch.global(from)};
   if (st) {
     sc->dst.store(reinterpret_cast<uint64_t>(dst), std::memory_order_relaxed);
     sc->next.store(0, std::memory_order_relaxed);
     sc->done.store(0, std::memory_order_relaxed);
     sc->failed.store(0, std::memory_order_relaxed);
+    assert(op->before_failing == nullptr);  // one offered receive per op
     op->before_failing = take_back_buffer;
     op->before_failing_ctx = &opened;
     sc->opened.store(w.number, std::memory_order_release);
