@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -64,6 +65,13 @@ TEST(Api, InitRejectsBadArguments) {
   EXPECT_EQ(braid_comm_init_rank(nullptr, 1, id, 0), BRAID_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(braid_comm_init_rank(&comm, 0, id, 0), BRAID_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(braid_get_last_error()).find("nranks=0"), std::string::npos);
+  // More ranks than the rendezvous takes: refused here, before any memory
+  // is sized by nranks, naming the limit.
+  EXPECT_EQ(braid_comm_init_rank(&comm, INT_MAX, id, 0), BRAID_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(braid_get_last_error())
+                .find("nranks=2147483647 exceeds the most ranks a communicator may have, 1048576"),
+            std::string::npos)
+      << braid_get_last_error();
   EXPECT_EQ(braid_comm_init_rank(&comm, 2, id, 2), BRAID_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(braid_get_last_error()).find("rank=2"), std::string::npos);
   braid_unique_id_t garbage;
@@ -115,6 +123,13 @@ TEST(Api, InitEnvNeedsItsVariables) {
   setenv("RANK", "7", 1);
   EXPECT_EQ(braid_comm_init_env(&comm), BRAID_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(braid_get_last_error()).find("RANK='7'"), std::string::npos)
+      << braid_get_last_error();
+  setenv("WORLD_SIZE", "2000000", 1);  // above the 2^20 ranks a rendezvous takes
+  setenv("RANK", "0", 1);
+  EXPECT_EQ(braid_comm_init_env(&comm), BRAID_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(braid_get_last_error()).find("WORLD_SIZE='2000000'"), std::string::npos)
+      << braid_get_last_error();
+  EXPECT_NE(std::string(braid_get_last_error()).find("1048576]"), std::string::npos)
       << braid_get_last_error();
   for (const char* v : {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"}) unsetenv(v);
 }

@@ -395,7 +395,17 @@ TEST(AllToAllvArguments, BadLayoutsNameTheProblem) {
     int32_t in[2] = {rank, rank}, out[2] = {};
     EXPECT_EQ(braid_all_to_allv(in, sc, sd, out, nullptr, rd, BRAID_INT32, comm, nullptr),
               BRAID_ERR_INVALID_ARGUMENT);
-    EXPECT_NE(std::string(braid_get_last_error()).find("is NULL"), std::string::npos)
+    EXPECT_NE(std::string(braid_get_last_error()).find("all_to_allv: recvcounts is NULL"), std::string::npos)
+        << braid_get_last_error();
+    EXPECT_EQ(braid_all_to_allv(in, sc, nullptr, out, rc, rd, BRAID_INT32, comm, nullptr),
+              BRAID_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(braid_get_last_error()).find("sdispls is NULL"), std::string::npos)
+        << braid_get_last_error();
+    // A NULL buffer names the rank whose count needs it.
+    EXPECT_EQ(braid_all_to_allv(in, sc, sd, nullptr, rc, rd, BRAID_INT32, comm, nullptr),
+              BRAID_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(braid_get_last_error()).find("recvbuf is NULL with recvcounts[0]=1"),
+              std::string::npos)
         << braid_get_last_error();
     size_t self_mismatch[2] = {2, 2};
     EXPECT_EQ(braid_all_to_allv(in, sc, sd, out, self_mismatch, rd, BRAID_INT32, comm, nullptr),

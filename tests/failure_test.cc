@@ -864,6 +864,53 @@ TEST(Bootstrap, StrangersAtTheRootDoNotStopTheJob) {
   ASSERT_TRUE(r.ok()) << r.describe();
 }
 
+// A rank the rendezvous root refuses learns why at once, not at its
+// deadline: a rank count other than the first rank's, a rank that joined
+// already. Rank 1 tries both once rank 0 (whose process runs the root) has
+// sent its own hello, then joins as it should.
+TEST(Bootstrap, ARefusedRankIsToldWhy) {
+  auto* joining = static_cast<std::atomic<int>*>(
+      mmap(nullptr, sizeof(std::atomic<int>), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(static_cast<void*>(joining), MAP_FAILED);
+  new (joining) std::atomic<int>(0);
+  braid::launcher::LaunchOptions o;
+  o.nranks = 2;
+  o.make_comm = false;
+  o.env = {{"BRAID_DEBUG", "NONE"}, {"BRAID_TIMEOUT", "30"}};
+  auto r =
+      braid::launcher::fork_ranks(o, [joining](braid_comm_t, int rank, int n, const braid_unique_id_t& id) {
+        braid_comm_t comm = nullptr;
+        if (rank == 0) {
+          joining->store(1);
+        } else {
+          while (joining->load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));  // its hello is in
+          const auto start = std::chrono::steady_clock::now();
+          const struct {
+            int nranks, rank;
+            const char* named;
+          } refused[] = {{3, 1, "refused rank 1: rank 1 says the job has 3 ranks, others said 2"},
+                         {2, 0, "refused rank 0: rank 0 joined twice"}};
+          for (const auto& c : refused) {
+            if (braid_comm_init_rank(&comm, c.nranks, id, c.rank) != BRAID_ERR_INVALID_ARGUMENT) return 10;
+            if (std::string(braid_get_last_error()).find(c.named) == std::string::npos) {
+              std::fprintf(stderr, "rank 1 got: %s\n", braid_get_last_error());
+              return 11;
+            }
+          }
+          if (std::chrono::steady_clock::now() - start > std::chrono::seconds(5))
+            return 12;  // not a deadline
+        }
+        if (braid_comm_init_rank(&comm, n, id, rank) != BRAID_SUCCESS) return 5;
+        int32_t x = rank, sum = 0;
+        if (braid_all_reduce(&x, &sum, 1, BRAID_INT32, BRAID_SUM, comm, nullptr) != BRAID_SUCCESS || sum != 1)
+          return 6;
+        return braid_comm_destroy(comm) == BRAID_SUCCESS ? 0 : 7;
+      });
+  munmap(joining, sizeof(std::atomic<int>));
+  ASSERT_TRUE(r.ok()) << r.describe();
+}
+
 // A second connection for a (rank, tag) that already waits is closed at
 // once: keeping the later one lost the first's descriptor until exit.
 TEST(Bootstrap, ADuplicateConnectionIsClosedNotLeaked) {

@@ -121,6 +121,7 @@ const char* braid_redop_name(braid_redop_t op);
  * root listens on BRAID_SOCKET_IFNAME's address, else on the interface that
  * reaches MASTER_ADDR when that is set, else on the first non-loopback one. */
 braid_result_t braid_get_unique_id(braid_unique_id_t* id);
+/* Joins rank `rank` of `nranks` (1 to 2^20) to the job of `id`. */
 braid_result_t braid_comm_init_rank(braid_comm_t* comm, int nranks, braid_unique_id_t id, int rank);
 /* Joins the job described by the torchrun / TorchDistributor environment:
  * MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE (LOCAL_RANK is informational).
@@ -132,8 +133,10 @@ braid_result_t braid_comm_init_env(braid_comm_t* comm);
 braid_result_t braid_comm_split(braid_comm_t comm, int color, int key, braid_comm_t* newcomm);
 /* Waits for outstanding operations, then frees everything. */
 braid_result_t braid_comm_destroy(braid_comm_t comm);
-/* Makes every pending and future operation fail with BRAID_ERR_ABORTED and
- * tells the peers; then frees like destroy. Safe to call from another thread.
+/* Makes every pending operation fail with BRAID_ERR_ABORTED and tells the
+ * peers; then frees like destroy: later calls with the handle fail with
+ * BRAID_ERR_INVALID_ARGUMENT (not a live communicator). Safe to call from
+ * another thread.
  * Returns once no peer can still write into a buffer of a failed receive: a
  * large receive on one host whose sender is copying a chunk into it waits
  * for that chunk (microseconds; at most 5 s for a sender that is stopped). */
@@ -145,7 +148,8 @@ braid_result_t braid_comm_get_async_error(braid_comm_t comm, braid_result_t* asy
 /* Deadline for each later operation on comm, in seconds (> 0). The default is
  * BRAID_TIMEOUT from the environment, else 600. An operation takes the value
  * in force when it is posted, so setting it around one call overrides the
- * deadline of that call only. */
+ * deadline of that call only; a call inside a group is posted at
+ * braid_group_end and takes the value in force then. */
 braid_result_t braid_comm_set_timeout(braid_comm_t comm, double seconds);
 /* Prints, through braid's log (BRAID_DEBUG_FILE or stderr; shown unless
  * BRAID_DEBUG=NONE), the operations this rank has in flight: name, sequence
@@ -224,7 +228,11 @@ braid_result_t braid_group_start(void);
 braid_result_t braid_group_end(void);
 
 /* ---- point-to-point ----
- * Messages between two ranks match in the order they were posted. */
+ * Messages between two ranks match in the order they were posted. A rank may
+ * send to itself: the message waits in a buffer of BRAID_SHM_SLOTS pieces
+ * (1 MiB by default) until a receive takes it, so a larger blocking send to
+ * itself must be grouped with its receive, or follow a braid_irecv, or it
+ * waits until its deadline. */
 braid_result_t braid_send(const void* buf, size_t count, braid_dtype_t dtype, int peer, braid_comm_t comm,
                           braid_stream_t stream);
 braid_result_t braid_recv(void* buf, size_t count, braid_dtype_t dtype, int peer, braid_comm_t comm,

@@ -300,7 +300,7 @@ Status validate(const Call& c, Communicator& comm) {
       BRAID_RETURN_IF_ERROR(check_count(a.count, a.dtype, 1, "count"));
       return check_buffer(c.stream, a.recvbuf, a.count, "buf", "count");
     case OpKind::kAllToAllv: {
-      if (a.layout == nullptr)
+      if (a.layout == nullptr)  // braid_all_to_allv names which array is NULL
         return Status::invalid_argument("sendcounts, sdispls, recvcounts or rdispls is NULL");
       const size_t un = static_cast<size_t>(n);
       const size_t *scount = a.layout, *sdispl = a.layout + un, *rcount = a.layout + 2 * un,
@@ -312,9 +312,11 @@ Status validate(const Call& c, Communicator& comm) {
           return Status::invalid_argument("counts or displacements for rank " + std::to_string(p) +
                                           " overflow the address space");
         if (scount[p] > 0)
-          BRAID_RETURN_IF_ERROR(check_buffer(c.stream, a.sendbuf, scount[p], "sendbuf", "sendcounts[p]"));
+          BRAID_RETURN_IF_ERROR(check_buffer(c.stream, a.sendbuf, scount[p], "sendbuf",
+                                             ("sendcounts[" + std::to_string(p) + "]").c_str()));
         if (rcount[p] > 0)
-          BRAID_RETURN_IF_ERROR(check_buffer(c.stream, a.recvbuf, rcount[p], "recvbuf", "recvcounts[p]"));
+          BRAID_RETURN_IF_ERROR(check_buffer(c.stream, a.recvbuf, rcount[p], "recvbuf",
+                                             ("recvcounts[" + std::to_string(p) + "]").c_str()));
       }
       if (scount[r] != rcount[r])
         return Status::invalid_argument("sendcounts[" + std::to_string(r) + "]=" + std::to_string(scount[r]) +
@@ -514,6 +516,9 @@ BRAID_API braid_result_t braid_comm_init_rank(braid_comm_t* comm, int nranks, br
   *comm = nullptr;
   if (nranks < 1)
     return finish(Status::invalid_argument("nranks=" + std::to_string(nranks) + " must be at least 1"));
+  if (nranks > kMaxRanks)
+    return finish(Status::invalid_argument("nranks=" + std::to_string(nranks) + " exceeds the most ranks a " +
+                                           "communicator may have, " + std::to_string(kMaxRanks)));
   if (rank < 0 || rank >= nranks)
     return finish(Status::invalid_argument("rank=" + std::to_string(rank) +
                                            " is out of range for nranks=" + std::to_string(nranks)));
@@ -540,7 +545,7 @@ BRAID_API braid_result_t braid_comm_init_env(braid_comm_t* comm) {
   bool present = false;
   st = env_int("MASTER_PORT", 1, 65534, &port, &present);
   if (st && !present) st = Status::invalid_argument("environment variable MASTER_PORT is not set");
-  if (st) st = env_int("WORLD_SIZE", 1, 1 << 24, &world, &present);
+  if (st) st = env_int("WORLD_SIZE", 1, kMaxRanks, &world, &present);
   if (st && !present) st = Status::invalid_argument("environment variable WORLD_SIZE is not set");
   if (st) st = env_int("RANK", 0, world - 1, &rank, &present);
   if (st && !present) st = Status::invalid_argument("environment variable RANK is not set");
@@ -940,13 +945,20 @@ braid_result_t submit_all_to_allv(const void* sendbuf, const size_t* sendcounts,
   if (!st) return finish(st.with_context("all_to_allv"));
   std::vector<size_t> layout;
   CollArgs a{sendbuf, recvbuf, 0, dtype, BRAID_SUM, 0, -1};
-  if (sendcounts != nullptr && sdispls != nullptr && recvcounts != nullptr && rdispls != nullptr) {
-    const int n = comm->nranks();
-    layout.reserve(4 * static_cast<size_t>(n));
-    for (const size_t* arr : {sendcounts, sdispls, recvcounts, rdispls})
-      layout.insert(layout.end(), arr, arr + n);
-    a.layout = layout.data();
-  }
+  const char* missing = sendcounts == nullptr   ? "sendcounts"
+                        : sdispls == nullptr    ? "sdispls"
+                        : recvcounts == nullptr ? "recvcounts"
+                        : rdispls == nullptr    ? "rdispls"
+                                                : nullptr;
+  if (missing != nullptr)
+    return finish(Status::invalid_argument(std::string(missing) + " is NULL")
+                      .with_context("rank " + std::to_string(comm->rank()) + ": all_to_allv"),
+                  comm.get());
+  const int n = comm->nranks();
+  layout.reserve(4 * static_cast<size_t>(n));
+  for (const size_t* arr : {sendcounts, sdispls, recvcounts, rdispls})
+    layout.insert(layout.end(), arr, arr + n);
+  a.layout = layout.data();
   return submit(Call{OpKind::kAllToAllv, a, handle, stream, request});
 }
 

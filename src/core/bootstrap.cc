@@ -4,6 +4,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 
@@ -16,7 +17,11 @@ constexpr uint32_t kMagic = 0x31445242;  // "BRD1"
 constexpr uint16_t kIdVersion = 1;
 constexpr uint32_t kKindRootHello = 1;
 constexpr uint32_t kKindPeerHello = 2;
-constexpr int kMaxRanks = 1 << 20;
+// The root's answer to a hello of this job that it refuses (a rank count
+// that differs, a rank that joined twice): this magic, the reason's length,
+// then the reason, so the refused rank can say why at once.
+constexpr uint32_t kRefusalMagic = 0x31465242;  // "BRF1"
+constexpr uint32_t kMaxRefusalBytes = 512;
 // A connection must finish its handshake this fast, so a silent stranger
 // cannot stall the root or a rank's accept.
 constexpr double kHandshakeSeconds = 5.0;
@@ -131,6 +136,16 @@ void RendezvousRoot::run() {
           pending_.erase(pending_.begin() + static_cast<long>(i));
           if (Status st = accept_hello(h, fd); !st) {
             BRAID_WARN("BOOTSTRAP", -1, "rendezvous root rejected a connection: %s", st.message().c_str());
+            // A rank of this job is told why; a stranger is not answered.
+            if (h.magic == kMagic && std::memcmp(h.token, token_.data(), kTokenBytes) == 0) {
+              const std::string& why = st.message();
+              const uint32_t len = static_cast<uint32_t>(std::min<size_t>(why.size(), kMaxRefusalBytes));
+              std::vector<uint8_t> refusal(8 + len);
+              const uint32_t hdr[2] = {kRefusalMagic, len};
+              std::memcpy(refusal.data(), hdr, 8);
+              std::memcpy(refusal.data() + 8, why.data(), len);
+              (void)send_all(fd, refusal.data(), refusal.size(), Deadline::after_seconds(kHandshakeSeconds));
+            }
             close(fd);
           }
           continue;
@@ -310,6 +325,19 @@ Status Bootstrap::join(const UniqueId& id, int rank, int nranks, const std::stri
   // a table that never comes.
   std::vector<uint8_t> reply(root_reply_bytes(nranks));
   if (st) st = recv_all(fd, reply.data(), 8, deadline);
+  if (st) {
+    uint32_t hdr[2];
+    std::memcpy(hdr, reply.data(), 8);
+    if (hdr[0] == kRefusalMagic) {
+      std::string why(std::min(hdr[1], kMaxRefusalBytes), '\0');
+      st = recv_all(fd, why.data(), why.size(), deadline);
+      close(fd);
+      if (!st)
+        return st.with_context("rank " + std::to_string(rank) + " reading the rendezvous root's refusal");
+      return Status::invalid_argument("the rendezvous root at " + id.root.str() + " refused rank " +
+                                      std::to_string(rank) + ": " + why);
+    }
+  }
   if (st) st = parse_root_reply(reply.data(), 8, nranks, nullptr);
   if (st) st = recv_all(fd, reply.data() + 8, reply.size() - 8, deadline);
   if (st) st = parse_root_reply(reply.data(), reply.size(), nranks, &b->peers_);

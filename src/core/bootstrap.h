@@ -24,6 +24,8 @@
 namespace braid {
 
 constexpr size_t kTokenBytes = 16;
+// The most ranks a communicator may have (the rendezvous root's limit).
+constexpr int kMaxRanks = 1 << 20;
 using JobToken = std::array<uint8_t, kTokenBytes>;
 
 // The decoded braid_unique_id_t.

@@ -787,11 +787,13 @@ void fill_call_tag(CallTag& t, OpKind kind, uint64_t seq, const CollArgs& a) {
 }
 
 // The bytes an op reads from sendbuf and writes to recvbuf on this rank, and
-// where its input sits when it is in place.
+// where its input sits when it is in place. An address, not a pointer: it
+// may lie outside recvbuf (reduce_scatter's in-place input starts before
+// it), or be computed from a NULL recvbuf that this rank does not use.
 struct Regions {
   size_t in_bytes = 0, out_bytes = 0;
   bool uses_input = true, uses_output = true;
-  const char* canonical_in = nullptr;
+  uintptr_t canonical_in = 0;
 };
 
 Regions regions_of(OpKind kind, const CollArgs& a, int rank, int nranks) {
@@ -799,7 +801,7 @@ Regions regions_of(OpKind kind, const CollArgs& a, int rank, int nranks) {
   const size_t n = static_cast<size_t>(nranks);
   Regions g;
   g.in_bytes = g.out_bytes = a.count * esize;
-  g.canonical_in = static_cast<const char*>(a.recvbuf);
+  g.canonical_in = reinterpret_cast<uintptr_t>(a.recvbuf);
   switch (kind) {
     case OpKind::kSend:
       g.uses_output = false;
@@ -818,7 +820,7 @@ Regions regions_of(OpKind kind, const CollArgs& a, int rank, int nranks) {
       break;
     case OpKind::kReduceScatter:
       g.in_bytes *= n;
-      g.canonical_in = static_cast<const char*>(a.recvbuf) - rank * g.out_bytes;
+      g.canonical_in -= rank * g.out_bytes;
       break;
     case OpKind::kGather:
       g.out_bytes *= n;
@@ -827,13 +829,13 @@ Regions regions_of(OpKind kind, const CollArgs& a, int rank, int nranks) {
       break;
     case OpKind::kScatter:
       g.in_bytes *= n;
-      g.canonical_in = static_cast<const char*>(a.recvbuf) - rank * g.out_bytes;
+      g.canonical_in -= rank * g.out_bytes;
       g.uses_input = rank == a.root;
       break;
     case OpKind::kAllToAll:
       g.in_bytes *= n;
       g.out_bytes *= n;
-      g.canonical_in = nullptr;
+      g.canonical_in = 0;
       break;
     case OpKind::kAllToAllv:
       g.in_bytes = g.out_bytes = 0;
@@ -844,7 +846,7 @@ Regions regions_of(OpKind kind, const CollArgs& a, int rank, int nranks) {
         if (a.layout[2 * n + p] > 0)
           g.out_bytes = std::max(g.out_bytes, (a.layout[3 * n + p] + a.layout[2 * n + p]) * esize);
       }
-      g.canonical_in = nullptr;
+      g.canonical_in = 0;
       break;
     case OpKind::kBroadcast:
       g.uses_input = rank == a.root;
@@ -950,7 +952,7 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
     const char* in = static_cast<const char*>(a.sendbuf);
     const char* out = static_cast<const char*>(a.recvbuf);
     bool overlap = in < out + out_bytes && out < in + in_bytes;
-    if (overlap && in != g.canonical_in) {
+    if (overlap && reinterpret_cast<uintptr_t>(in) != g.canonical_in) {
       op->input_copy.assign(in, in + in_bytes);
       a.sendbuf = op->input_copy.data();
     }
@@ -1257,8 +1259,9 @@ Status Communicator::prepare_stream_op(OpKind kind, const CollArgs& args, void* 
       const char* in = static_cast<const char*>(args.sendbuf);
       const char* out = static_cast<const char*>(args.recvbuf);
       // (all_to_allv's count is 0: its extents say whether it moves data.)
-      if (g.in_bytes > 0 && g.out_bytes > 0 && g.uses_input && g.uses_output && in != g.canonical_in &&
-          in < out + g.out_bytes && out < in + g.in_bytes)
+      if (g.in_bytes > 0 && g.out_bytes > 0 && g.uses_input && g.uses_output &&
+          reinterpret_cast<uintptr_t>(in) != g.canonical_in && in < out + g.out_bytes &&
+          out < in + g.in_bytes)
         BRAID_RETURN_IF_ERROR(ipc_->scratch(g.in_bytes, &call->ipc_input_copy));
       return staging_->take(*cu, context.context(), 0, &call->block);
     }
