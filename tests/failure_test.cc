@@ -884,7 +884,7 @@ TEST(Bootstrap, ARefusedRankIsToldWhy) {
           joining->store(1);
         } else {
           while (joining->load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-          std::this_thread::sleep_for(std::chrono::milliseconds(300));  // its hello is in
+          std::this_thread::sleep_for(std::chrono::seconds(1));  // its hello is in
           const auto start = std::chrono::steady_clock::now();
           const struct {
             int nranks, rank;

@@ -311,12 +311,13 @@ Status validate(const Call& c, Communicator& comm) {
             rdispl[p] > limit - rcount[p])
           return Status::invalid_argument("counts or displacements for rank " + std::to_string(p) +
                                           " overflow the address space");
-        if (scount[p] > 0)
-          BRAID_RETURN_IF_ERROR(check_buffer(c.stream, a.sendbuf, scount[p], "sendbuf",
-                                             ("sendcounts[" + std::to_string(p) + "]").c_str()));
-        if (rcount[p] > 0)
-          BRAID_RETURN_IF_ERROR(check_buffer(c.stream, a.recvbuf, rcount[p], "recvbuf",
-                                             ("recvcounts[" + std::to_string(p) + "]").c_str()));
+        // The message names the index; the label is built only for it.
+        if (scount[p] > 0 && !check_buffer(c.stream, a.sendbuf, scount[p], "sendbuf", "sendcounts"))
+          return check_buffer(c.stream, a.sendbuf, scount[p], "sendbuf",
+                              ("sendcounts[" + std::to_string(p) + "]").c_str());
+        if (rcount[p] > 0 && !check_buffer(c.stream, a.recvbuf, rcount[p], "recvbuf", "recvcounts"))
+          return check_buffer(c.stream, a.recvbuf, rcount[p], "recvbuf",
+                              ("recvcounts[" + std::to_string(p) + "]").c_str());
       }
       if (scount[r] != rcount[r])
         return Status::invalid_argument("sendcounts[" + std::to_string(r) + "]=" + std::to_string(scount[r]) +
