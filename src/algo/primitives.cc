@@ -15,6 +15,9 @@
 #include "src/core/logging.h"
 
 namespace braid {
+
+void (*test_hook_before_chunk_copy)(bool) = nullptr;
+
 namespace {
 
 struct RecvWait {
@@ -293,12 +296,6 @@ constexpr size_t kCopyChunk = 256 * 1024;
 uint64_t copy_chunks(size_t bytes) {
   return (bytes + kCopyChunk - 1) / kCopyChunk;
 }
-
-}  // namespace
-
-void (*test_hook_before_chunk_copy)(bool) = nullptr;
-
-namespace {
 
 // Claims chunks of the open offer and copies them until none is left: the
 // sender writes them into the receiver's buffer, the receiver reads them.

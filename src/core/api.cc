@@ -300,24 +300,29 @@ Status validate(const Call& c, Communicator& comm) {
       BRAID_RETURN_IF_ERROR(check_count(a.count, a.dtype, 1, "count"));
       return check_buffer(c.stream, a.recvbuf, a.count, "buf", "count");
     case OpKind::kAllToAllv: {
-      if (a.layout == nullptr)  // braid_all_to_allv names which array is NULL
-        return Status::invalid_argument("sendcounts, sdispls, recvcounts or rdispls is NULL");
+      // a.layout is never NULL here: submit_all_to_allv refuses NULL arrays, naming which.
       const size_t un = static_cast<size_t>(n);
       const size_t *scount = a.layout, *sdispl = a.layout + un, *rcount = a.layout + 2 * un,
                    *rdispl = a.layout + 3 * un;
       const size_t limit = static_cast<size_t>(std::numeric_limits<ptrdiff_t>::max()) / dtype_size(a.dtype);
+      // Each buffer is checked once, at the first rank whose count needs it
+      // (the message names that index): the check depends on the buffer only.
+      bool send_checked = false, recv_checked = false;
       for (int p = 0; p < n; ++p) {
         if (scount[p] > limit || sdispl[p] > limit - scount[p] || rcount[p] > limit ||
             rdispl[p] > limit - rcount[p])
           return Status::invalid_argument("counts or displacements for rank " + std::to_string(p) +
                                           " overflow the address space");
-        // The message names the index; the label is built only for it.
-        if (scount[p] > 0 && !check_buffer(c.stream, a.sendbuf, scount[p], "sendbuf", "sendcounts"))
-          return check_buffer(c.stream, a.sendbuf, scount[p], "sendbuf",
-                              ("sendcounts[" + std::to_string(p) + "]").c_str());
-        if (rcount[p] > 0 && !check_buffer(c.stream, a.recvbuf, rcount[p], "recvbuf", "recvcounts"))
-          return check_buffer(c.stream, a.recvbuf, rcount[p], "recvbuf",
-                              ("recvcounts[" + std::to_string(p) + "]").c_str());
+        if (scount[p] > 0 && !send_checked) {
+          send_checked = true;
+          BRAID_RETURN_IF_ERROR(check_buffer(c.stream, a.sendbuf, scount[p], "sendbuf",
+                                             ("sendcounts[" + std::to_string(p) + "]").c_str()));
+        }
+        if (rcount[p] > 0 && !recv_checked) {
+          recv_checked = true;
+          BRAID_RETURN_IF_ERROR(check_buffer(c.stream, a.recvbuf, rcount[p], "recvbuf",
+                                             ("recvcounts[" + std::to_string(p) + "]").c_str()));
+        }
       }
       if (scount[r] != rcount[r])
         return Status::invalid_argument("sendcounts[" + std::to_string(r) + "]=" + std::to_string(scount[r]) +
