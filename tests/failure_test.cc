@@ -1014,6 +1014,32 @@ TEST(Bootstrap, HandshakeParsersNameWhatIsWrong) {
                        "bad header (another job on that port?)"));
   EXPECT_TRUE(contains(parse_root_reply(reply.data(), reply.size() - 1, 2, &table).message().c_str(),
                        "wrong length"));
+
+  // A normal reply is not a refusal.
+  bool refused = true;
+  size_t reason_bytes = 1;
+  ASSERT_TRUE(parse_refusal_header(reply.data(), reply.size(), &refused, &reason_bytes));
+  EXPECT_FALSE(refused);
+  // The root's refusal: what it encodes is what the refused rank reads,
+  // cut at 512 bytes, unprintable bytes shown as '?'.
+  std::vector<uint8_t> refusal = encode_refusal("rank 1 says the job has 3 ranks\n\x01");
+  ASSERT_TRUE(parse_refusal_header(refusal.data(), refusal.size(), &refused, &reason_bytes));
+  EXPECT_TRUE(refused);
+  ASSERT_EQ(reason_bytes, refusal.size() - 8);
+  EXPECT_EQ(refusal_reason(refusal.data() + 8, reason_bytes), "rank 1 says the job has 3 ranks??");
+  refusal = encode_refusal(std::string(2000, 'x'));
+  ASSERT_TRUE(parse_refusal_header(refusal.data(), refusal.size(), &refused, &reason_bytes));
+  EXPECT_EQ(reason_bytes, 512u);
+  EXPECT_EQ(refusal.size(), 520u);
+  EXPECT_TRUE(contains(parse_refusal_header(refusal.data(), 7, &refused, &reason_bytes).message().c_str(),
+                       "truncated"));
+  const uint32_t garbled[2] = {refusal[0] | refusal[1] << 8 | refusal[2] << 16 | uint32_t{refusal[3]} << 24,
+                               513};
+  std::memcpy(refusal.data(), garbled, 8);
+  EXPECT_TRUE(contains(
+      parse_refusal_header(refusal.data(), refusal.size(), &refused, &reason_bytes).message().c_str(),
+      "announces 513 bytes of reason"));
+  EXPECT_FALSE(refused);
 }
 
 }  // namespace

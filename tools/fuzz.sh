@@ -14,7 +14,7 @@ dir=build-fuzz
 cmake --build "$dir" -j "${BRAID_BUILD_JOBS:-$(nproc)}" --target fuzz_tcp_frames fuzz_handshake
 
 # Seeds: a data frame, a zero-length frame, an abort frame; a root hello, a
-# peer hello and a root answer carrying the fuzz target's token.
+# peer hello, a root answer and a root's refusal carrying the fuzz target's token.
 seeds=$dir/seeds
 mkdir -p "$seeds/tcp_frames" "$seeds/handshake" "$dir/crashes"
 python3 - "$seeds" <<'PY'
@@ -35,6 +35,7 @@ addr = struct.pack("<H", 2) + struct.pack(">H", 4000) + bytes([127, 0, 0, 1]) + 
 open(f"{d}/handshake/root_hello", "wb").write(b"\0" + struct.pack("<II", 0x31445242, 1) + token + struct.pack("<II", 1, 4) + addr)
 open(f"{d}/handshake/peer_hello", "wb").write(b"\1\4" + struct.pack("<II", 0x31445242, 2) + token + struct.pack("<II", 2, 100))
 open(f"{d}/handshake/root_reply", "wb").write(b"\2\1" + struct.pack("<II", 0x31445242, 2) + addr + addr)
+open(f"{d}/handshake/refusal", "wb").write(b"\4" + struct.pack("<II", 0x31465242, 20) + b"rank 1 joined twice\x01")
 open(f"{d}/handshake/unique_id", "wb").write(b"\3" + struct.pack("<IH2x", 0x31445242, 1) + addr + token)
 PY
 

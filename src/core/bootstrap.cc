@@ -17,11 +17,7 @@ constexpr uint32_t kMagic = 0x31445242;  // "BRD1"
 constexpr uint16_t kIdVersion = 1;
 constexpr uint32_t kKindRootHello = 1;
 constexpr uint32_t kKindPeerHello = 2;
-// The root's answer to a hello of this job that it refuses (a rank count
-// that differs, a rank that joined twice): this magic, the reason's length,
-// then the reason, so the refused rank can say why at once.
 constexpr uint32_t kRefusalMagic = 0x31465242;  // "BRF1"
-constexpr uint32_t kMaxRefusalBytes = 512;
 // A connection must finish its handshake this fast, so a silent stranger
 // cannot stall the root or a rank's accept.
 constexpr double kHandshakeSeconds = 5.0;
@@ -138,12 +134,7 @@ void RendezvousRoot::run() {
             BRAID_WARN("BOOTSTRAP", -1, "rendezvous root rejected a connection: %s", st.message().c_str());
             // A rank of this job is told why; a stranger is not answered.
             if (h.magic == kMagic && std::memcmp(h.token, token_.data(), kTokenBytes) == 0) {
-              const std::string& why = st.message();
-              const uint32_t len = static_cast<uint32_t>(std::min<size_t>(why.size(), kMaxRefusalBytes));
-              std::vector<uint8_t> refusal(8 + len);
-              const uint32_t hdr[2] = {kRefusalMagic, len};
-              std::memcpy(refusal.data(), hdr, 8);
-              std::memcpy(refusal.data() + 8, why.data(), len);
+              const std::vector<uint8_t> refusal = encode_refusal(st.message());
               (void)send_all(fd, refusal.data(), refusal.size(), Deadline::after_seconds(kHandshakeSeconds));
             }
             close(fd);
@@ -232,6 +223,38 @@ Status parse_root_reply(const uint8_t* in, size_t n, int nranks, std::vector<Soc
     if (!st) return st.with_context("the rendezvous root's address of rank " + std::to_string(r));
   }
   return Status::ok();
+}
+
+std::vector<uint8_t> encode_refusal(const std::string& why) {
+  const uint32_t len = static_cast<uint32_t>(std::min<size_t>(why.size(), kMaxRefusalBytes));
+  std::vector<uint8_t> out(8 + len);
+  const uint32_t hdr[2] = {kRefusalMagic, len};
+  std::memcpy(out.data(), hdr, 8);
+  std::memcpy(out.data() + 8, why.data(), len);
+  return out;
+}
+
+Status parse_refusal_header(const uint8_t* in, size_t n, bool* refused, size_t* reason_bytes) {
+  *refused = false;
+  *reason_bytes = 0;
+  uint32_t hdr[2] = {0, 0};
+  if (n < sizeof(hdr)) return Status::remote("the rendezvous root's answer is truncated");
+  std::memcpy(hdr, in, sizeof(hdr));
+  if (hdr[0] != kRefusalMagic) return Status::ok();
+  if (hdr[1] > kMaxRefusalBytes)
+    return Status::remote("the rendezvous root's refusal announces " + std::to_string(hdr[1]) +
+                          " bytes of reason, more than the " + std::to_string(kMaxRefusalBytes) +
+                          " a root sends");
+  *refused = true;
+  *reason_bytes = hdr[1];
+  return Status::ok();
+}
+
+std::string refusal_reason(const uint8_t* in, size_t n) {
+  std::string why(reinterpret_cast<const char*>(in), std::min<size_t>(n, kMaxRefusalBytes));
+  for (char& ch : why)
+    if (ch < 0x20 || ch > 0x7e) ch = '?';
+  return why;
 }
 
 void UniqueId::encode(void* out128) const {
@@ -325,18 +348,17 @@ Status Bootstrap::join(const UniqueId& id, int rank, int nranks, const std::stri
   // a table that never comes.
   std::vector<uint8_t> reply(root_reply_bytes(nranks));
   if (st) st = recv_all(fd, reply.data(), 8, deadline);
-  if (st) {
-    uint32_t hdr[2];
-    std::memcpy(hdr, reply.data(), 8);
-    if (hdr[0] == kRefusalMagic) {
-      std::string why(std::min(hdr[1], kMaxRefusalBytes), '\0');
-      st = recv_all(fd, why.data(), why.size(), deadline);
-      close(fd);
-      if (!st)
-        return st.with_context("rank " + std::to_string(rank) + " reading the rendezvous root's refusal");
-      return Status::invalid_argument("the rendezvous root at " + id.root.str() + " refused rank " +
-                                      std::to_string(rank) + ": " + why);
-    }
+  bool refused = false;
+  size_t reason_bytes = 0;
+  if (st) st = parse_refusal_header(reply.data(), 8, &refused, &reason_bytes);
+  if (st && refused) {
+    std::vector<uint8_t> why(reason_bytes);
+    st = recv_all(fd, why.data(), why.size(), deadline);
+    close(fd);
+    if (!st)
+      return st.with_context("rank " + std::to_string(rank) + " reading the rendezvous root's refusal");
+    return Status::invalid_argument("the rendezvous root at " + id.root.str() + " refused rank " +
+                                    std::to_string(rank) + ": " + refusal_reason(why.data(), why.size()));
   }
   if (st) st = parse_root_reply(reply.data(), 8, nranks, nullptr);
   if (st) st = recv_all(fd, reply.data() + 8, reply.size() - 8, deadline);

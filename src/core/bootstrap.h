@@ -64,6 +64,18 @@ Status parse_peer_hello(const uint8_t* in, size_t n, const JobToken& token, int 
 // table == nullptr only the header (the first 8 bytes) is checked.
 size_t root_reply_bytes(int nranks);
 Status parse_root_reply(const uint8_t* in, size_t n, int nranks, std::vector<SockAddr>* table);
+// The root's answer to a hello of this job that it refuses (a rank count
+// that differs, a rank that joined twice) in place of the reply: a magic of
+// its own, the reason's length, then the reason, so the refused rank can say
+// why at once. parse_refusal_header reads an answer's first 8 bytes: a
+// refusal sets *refused and *reason_bytes (at most kMaxRefusalBytes), anything
+// else is left to parse_root_reply. refusal_reason turns the reason's bytes
+// into text, each byte that is not printable ASCII made '?', so a garbled
+// frame cannot garble the error or the log.
+constexpr size_t kMaxRefusalBytes = 512;
+std::vector<uint8_t> encode_refusal(const std::string& why);
+Status parse_refusal_header(const uint8_t* in, size_t n, bool* refused, size_t* reason_bytes);
+std::string refusal_reason(const uint8_t* in, size_t n);
 
 // Tags for point-to-point bootstrap connections.
 enum : uint32_t { kTagRing = 1, kTagTcpTransport = 100 };

@@ -1,7 +1,7 @@
 // libFuzzer target: the handshake parsers, fed what a stranger, another job
 // or a broken peer could send -- the hello the rendezvous root reads, the
-// hello a rank's listener reads, the root's answer a rank reads -- and the
-// unique ids users pass in. The first byte picks the parser. Each must accept
+// hello a rank's listener reads, the root's answer a rank reads (a reply or a
+// refusal) -- and the unique ids users pass in. The first byte picks the parser. Each must accept
 // only well-formed messages of this job and reject the rest with a message;
 // never crash or read past what arrived.
 #include <cstdint>
@@ -30,7 +30,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const size_t n = size - 1;
   // Copies, so ASan sees reads past the end of exactly what arrived.
   std::vector<uint8_t> msg(in, in + n);
-  switch (data[0] % 4) {
+  switch (data[0] % 5) {
     case 0: {
       braid::RootHelloFields f;
       braid::Status st = braid::parse_root_hello(msg.data(), msg.size(), kToken, &f);
@@ -57,6 +57,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       braid::Status st = braid::parse_root_reply(reply.data(), reply.size(), nranks, &table);
       expect_message(st);
       if (st && table.size() != static_cast<size_t>(nranks)) abort();
+      break;
+    }
+    case 4: {
+      bool refused = false;
+      size_t reason_bytes = 0;
+      braid::Status st = braid::parse_refusal_header(msg.data(), msg.size(), &refused, &reason_bytes);
+      expect_message(st);
+      if (!st || !refused) break;
+      if (reason_bytes > braid::kMaxRefusalBytes) abort();
+      const size_t have = std::min(reason_bytes, msg.size() - 8);
+      const std::string why = braid::refusal_reason(msg.data() + 8, have);
+      if (why.size() != have) abort();
+      for (char ch : why)
+        if (ch < 0x20 || ch > 0x7e) abort();  // nothing unprintable reaches a message
       break;
     }
     case 3: {
