@@ -47,9 +47,16 @@ BraidBackend = _C.BraidBackend
 def _env_from_mpi():
     """Under mpirun, fill torch's RANK / WORLD_SIZE / LOCAL_RANK from Open MPI's
     variables when the launcher did not set them (MASTER_ADDR and MASTER_PORT
-    still come from the user, as with any env:// job)."""
+    still come from the user, as with any env:// job).
+
+    Only where MASTER_ADDR is set, so the job means to use env://: this runs
+    at every `import torch` (the autoload), and in an mpirun job that does not
+    (Horovod, say) RANK / WORLD_SIZE would make other libraries believe that
+    torch.distributed was launched."""
     import os
 
+    if "MASTER_ADDR" not in os.environ:
+        return
     mapping = {
         "RANK": "OMPI_COMM_WORLD_RANK",
         "WORLD_SIZE": "OMPI_COMM_WORLD_SIZE",

@@ -88,6 +88,28 @@ def test_coalescing_makes_one_group(world):
     assert_all_ok(launch("coalescing", world, timeout=120))
 
 
+def test_coalescing_edges():
+    assert_all_ok(launch("coalescing_edges", 2, timeout=120))
+
+
+def test_mpi_environment_is_filled_only_for_env_rendezvous():
+    """Under mpirun, `import torch` (braid_torch's autoload) fills RANK and
+    WORLD_SIZE from Open MPI's variables only where MASTER_ADDR says the job
+    uses env://; otherwise other libraries would think torch.distributed was
+    launched."""
+    code = "import os, torch; print(os.environ.get('RANK'), os.environ.get('WORLD_SIZE'))"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")}
+    env.update(OMPI_COMM_WORLD_RANK="1", OMPI_COMM_WORLD_SIZE="2")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["None", "None"], out.stdout
+    env["MASTER_ADDR"] = "127.0.0.1"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "2"], out.stdout
+
+
 def test_pending_recv_does_not_block_collectives():
     assert_all_ok(launch("pending_recv", 3))
 

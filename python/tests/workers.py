@@ -327,9 +327,12 @@ def hung_peer():
 
 
 def absent_from_barrier():
+    """Rank 0 names the rank that never arrives; then its group ends at once
+    (abort), not after the group's 30 s timeout waiting for the receive still
+    posted for the absent rank, which stays alive meanwhile."""
     rank, world = init(timeout_s=30)
     if rank == world - 1:
-        time.sleep(3)  # alive, never arrives
+        time.sleep(10)  # alive, never arrives
         os._exit(0)
     if rank == 0:
         start = time.time()
@@ -338,6 +341,11 @@ def absent_from_barrier():
             "monitored_barrier", f"rank {world - 1} did not reach the barrier within 1000 ms",
         )
         print(f"rank {rank}: monitored_barrier failed after {time.time() - start:.2f} s: {msg}", flush=True)
+        start = time.time()
+        dist.destroy_process_group()
+        took = time.time() - start
+        assert took < 5, f"destroy_process_group after a failed monitored_barrier took {took:.1f} s"
+        print(f"rank {rank}: destroyed in {took:.2f} s", flush=True)
     os._exit(0)
 
 
@@ -536,6 +544,64 @@ def coalescing():
     print(f"rank {rank}: coalescing ok", flush=True)
 
 
+def coalescing_edges():
+    """A coalesced work's wait() with a timeout that passes while a part is
+    still pending raises (a part left with under 1 ms must not wait without
+    limit); an op on another group inside a coalescing is refused, and ends
+    that coalescing; a work seen completed has its Future completed."""
+    from torch.distributed.distributed_c10d import _coalescing_manager, _world
+
+    rank, world = init()
+    assert world == 2
+    first, second = torch.zeros(4), torch.zeros(4)
+    if rank == 0:
+        works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, first, 1), dist.P2POp(dist.irecv, second, 1)])
+        time.sleep(0.5)
+        start = time.time()
+        expect_raises(lambda: works[0].wait(datetime.timedelta(milliseconds=1)), "did not complete within")
+        took = time.time() - start
+        assert took < 5, f"a coalesced wait with a 1 ms timeout took {took:.1f} s"
+    else:
+        dist.send(torch.full((4,), 1.0), 0)
+    dist.barrier()
+    if rank == 1:
+        dist.send(torch.full((4,), 2.0), 0)
+    else:
+        works[0].wait()
+        expect_equal(first, torch.full((4,), 1.0), "first coalesced receive")
+        expect_equal(second, torch.full((4,), 2.0), "second coalesced receive")
+
+    sub = dist.new_group(list(range(world)))
+    t = torch.full((3,), float(rank))
+    got = torch.zeros(2)
+
+    def all_reduce_inside_sub_coalescing():
+        with _coalescing_manager(sub, torch.device("cpu")):
+            dist.isend(torch.full((2,), float(rank)), 1 - rank, group=sub)
+            dist.irecv(got, 1 - rank, group=sub)
+            dist.all_reduce(t)  # the default group: not sub
+
+    expect_raises(all_reduce_inside_sub_coalescing, "braid", "all_reduce",
+                  "while another process group coalesces on this thread")
+    _world.pg_coalesce_state.pop(sub, None)  # torch's record of the block the exception left
+    expect_equal(t, torch.full((3,), float(rank)), "the refused all_reduce left its tensor alone")
+    dist.all_reduce(t)
+    expect_equal(t, torch.full((3,), 1.0), "all_reduce after the refused one")
+    dist.barrier(group=sub)  # sub's coalesced send and receive started when its coalescing ended
+    deadline = time.time() + 30
+    while not torch.equal(got, torch.full((2,), float(1 - rank))):
+        assert time.time() < deadline, f"sub's coalesced receive never landed: {got}"
+        time.sleep(0.01)
+
+    for k in range(300):
+        w = dist.all_reduce(torch.full((2,), float(k)), async_op=True)
+        while not w.is_completed():
+            pass
+        expect_equal(w.get_future().value()[0], torch.full((2,), float(k * world)), f"future of all_reduce #{k}")
+    dist.destroy_process_group()
+    print(f"rank {rank}: coalescing edges ok", flush=True)
+
+
 def _failing_coalescing(group):
     from torch.distributed.distributed_c10d import _coalescing_manager
 
@@ -714,7 +780,7 @@ SCENARIOS = {
     for f in (
         collectives, bad_input, dead_peer, hung_peer, absent_from_barrier, wait_after_abort, ddp_train, sharded_train, torchrun_env,
         elastic_restart, init_methods,
-        pending_recv, coalescing, cuda_collectives, cuda_ddp_train,
+        pending_recv, coalescing, coalescing_edges, cuda_collectives, cuda_ddp_train,
     )
 }
 

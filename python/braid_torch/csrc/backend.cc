@@ -213,9 +213,11 @@ const c10::TypePtr& tensor_list_type() {
   return type;
 }
 
+// A callback may come after the process group is gone (an abort returns
+// before the engine has failed every op): the slot shares the queue.
 struct CallbackSlot {
   c10::intrusive_ptr<BraidWork> work;
-  CompletionQueue* queue;
+  std::shared_ptr<CompletionQueue> queue;
 };
 
 // Splits of dim 0 into byte counts and displacements for all_to_allv.
@@ -291,24 +293,25 @@ void BraidWork::complete_enqueued() {
   for (const std::vector<at::Tensor>* list : {&keep_alive, &outputs_})
     for (const at::Tensor& t : *list)
       if (t.defined() && t.device() == device_) impl.recordDataPtrOnStream(t.storage().data_ptr(), s);
-  event_.emplace(device_.type());
-  event_->record(s);
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    completed_ = true;
+    event_.emplace(device_.type());
+    event_->record(s);
+    finishing_ = true;
     keep_alive.clear();  // freed to the stream's pool: reused behind braid's op only
     on_success = nullptr;
   }
-  cv_.notify_all();
   // A CUDA future: it records the stream's state, and waiters sync with it.
+  // Complete before the work, as in finalize().
   future_->markCompleted(c10::IValue(outputs_));
+  mark_completed();
 }
 
 BraidWork::~BraidWork() {
   for (braid_request_t r : requests_) braid_request_free(r);
 }
 
-void BraidWork::track(std::vector<braid_request_t> requests, CompletionQueue* queue) {
+void BraidWork::track(std::vector<braid_request_t> requests, const std::shared_ptr<CompletionQueue>& queue) {
   // braid drives a small operation to its end while posting it when the
   // peers are ready: such requests finish here, on the caller's thread,
   // without a trip through the completion thread.
@@ -361,7 +364,8 @@ void BraidWork::finalize() {
   std::exception_ptr failure;
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    if (completed_) return;
+    if (completed_ || finishing_) return;
+    finishing_ = true;
     std::string message;
     {
       std::lock_guard<std::mutex> elock(error_mu_);
@@ -378,15 +382,24 @@ void BraidWork::finalize() {
     }
     if (!message.empty()) exception_ = backend_error(message);
     failure = exception_;
-    completed_ = true;
     keep_alive.clear();
     on_success = nullptr;
   }
-  cv_.notify_all();
+  // The Future first, then the work (as gloo's do): whoever sees the work
+  // completed may ask for the Future's value.
   if (failure)
     future_->setError(failure);
   else
     future_->markCompleted(c10::IValue(outputs_));
+  mark_completed();
+}
+
+void BraidWork::mark_completed() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    completed_ = true;
+  }
+  cv_.notify_all();
 }
 
 bool BraidWork::isCompleted() {
@@ -408,6 +421,16 @@ bool BraidWork::wait(std::chrono::milliseconds timeout) {
     // does not, unless given a timeout: then, as with NCCL, it waits for
     // the device to finish the op, and a late one is an error. A failure
     // seen so far breaks the communicator: report it.
+    {
+      // No event: the op never reached the stream (its group failed at
+      // endCoalescing), and the work failed.
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (!event_) {
+        cv_.wait(lock, [&] { return completed_; });
+        if (exception_) std::rethrow_exception(exception_);
+        return true;
+      }
+    }
     event_->block(current_stream(device_));
     if (timeout != kNoTimeout) {
       const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -540,6 +563,12 @@ void CompletionQueue::loop() {
 
 // ---- BraidBackend ----
 
+namespace {
+// The process group coalescing on this thread, if any (braid's group is
+// per thread and spans every communicator).
+thread_local BraidBackend* t_coalescing = nullptr;
+}  // namespace
+
 BraidBackend::BraidBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                            std::chrono::milliseconds timeout, std::string group_name)
     : c10d::Backend(rank, size), group_name_(std::move(group_name)), timeout_(timeout) {
@@ -572,7 +601,8 @@ BraidBackend::BraidBackend(const c10::intrusive_ptr<c10d::Store>& store, int ran
 }
 
 BraidBackend::~BraidBackend() {
-  if (braid_comm_t comm = comm_.exchange(nullptr)) braid_comm_destroy(comm);
+  if (t_coalescing == this) t_coalescing = nullptr;
+  shutdown();
 }
 
 std::string BraidBackend::describe() const {
@@ -615,7 +645,12 @@ void BraidBackend::abort() {
 }
 
 void BraidBackend::shutdown() {
-  if (braid_comm_t comm = comm_.exchange(nullptr)) braid_comm_destroy(comm);
+  if (braid_comm_t comm = comm_.exchange(nullptr)) {
+    if (barrier_failed_.load())
+      braid_comm_abort(comm);
+    else
+      braid_comm_destroy(comm);
+  }
 }
 
 c10::intrusive_ptr<BraidWork> BraidBackend::make_work(c10d::OpType type, const char* op,
@@ -631,6 +666,16 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::launch(const c10::intrusive_ptr<Bra
   // Stream-ordered calls return once enqueued: their blocking form is
   // enough, and nothing is left to track.
   if (work->stream != nullptr) blocking = true;
+  if (t_coalescing != nullptr && t_coalescing != this) {
+    // Another group's coalescing on this thread holds braid's group open:
+    // this op would join it and start only at that group's end, after this
+    // call returned. Refused; and that coalescing is ended (its ops start),
+    // as torch will not end it once this exception leaves its block.
+    t_coalescing->end_coalescing(true);
+    TORCH_CHECK(false, "braid: ", work->what(),
+                " was called while another process group coalesces on this thread (inside its "
+                "_coalescing_manager or batch_isend_irecv); call it outside that block, or on that group");
+  }
   // braid finds the context of the legacy default stream as the calling
   // thread's current one: the tensors' device's.
   c10::OptionalDeviceGuard device_guard;
@@ -674,7 +719,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::launch(const c10::intrusive_ptr<Bra
       return work;
     }
   }
-  work->track(std::move(requests), &completions_);  // none when blocking: completes at once
+  work->track(std::move(requests), completions_);  // none when blocking: completes at once
   return work;
 }
 
@@ -683,8 +728,12 @@ void BraidBackend::startCoalescing() {
   TORCH_CHECK(coalescing_thread_.load() == std::thread::id(), "braid: startCoalescing (", describe(),
               ") while an earlier coalescing has not ended (one at a time per process group)");
   TORCH_CHECK(comm_ != nullptr, "braid: startCoalescing on a process group that was shut down or aborted");
+  TORCH_CHECK(t_coalescing == nullptr, "braid: startCoalescing (", describe(),
+              ") while another process group coalesces on this thread (one at a time per thread: braid's "
+              "group spans the thread)");
   braid_group_start();
   coalescing_thread_.store(std::this_thread::get_id());
+  t_coalescing = this;
   coalesced_.clear();
 }
 
@@ -705,7 +754,16 @@ std::vector<c10::intrusive_ptr<BraidWork>> BraidBackend::end_coalescing(bool aba
       TORCH_CHECK(false, "braid: endCoalescing (", describe(), ") without a startCoalescing on this thread");
     }
     coalescing_thread_.store(std::thread::id());
+    t_coalescing = nullptr;
     deferred.swap(coalesced_);
+    // braid enqueues stream-ordered calls here, on the legacy default
+    // stream of the current device: the tensors' (as launch() sets it).
+    c10::OptionalDeviceGuard device_guard;
+    for (const Deferred& d : deferred)
+      if (d.work->stream != nullptr) {
+        device_guard.reset_device(d.work->device());
+        break;
+      }
     code = braid_group_end();
     if (code != BRAID_SUCCESS) message = braid_get_last_error();
     // Stream-ordered works: braid enqueued the group's ops just now; the
@@ -726,7 +784,7 @@ std::vector<c10::intrusive_ptr<BraidWork>> BraidBackend::end_coalescing(bool aba
   std::vector<c10::intrusive_ptr<BraidWork>> parts;
   for (Deferred& d : deferred) {
     // A failed group failed the ops it started: their requests say so.
-    if (d.work->stream == nullptr) d.work->track(std::move(d.requests), &completions_);
+    if (d.work->stream == nullptr) d.work->track(std::move(d.requests), completions_);
     parts.push_back(d.work);
   }
   if (code != BRAID_SUCCESS && !abandon)
@@ -788,9 +846,10 @@ bool CoalescedWork::wait(std::chrono::milliseconds timeout) {
     if (timeout == kNoTimeout) {
       p->wait();
     } else {
+      // At least 1 ms: 0 would mean no timeout at all (kNoTimeout).
       auto left =
           std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      p->wait(std::max(left, std::chrono::milliseconds(0)));
+      p->wait(std::max(left, std::chrono::milliseconds(1)));
     }
   }
   return true;
@@ -882,7 +941,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::sparse_allreduce(at::Tensor t,
   }
   at::Tensor sum = at::sparse_coo_tensor(at::cat(idx_parts, 1), at::cat(val_parts, 0), in.sizes()).coalesce();
   work->on_success = [t, sum]() mutable { t.copy_(sum); };
-  work->track({}, &completions_);
+  work->track({}, completions_);
   return work;
 }
 
@@ -1357,6 +1416,12 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::barrier(const c10d::BarrierOptions&
       false, !opts.asyncOp);
 }
 
+namespace {
+void release_barrier_bytes(void* user, braid_result_t, const char*) {
+  delete static_cast<std::shared_ptr<std::vector<uint8_t>>*>(user);
+}
+}  // namespace
+
 void BraidBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
   CoalescingGuard guard(this);
   TORCH_CHECK(coalescing_thread_.load() != std::this_thread::get_id(),
@@ -1375,13 +1440,18 @@ void BraidBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_
   }
   auto arrived = std::make_shared<std::vector<uint8_t>>(size_, 0);
   std::vector<braid_request_t> reqs(size_, nullptr);
-  // Leaving with receives still posted: they complete later, into bytes
-  // that must outlive this call.
+  // Leaving with receives still posted: they complete later (a late token,
+  // or the abort that ends the group), into bytes that must live until then:
+  // each receive's callback holds them.
   auto abandon = [&] {
-    for (braid_request_t& r : reqs)
-      if (r != nullptr) braid_request_free(std::exchange(r, nullptr));
-    std::lock_guard<std::mutex> lock(abandoned_mu_);
-    abandoned_.push_back(arrived);
+    barrier_failed_.store(true);
+    for (braid_request_t& r : reqs) {
+      if (r == nullptr) continue;
+      auto* held = new std::shared_ptr<std::vector<uint8_t>>(arrived);
+      if (braid_request_set_callback(r, &release_barrier_bytes, held) != BRAID_SUCCESS)
+        (void)held;  // only a bug gets here: never freed, as the receive may still write
+      braid_request_free(std::exchange(r, nullptr));
+    }
   };
   for (int p = 1; p < size_; ++p) {
     braid_result_t code = braid_irecv(&(*arrived)[p], 1, BRAID_UINT8, p, comm_, nullptr, &reqs[p]);

@@ -63,7 +63,7 @@ class BraidWork : public c10d::Work {
   std::atomic<bool> deferred{false};
 
   // Takes ownership of the requests and arms their callbacks.
-  void track(std::vector<braid_request_t> requests, CompletionQueue* queue);
+  void track(std::vector<braid_request_t> requests, const std::shared_ptr<CompletionQueue>& queue);
   // Completes the work once: copy-out, then the Future. Idempotent.
   void finalize();
   // A stream-ordered work, once braid enqueued it: the copy-out enqueued
@@ -76,12 +76,15 @@ class BraidWork : public c10d::Work {
  private:
   // Runs on_success, if set, without grad.
   void copy_out();
+  // Sets completed_ (once the Future is complete) and wakes the waiters.
+  void mark_completed();
   friend class CompletionQueue;
   const std::string what_;  // "all_reduce (group 'default_pg', rank 0 of 2)"
   std::vector<at::Tensor> outputs_;
   const c10::Device device_;
   const braid_comm_t comm_;
   std::optional<c10::Event> event_;  // behind a stream-ordered work on its stream
+  bool finishing_ = false;           // under mutex_: completing (Future first), once
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::mutex requests_mu_;
   std::vector<braid_request_t> requests_;  // still owned by this work
@@ -260,12 +263,12 @@ class BraidBackend : public c10d::Backend {
   };
   std::atomic<std::thread::id> coalescing_thread_{};  // none: a default id
   std::vector<Deferred> coalesced_;
-  CompletionQueue completions_;
-  // Where a failed monitored_barrier's receives still land: a late rank's
-  // token arrives after the requests were dropped, so their bytes live
-  // until the communicator is destroyed (in ~BraidBackend, before members).
-  std::mutex abandoned_mu_;
-  std::vector<std::shared_ptr<std::vector<uint8_t>>> abandoned_;
+  // Shared with the callbacks still to come (see CallbackSlot).
+  std::shared_ptr<CompletionQueue> completions_ = std::make_shared<CompletionQueue>();
+  // A monitored_barrier failed: its receives from the missing ranks are
+  // still posted, so the group ends by abort, not by destroy (which would
+  // wait for them until the timeout).
+  std::atomic<bool> barrier_failed_{false};
 };
 
 }  // namespace braid_torch
