@@ -18,6 +18,7 @@ struct FakeCuda {
   void* (*stream_create)();
   void (*stream_destroy)(void*);
   void (*stream_hold)(void*, int);
+  void (*stream_capture)(void*, int);  // marks a stream as being captured into a graph
   void (*stream_synchronize)(void*);
   int (*pinned_blocks)();
   int (*copies)();
@@ -46,6 +47,7 @@ inline const FakeCuda& fake_cuda() {
     c.stream_create = reinterpret_cast<void* (*)()>(dlsym(lib, "fake_cuda_stream_create"));
     c.stream_destroy = reinterpret_cast<void (*)(void*)>(dlsym(lib, "fake_cuda_stream_destroy"));
     c.stream_hold = reinterpret_cast<void (*)(void*, int)>(dlsym(lib, "fake_cuda_stream_hold"));
+    c.stream_capture = reinterpret_cast<void (*)(void*, int)>(dlsym(lib, "fake_cuda_stream_capture"));
     c.stream_synchronize = reinterpret_cast<void (*)(void*)>(dlsym(lib, "fake_cuda_stream_synchronize"));
     c.pinned_blocks = reinterpret_cast<int (*)()>(dlsym(lib, "fake_cuda_pinned_blocks"));
     c.copies = reinterpret_cast<int (*)()>(dlsym(lib, "fake_cuda_copies"));

@@ -66,6 +66,8 @@ class FakeStream {
     }
     cv_.notify_all();
   }
+  // A stream being captured into a graph (cuStreamIsCapturing says so).
+  std::atomic<bool> capturing{false};
   void synchronize() {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
@@ -196,6 +198,17 @@ FAKE_API void fake_cuda_stream_destroy(void* stream) {
 // While held, the stream runs nothing: work enqueued stays queued.
 FAKE_API void fake_cuda_stream_hold(void* stream, int on) {
   find_stream(stream)->hold(on != 0);
+}
+
+FAKE_API void fake_cuda_stream_capture(void* stream, int on) {
+  find_stream(stream)->capturing.store(on != 0);
+}
+
+FAKE_API int cuStreamIsCapturing(void* stream, int* status) {
+  FakeStream* s = find_stream(stream);
+  if (s == nullptr) return kInvalidHandle;
+  *status = s->capturing.load() ? 1 : 0;  // CU_STREAM_CAPTURE_STATUS_ACTIVE : _NONE
+  return kSuccess;
 }
 
 FAKE_API void fake_cuda_stream_synchronize(void* stream) {

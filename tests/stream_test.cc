@@ -302,6 +302,19 @@ TEST(StreamOrdered, BadStreamsAndDeviceBuffersWithoutAStreamAreNamed) {
     BRAID_ASSERT_OK(braid_all_reduce(dev.data(), dev.data(), 64, BRAID_FLOAT32, BRAID_SUM, comm, s));
     cu.stream_synchronize(s);
     EXPECT_EQ(dev[63], 1.0f);
+    // A stream being captured into a CUDA graph: refused, saying so, and
+    // nothing enqueued; the call works again once the capture ended.
+    cu.stream_capture(s, 1);
+    const int copies = cu.copies();
+    EXPECT_EQ(braid_all_reduce(dev.data(), dev.data(), 64, BRAID_FLOAT32, BRAID_SUM, comm, s),
+              BRAID_ERR_UNSUPPORTED);
+    m = braid_get_last_error();
+    EXPECT_NE(m.find("captured into a CUDA graph"), std::string::npos) << m;
+    EXPECT_EQ(cu.copies(), copies);
+    cu.stream_capture(s, 0);
+    BRAID_ASSERT_OK(braid_all_reduce(dev.data(), dev.data(), 64, BRAID_FLOAT32, BRAID_SUM, comm, s));
+    cu.stream_synchronize(s);
+    EXPECT_EQ(dev[63], 1.0f);
     cu.stream_destroy(s);
   });
 }

@@ -55,7 +55,14 @@ Task reduce_and_finish(IpcWindow& w, const CollArgs& a, const std::vector<const 
 // Elements per chunk where this rank's window holds a piece of every
 // rank's block.
 size_t piece_chunk(const IpcWindow& w, int nranks, size_t esize) {
-  return std::max<size_t>(1, w.region_bytes() / (static_cast<size_t>(nranks) * esize));
+  const size_t fit = w.region_bytes() / (static_cast<size_t>(nranks) * esize);
+  // A whole number of 256-byte units, so every piece (p * bytes into the
+  // window, off * esize into the user's blocks) keeps the alignment the
+  // kernels' 16-byte path needs: 11,184,808-byte pieces (32 MiB over 3
+  // ranks) would send every element after the first piece down the scalar
+  // path.
+  const size_t unit = std::max<size_t>(1, kSliceAlignBytes / esize);
+  return fit >= unit ? fit / unit * unit : std::max<size_t>(1, fit);
 }
 
 // Bytes [at, at + bytes) of every member's block of `in` (blocks `block`

@@ -1231,6 +1231,18 @@ Status Communicator::prepare_stream_op(OpKind kind, const CollArgs& args, void* 
   BRAID_RETURN_IF_ERROR(cuda_driver(&cu));
   StreamContext context(*cu, stream);
   BRAID_RETURN_IF_ERROR(context.status());
+  // Captured into a graph, the staging copies, host functions and waits
+  // would be recorded instead of run, and the op would wait for a stream
+  // that never gets there; replayed later, they would touch freed blocks.
+  if (cu->stream_is_capturing != nullptr) {
+    int capture = 0;
+    if (CUresult r = cu->stream_is_capturing(stream, &capture); r != 0)
+      return cu->error("cuStreamIsCapturing", r);
+    if (capture != 0)
+      return Status::unsupported(
+          "the stream is being captured into a CUDA graph; braid's stream-ordered operations wait for "
+          "host-side progress and cannot be captured: call it outside the capture");
+  }
   const Regions g = regions_of(kind, args, rank_, nranks_);
   {
     std::lock_guard<std::mutex> lock(staging_mu_);

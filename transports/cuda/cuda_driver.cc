@@ -62,6 +62,7 @@ Status cuda_driver(const CudaDriver** out) {
     find(lib, "cuDeviceGetPCIBusId", &d.device_get_pci_bus_id, nullptr);
     find(lib, "cuDeviceGetByPCIBusId", &d.device_get_by_pci_bus_id, nullptr);
     find(lib, "cuDeviceCanAccessPeer", &d.device_can_access_peer, nullptr);
+    find(lib, "cuStreamIsCapturing", &d.stream_is_capturing, nullptr);
     if (!missing.empty())
       return Status::unsupported("the CUDA driver in this process lacks " + missing +
                                  " (stream-ordered operations need a driver of CUDA 12 or later)");

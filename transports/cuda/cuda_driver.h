@@ -52,6 +52,9 @@ struct CudaDriver {
   CUresult (*device_get_pci_bus_id)(char* bus_id, int len, CUdevice device);
   CUresult (*device_get_by_pci_bus_id)(CUdevice* device, const char* bus_id);
   CUresult (*device_can_access_peer)(int* can, CUdevice device, CUdevice peer);
+  // Optional too: where present, a stream being captured into a CUDA graph
+  // is refused (the call's copies and waits would be recorded, not run).
+  CUresult (*stream_is_capturing)(CUstream stream, int* status);
   bool has_ipc() const {
     return mem_alloc && mem_free && ipc_get_mem_handle && ipc_open_mem_handle && ipc_close_mem_handle &&
            stream_create && stream_destroy && stream_query && ctx_get_device && device_get_pci_bus_id &&
