@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/fake_cuda.h"
@@ -639,6 +640,42 @@ TEST(CudaIpc, TheLegacyDefaultStreamWorks) {
     ASSERT_NE(preloads, nullptr);
     EXPECT_EQ(preloads(), 1);
     dlclose(kernels);
+  });
+}
+
+// Ranks that are threads of one process (as with ncclCommInitAll): CUDA
+// refuses to open a process's own IPC handle, so each uses the other's
+// window at its address; the collectives still go through the windows, and
+// destroy gives them back.
+TEST(CudaIpc, RanksThatAreThreadsOfOneProcessShareWindows) {
+  run_ranks(1, ipc_env(), [](braid_comm_t, int, int) {
+    const FakeCuda& cu = fake_cuda();
+    braid_unique_id_t id;
+    BRAID_ASSERT_OK(braid_get_unique_id(&id));
+    constexpr int kRanks = 2;
+    std::vector<std::string> failures(kRanks);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kRanks; ++r)
+      threads.emplace_back([&, r] {
+        auto fail = [&](const std::string& what) { failures[r] = what + ": " + braid_get_last_error(); };
+        braid_comm_t comm = nullptr;
+        if (braid_comm_init_rank(&comm, kRanks, id, r) != BRAID_SUCCESS) return fail("init");
+        void* s = cu.stream_create();
+        Buffer<int32_t> x(true, 40000, r + 1);  // several 64 KiB chunks
+        if (braid_all_reduce(x.data(), x.data(), x.size(), BRAID_INT32, BRAID_SUM, comm, s) != BRAID_SUCCESS)
+          return fail("all_reduce");
+        cu.stream_synchronize(s);
+        for (size_t i = 0; i < x.size(); ++i)
+          if (x[i] != 3) return fail("element " + std::to_string(i) + " is " + std::to_string(x[i]));
+        uint64_t ipc_bytes = 0;
+        if (braid_comm_transport_bytes(comm, "cuda_ipc", &ipc_bytes) != BRAID_SUCCESS || ipc_bytes == 0)
+          return fail("no bytes went through the windows");
+        if (braid_comm_destroy(comm) != BRAID_SUCCESS) return fail("destroy");
+        cu.stream_destroy(s);
+      });
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < kRanks; ++r) EXPECT_EQ(failures[r], "") << "rank " << r;
+    expect_windows_given_back();
   });
 }
 

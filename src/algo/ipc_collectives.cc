@@ -86,17 +86,26 @@ Task windows_to_blocks(const Channel& ch, IpcWindow& w, size_t src, char* out, s
 
 }  // namespace
 
-Task ipc_connect(const Channel& ch, IpcSetup setup, std::unique_ptr<IpcWindow>* out, std::string* why) {
-  const int n = ch.nranks, r = ch.rank;
+std::unique_ptr<IpcWindow> make_ipc_window(const IpcSetup& setup, int nranks, int rank,
+                                           std::string* failure) {
   std::unique_ptr<IpcWindow> w;
-  IpcWindowRecord mine;
-  if (Status made =
-          IpcWindow::make(*setup.cu, setup.ctx, setup.region_bytes, n, r, setup.wake, setup.moved, &w);
-      made) {
-    mine = w->record();
-  } else {
-    mine.set_failure("rank " + std::to_string(r) + ": " + made.message());
+  if (Status made = IpcWindow::make(*setup.cu, setup.ctx, setup.region_bytes, nranks, rank, setup.wake,
+                                    setup.moved, &w);
+      !made) {
+    *failure = made.message();
+    return nullptr;
   }
+  return w;
+}
+
+Task ipc_connect(const Channel& ch, IpcSetup setup, std::unique_ptr<IpcWindow> w, std::string failure,
+                 std::unique_ptr<IpcWindow>* out, std::string* why) {
+  const int n = ch.nranks, r = ch.rank;
+  IpcWindowRecord mine;
+  if (w)
+    mine = w->record();
+  else
+    mine.set_failure("rank " + std::to_string(r) + ": " + failure);
   std::vector<IpcWindowRecord> all(n);
   all[r] = mine;
   for (int s = 1; s < n; ++s)

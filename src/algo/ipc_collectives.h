@@ -30,12 +30,19 @@ struct IpcSetup {
       gpu_path_allowed;  // whether to read another GPU's window (unset: the driver decides)
 };
 
+// This rank's window, made on the calling thread, not inside an op: making
+// it loads kernels and allocates device memory, which may synchronise the
+// device, and the thread that drives the engine must not wait for a stream
+// that waits for the engine (a stream-ordered send parked on its release
+// word). Null with *failure set when it cannot be made.
+std::unique_ptr<IpcWindow> make_ipc_window(const IpcSetup& setup, int nranks, int rank, std::string* failure);
 // Collective over `ch` (every rank of a communicator on one host): every
-// rank makes its window and maps every other's. If any rank cannot, every
-// rank ends with *out null and `why` naming the first such rank and the
-// cause (device collectives then go through host staging); the windows made
-// are unmapped and freed in step.
-Task ipc_connect(const Channel& ch, IpcSetup setup, std::unique_ptr<IpcWindow>* out, std::string* why);
+// rank offers its window `w` (null: `failure` says why) and maps every
+// other's. If any rank cannot, every rank ends with *out null and `why`
+// naming the first such rank and the cause (device collectives then go
+// through host staging); the windows made are unmapped and freed in step.
+Task ipc_connect(const Channel& ch, IpcSetup setup, std::unique_ptr<IpcWindow> w, std::string failure,
+                 std::unique_ptr<IpcWindow>* out, std::string* why);
 // Collective: unmaps the peers' windows and frees this rank's once no peer
 // maps it any more (the window is kept allocated if a peer never answers).
 Task ipc_disconnect(const Channel& ch, std::unique_ptr<IpcWindow> w);

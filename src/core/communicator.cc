@@ -1397,7 +1397,10 @@ Status Communicator::connect_ipc(const CudaDriver& cu, void* ctx) {
       return Status::ok();
     return Status::unsupported(why);
   };
-  op->task = ipc_connect(coll_channel_, setup, &ipc_, &why);
+  std::string failure;
+  std::unique_ptr<IpcWindow> window =
+      make_ipc_window(setup, coll_channel_.nranks, coll_channel_.rank, &failure);
+  op->task = ipc_connect(coll_channel_, setup, std::move(window), std::move(failure), &ipc_, &why);
   engine_->post(op);
   BRAID_RETURN_IF_ERROR(engine_->wait(*op).with_context("setting up CUDA IPC between the ranks"));
   if (ipc_ != nullptr) {

@@ -26,7 +26,12 @@ void IpcWindowRecord::set_failure(const std::string& reason) {
 }
 
 IpcWindow::IpcWindow(const CudaDriver& cu, CUcontext ctx, int nranks, int rank)
-    : cu_(cu), ctx_(ctx), rank_(rank), bases_(nranks, nullptr), mapped_(nranks, false) {}
+    : cu_(cu),
+      ctx_(ctx),
+      rank_(rank),
+      bases_(nranks, nullptr),
+      mapped_(nranks, false),
+      opened_(nranks, false) {}
 
 Status IpcWindow::make(const CudaDriver& cu, CUcontext ctx, size_t region_bytes, int nranks, int rank,
                        std::function<void()> wake, std::atomic<uint64_t>* moved,
@@ -78,6 +83,7 @@ IpcWindowRecord IpcWindow::record() {
   r.device = device_;
   r.region_bytes = region_bytes_;
   r.handle = handle_;
+  r.base = static_cast<uint64_t>(own_);
   std::memcpy(r.bus_id, bus_id_, sizeof(r.bus_id));
   // A peer may map it from now on.
   peers_unmapped_ = false;
@@ -110,6 +116,18 @@ Status IpcWindow::map_peer(int member, const IpcWindowRecord& theirs, const GpuP
       return Status::unsupported("this rank's GPU " + std::string(bus_id_) + " has no peer access to rank " +
                                  std::to_string(member) + "'s GPU " + theirs_bus);
   }
+  if (theirs.pid == static_cast<int32_t>(getpid())) {
+    // A rank of this process: its window is already in our address space.
+    // On the same GPU the kernels read it as is; another GPU would need
+    // peer access enabled in this context, which braid does not do.
+    if (theirs_bus != bus_id_)
+      return Status::unsupported("rank " + std::to_string(member) + " runs in this same process on GPU " +
+                                 theirs_bus + " (this rank: " + bus_id_ +
+                                 "): ranks of one process share windows only on one GPU");
+    bases_[member] = reinterpret_cast<char*>(theirs.base);
+    mapped_[member] = true;
+    return Status::ok();
+  }
   CUdeviceptr p = 0;
   if (CUresult r = cu_.ipc_open_mem_handle(&p, theirs.handle, kIpcLazyEnablePeerAccess); r != 0)
     return cu_.error(("cuIpcOpenMemHandle (rank " + std::to_string(member) + " on CUDA device " +
@@ -119,6 +137,7 @@ Status IpcWindow::map_peer(int member, const IpcWindowRecord& theirs, const GpuP
                      r);
   bases_[member] = reinterpret_cast<char*>(p);
   mapped_[member] = true;
+  opened_[member] = true;
   return Status::ok();
 }
 
@@ -126,9 +145,11 @@ void IpcWindow::unmap_peers() {
   StreamContext context(cu_, StreamContext::Known{ctx_});
   for (size_t m = 0; m < mapped_.size(); ++m) {
     if (!mapped_[m]) continue;
-    if (CUresult r = cu_.ipc_close_mem_handle(reinterpret_cast<CUdeviceptr>(bases_[m])); r != 0)
-      BRAID_WARN("CUDA", rank_, "%s", cu_.error("cuIpcCloseMemHandle", r).message().c_str());
+    if (opened_[m])
+      if (CUresult r = cu_.ipc_close_mem_handle(reinterpret_cast<CUdeviceptr>(bases_[m])); r != 0)
+        BRAID_WARN("CUDA", rank_, "%s", cu_.error("cuIpcCloseMemHandle", r).message().c_str());
     mapped_[m] = false;
+    opened_[m] = false;
     bases_[m] = nullptr;
   }
 }

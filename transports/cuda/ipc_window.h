@@ -40,7 +40,11 @@ struct IpcWindowRecord {
   uint64_t region_bytes = 0;
   CuIpcMemHandle handle{};
   char bus_id[16] = {};  // the GPU's PCI bus id: the same GPU in every process
-  char why[408] = {};    // when !ok: what went wrong, naming the rank
+  // The window's address in its own process: a rank of the same process
+  // (ranks as threads) uses it directly, since CUDA refuses to open a
+  // process's own IPC handle.
+  uint64_t base = 0;
+  char why[400] = {};  // when !ok: what went wrong, naming the rank
   void set_failure(const std::string& reason);
 };
 static_assert(sizeof(IpcWindowRecord) == 512, "travels as one message");
@@ -144,7 +148,8 @@ class IpcWindow {
   Status stream_error_;
   uint32_t settle_checks_ = 0;
   std::vector<char*> bases_;  // per member
-  std::vector<bool> mapped_;  // per member: a peer's window we opened
+  std::vector<bool> mapped_;  // per member: a peer's window we reach (opened, or in this process)
+  std::vector<bool> opened_;  // per member: opened through cuIpcOpenMemHandle, to be closed
   bool peers_unmapped_ = false;
   std::atomic<uint64_t>* moved_ = nullptr;
   Marks* marks_ = nullptr;
