@@ -5,6 +5,13 @@
 #
 #   tools/gpu-check.sh            # BUILD_DIR=build-gpu by default
 #
+# The GPU machine's image has nvcc, CMake, ninja and torch but perhaps not
+# hwloc, GoogleTest or pkg-config, and cannot fetch them: run
+# tools/gpu-deps.sh here first and carry .gpu-deps with the run (the device
+# tool's `carry: [".gpu-deps"]`); this script then unpacks them under
+# .gpu-deps/root and builds against them. Without Open MPI (mpicc) the
+# MPI-launched benchmarks are left out; none of this script's needs them.
+#
 # What it covers today: the reduction kernels of kernels/cuda against
 # kernels/cpu (every dtype x op, any alignment) and against the device's copy
 # bandwidth; stream-ordered collectives on device memory with several ranks
@@ -25,10 +32,25 @@ if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
 fi
 nvidia-smi -L
 start=$(date +%s)
+if ls .gpu-deps/*.deb >/dev/null 2>&1; then
+  # Carried packages (tools/gpu-deps.sh), unpacked beside the tree, not into /.
+  root=$PWD/.gpu-deps/root
+  rm -rf "$root" && mkdir -p "$root"
+  for f in .gpu-deps/*.deb; do dpkg -x "$f" "$root"; done
+  lib=$root/usr/lib/x86_64-linux-gnu
+  export PATH=$root/usr/bin:$PATH
+  export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export LIBRARY_PATH=$lib${LIBRARY_PATH:+:$LIBRARY_PATH}  # braid_torch's link of -lhwloc
+  export PKG_CONFIG_LIBDIR=$lib/pkgconfig PKG_CONFIG_SYSROOT_DIR=$root
+  export CMAKE_PREFIX_PATH=$root/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
+  echo "gpu-check: using the carried packages in $root"
+fi
+mpi=ON
+command -v mpicc >/dev/null || { mpi=OFF; echo "gpu-check: no Open MPI here: the MPI-launched benchmarks are left out"; }
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   # "native": compile for the GPUs of this machine only (quickest build).
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBRAID_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=native -DBRAID_BUILD_EXAMPLES=OFF >"$OUT/configure.log" 2>&1 ||
+    -DCMAKE_CUDA_ARCHITECTURES=native -DBRAID_BUILD_EXAMPLES=OFF -DBRAID_BENCH_MPI=$mpi >"$OUT/configure.log" 2>&1 ||
     { tail -40 "$OUT/configure.log"; echo "gpu-check: configure failed" >&2; exit 1; }
 fi
 cmake --build "$BUILD_DIR" -j "$(nproc)" --target cuda_kernels_test cuda_stream_test cuda_kernel_bench cuda_stream_bench >"$OUT/build.log" 2>&1 ||
