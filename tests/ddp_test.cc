@@ -201,25 +201,96 @@ TEST(Ddp, MissingGradientIsNamed) {
   });
 }
 
+// A Reducer over m's parameters (gradients in m.grad) that allows unused ones.
+std::unique_ptr<Reducer> allowing_unused(braid_comm_t comm, Mlp* m) {
+  auto options = small_buckets();
+  options.allow_unused_parameters = true;
+  std::unique_ptr<Reducer> ddp;
+  auto r = Reducer::create(comm, parameters_of(m, false), {}, options, &ddp);
+  EXPECT_TRUE(r.ok()) << r.message;
+  return ddp;
+}
+
+void fill_grads(Mlp* m, float value) {
+  for (int k = 0; k < Mlp::kParams; ++k) std::fill(m->grad[k], m->grad[k] + m->count(k), value);
+}
+
 TEST(Ddp, UnusedParameterContributesZero) {
   braid::test::run_ranks(2, {}, [&](braid_comm_t comm, int rank, int) {
     Mlp m(kIn, kHidden, kOut, 7);
-    auto options = small_buckets();
-    options.allow_unused_parameters = true;
-    std::unique_ptr<Reducer> ddp;
-    auto r = Reducer::create(comm, parameters_of(&m, false), {}, options, &ddp);
-    ASSERT_TRUE(r.ok()) << r.message;
+    auto ddp = allowing_unused(comm, &m);
+    ASSERT_NE(ddp, nullptr);
     // Gradient of every element: rank + 1. Rank 0 leaves fc1.bias unused.
-    for (int k = 0; k < Mlp::kParams; ++k) std::fill(m.grad[k], m.grad[k] + m.count(k), rank + 1.0f);
+    fill_grads(&m, rank + 1.0f);
     for (int k : {3, 2, 1, 0}) {
       if (rank == 0 && k == 1) continue;
       ASSERT_TRUE(ddp->mark_ready(k).ok());
     }
-    r = ddp->finish();
+    auto r = ddp->finish();
     ASSERT_TRUE(r.ok()) << r.message;
     EXPECT_EQ(m.grad[1][0], 1.0f);  // (0 + 2) / 2
     EXPECT_EQ(m.grad[0][0], 1.5f);  // (1 + 2) / 2
     EXPECT_EQ(m.grad[3][3], 1.5f);
+  });
+}
+
+TEST(Ddp, UnusedAfterNoSyncKeepsWhatItAccumulated) {
+  braid::test::run_ranks(2, {}, [&](braid_comm_t comm, int rank, int) {
+    Mlp m(kIn, kHidden, kOut, 7);
+    auto ddp = allowing_unused(comm, &m);
+    ASSERT_NE(ddp, nullptr);
+    // A no_sync micro-batch uses every parameter: gradient rank + 1.
+    fill_grads(&m, rank + 1.0f);
+    {
+      auto scope = ddp->no_sync();
+      for (int k : {3, 2, 1, 0}) ASSERT_TRUE(ddp->mark_ready(k).ok());
+      ASSERT_TRUE(ddp->finish().ok());
+    }
+    // The synchronised one adds 10 to all but fc1.bias, unused on every rank.
+    for (int k : {3, 2, 0})
+      for (size_t e = 0; e < m.count(k); ++e) m.grad[k][e] += 10.0f;
+    for (int k : {3, 2, 0}) ASSERT_TRUE(ddp->mark_ready(k).ok());
+    auto r = ddp->finish();
+    ASSERT_TRUE(r.ok()) << r.message;
+    EXPECT_EQ(m.grad[1][0], 1.5f);   // (1 + 2) / 2: what it accumulated, not zero
+    EXPECT_EQ(m.grad[0][0], 11.5f);  // (11 + 12) / 2
+    // The next window starts afresh: unused again, it contributes zeros.
+    fill_grads(&m, rank + 1.0f);
+    for (int k : {3, 2, 0}) ASSERT_TRUE(ddp->mark_ready(k).ok());
+    ASSERT_TRUE(ddp->finish().ok());
+    EXPECT_EQ(m.grad[1][0], 0.0f);
+  });
+}
+
+TEST(Ddp, AStepWhoseGradientsCameInsideNoSyncStaysLocal) {
+  braid::test::run_ranks(2, {}, [&](braid_comm_t comm, int rank, int) {
+    Mlp m(kIn, kHidden, kOut, 7);
+    std::unique_ptr<Reducer> ddp;
+    auto r = Reducer::create(comm, parameters_of(&m, false), {}, small_buckets(), &ddp);
+    ASSERT_TRUE(r.ok()) << r.message;
+    fill_grads(&m, rank + 1.0f);
+    {
+      auto scope = ddp->no_sync();
+      for (int k : {3, 2, 1, 0}) ASSERT_TRUE(ddp->mark_ready(k).ok());
+    }
+    EXPECT_FALSE(ddp->step_synchronised());
+    // The scope ended before finish(): the step stays local, its gradients untouched.
+    r = ddp->finish();
+    ASSERT_TRUE(r.ok()) << r.message;
+    EXPECT_EQ(ddp->buckets_started(), 0u);
+    EXPECT_EQ(m.grad[0][0], rank + 1.0f);
+    EXPECT_EQ(m.grad[3][0], rank + 1.0f);
+    // A scope opened after the step's first gradient does not stop it.
+    EXPECT_TRUE(ddp->step_synchronised());
+    ASSERT_TRUE(ddp->mark_ready(3).ok());
+    {
+      auto scope = ddp->no_sync();
+      for (int k : {2, 1, 0}) ASSERT_TRUE(ddp->mark_ready(k).ok());
+      r = ddp->finish();
+    }
+    ASSERT_TRUE(r.ok()) << r.message;
+    EXPECT_EQ(m.grad[0][0], 1.5f);
+    EXPECT_EQ(m.grad[3][0], 1.5f);
   });
 }
 

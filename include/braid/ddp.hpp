@@ -66,9 +66,11 @@ struct Options {
   size_t bucket_bytes = size_t{25} << 20;
   size_t first_bucket_bytes = size_t{1} << 20;
   // When false, finish() fails if a parameter was never marked ready in the
-  // step, naming it. When true such a parameter contributes zeros: its
-  // gradient becomes the sum over the ranks that used it divided by the
-  // world size, as with torch's DDP and find_unused_parameters.
+  // step, naming it. When true such a parameter contributes zeros (or, if it
+  // was marked ready in a no_sync step since the last synchronised one, the
+  // gradient it accumulated): its gradient becomes the sum over the ranks
+  // that used it divided by the world size, as with torch's DDP and
+  // find_unused_parameters.
   bool allow_unused_parameters = false;
 };
 
@@ -97,9 +99,17 @@ class Reducer {
   Result mark_ready(size_t i);
 
   // Ends the step: waits for every bucket, leaves the average over ranks in
-  // each gradient, and resets for the next step. Inside a no_sync scope it
-  // only resets: gradients keep accumulating locally.
+  // each gradient, and resets for the next step. In a no_sync step it only
+  // resets: gradients keep accumulating locally. Whether a step is one is
+  // fixed at its first mark_ready (a NoSync that ends between the backward
+  // pass and finish() leaves the step local).
   Result finish();
+  // Whether the current step communicates (see finish()).
+  bool step_synchronised() const;
+  // Drops the current step after a backward pass that failed before
+  // finish(): waits for the buckets it started, then resets. Peers that
+  // started more buckets wait for this rank until their deadline.
+  Result abandon_step();
 
   // Where gradient i lives: the Parameter's grad, or its slot in the bucket
   // when grad was nullptr.

@@ -53,7 +53,10 @@ class ModuleDdp {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<uintptr_t> hook_keys_;
   std::unique_ptr<Reducer> reducer_;
+  // The backward pass (autograd graph task) whose end callback is queued:
+  // one that threw never runs it, and the next one must drop its step.
   bool end_queued_ = false;
+  int queued_task_ = 0;
 };
 
 // Collective over comm. Throws std::runtime_error naming the parameter or the

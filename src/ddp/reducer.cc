@@ -64,9 +64,17 @@ struct Reducer::State {
   std::vector<size_t> bucket_of;  // per parameter
   std::vector<size_t> offset_of;  // per parameter, element offset in its bucket
   std::vector<bool> ready;
+  // Per parameter: it got a gradient in a no_sync step since the last
+  // synchronised one, so what its gradient holds is this rank's share even
+  // if the synchronised step leaves it unused.
+  std::vector<bool> accumulated;
 
   mutable std::mutex mu;
-  bool sync = true;
+  bool sync = true;  // outside every NoSync
+  // A step communicates or not as `sync` was at its first mark_ready: a
+  // NoSync that ends (or begins) between the backward pass and finish()
+  // does not change the step.
+  bool step_begun = false, step_sync = true;
   size_t next_to_start = 0;
   std::vector<size_t> start_order;
   std::vector<size_t> last_order;
@@ -110,7 +118,10 @@ struct Reducer::State {
     return result;
   }
 
+  bool step_synchronised() const { return step_begun ? step_sync : sync; }
+
   void reset_step() {
+    step_begun = false;
     for (size_t i = 0; i < ready.size(); ++i) ready[i] = false;
     for (Bucket& b : buckets) b.pending = b.info.parameters.size();
     next_to_start = 0;
@@ -192,6 +203,7 @@ Result Reducer::create(braid_comm_t comm, std::vector<Parameter> parameters, std
   s->bucket_of.assign(n, 0);
   s->offset_of.assign(n, 0);
   s->ready.assign(n, false);
+  s->accumulated.assign(n, false);
   std::vector<std::pair<braid_dtype_t, size_t>> open;  // dtype -> bucket index
   for (size_t k = n; k-- > 0;) {
     const braid_dtype_t dt = s->params[k].dtype;
@@ -264,8 +276,15 @@ Result Reducer::mark_ready(size_t i) {
     return fail(BRAID_ERR_INVALID_USAGE,
                 "mark_ready: " + label(s.params[i].name, i) + " was marked ready twice in one step");
   }
+  if (!s.step_begun) {
+    s.step_begun = true;
+    s.step_sync = s.sync;
+  }
   s.ready[i] = true;
-  if (!s.sync) return {};
+  if (!s.step_sync) {
+    s.accumulated[i] = true;
+    return {};
+  }
   if (s.params[i].grad != nullptr) std::memcpy(s.slot(i), s.params[i].grad, s.bytes(i));
   --s.buckets[s.bucket_of[i]].pending;
   return s.start_ready_buckets();
@@ -274,7 +293,7 @@ Result Reducer::mark_ready(size_t i) {
 Result Reducer::finish() {
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mu);
-  if (!s.sync) {
+  if (!s.step_synchronised()) {
     s.reset_step();
     return {};
   }
@@ -294,7 +313,13 @@ Result Reducer::finish() {
     return fail(BRAID_ERR_INVALID_USAGE, msg);
   }
   for (size_t i : missing) {
-    std::memset(s.slot(i), 0, s.bytes(i));  // all-zero bits are zero in every floating dtype
+    // Unused in this step: zeros, or what it accumulated under no_sync (as
+    // torch's DDP sends a gradient that is defined). A slot (grad ==
+    // nullptr) holds that already.
+    if (!s.accumulated[i])
+      std::memset(s.slot(i), 0, s.bytes(i));  // all-zero bits are zero in every floating dtype
+    else if (s.params[i].grad != nullptr)
+      std::memcpy(s.slot(i), s.params[i].grad, s.bytes(i));
     s.ready[i] = true;
     --s.buckets[s.bucket_of[i]].pending;
   }
@@ -308,6 +333,20 @@ Result Reducer::finish() {
     result.message = "finish: " + result.message;
   }
   s.last_order = s.start_order;
+  s.accumulated.assign(s.params.size(), false);
+  s.reset_step();
+  return result;
+}
+
+bool Reducer::step_synchronised() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->step_synchronised();
+}
+
+Result Reducer::abandon_step() {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  Result result = s.wait_started();
   s.reset_step();
   return result;
 }

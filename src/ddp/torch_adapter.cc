@@ -1,6 +1,7 @@
 // The libtorch adapter of the DDP layer: autograd hooks drive the Reducer.
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/variable.h>
 #include <braid/ddp_torch.hpp>
 
@@ -96,6 +97,17 @@ ModuleDdp::~ModuleDdp() {
 }
 
 void ModuleDdp::on_gradient(size_t index) {
+  const int task = torch::autograd::get_current_graph_task_id();
+  if (!end_queued_ || task != queued_task_) {
+    // A callback still queued for another backward pass: that one threw, and
+    // autograd drops the callbacks of a pass that fails. Its step goes too,
+    // before this pass touches a slot its all_reduce may still write.
+    if (end_queued_)
+      if (Result r = reducer_->abandon_step(); !r) throw_result(r);
+    end_queued_ = true;
+    queued_task_ = task;
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { end_of_backward(); });
+  }
   torch::Tensor& p = params_[index];
   const torch::Tensor& view = grad_views_[index];
   // After zero_grad(set_to_none) AccumulateGrad made a new tensor: move it into the bucket.
@@ -108,17 +120,17 @@ void ModuleDdp::on_gradient(size_t index) {
     }
     p.mutable_grad() = view;
   }
-  if (!end_queued_) {
-    end_queued_ = true;
-    torch::autograd::Engine::get_default_engine().queue_callback([this] { end_of_backward(); });
-  }
   if (Result r = reducer_->mark_ready(index); !r) throw_result(r);
 }
 
 void ModuleDdp::end_of_backward() {
   end_queued_ = false;
+  const bool synchronised = reducer_->step_synchronised();
   if (Result r = reducer_->finish(); !r) throw_result(r);
-  // Unused parameters (allowed by the options) got their average too.
+  // Unused parameters (allowed by the options) got their average too. After
+  // a no_sync pass their slots hold an earlier step's average: such a grad
+  // stays undefined, as torch leaves it.
+  if (!synchronised) return;
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!params_[i].grad().defined()) params_[i].mutable_grad() = grad_views_[i];
   }
