@@ -570,6 +570,36 @@ TEST_P(Transports, PendingReceiveDoesNotBlockCollectives) {
   });
 }
 
+// A large isend the peer receives only after two collectives: the first
+// collective must complete once its own bytes are sent, not wait behind the
+// isend's (the peer's second collective waits for this rank's second).
+TEST_P(Transports, ACollectiveDoesNotWaitForAnEarlierIsendsBytes) {
+  Env env = transport_env(GetParam());
+  env.push_back({"BRAID_TIMEOUT", "20"});
+  env.push_back({"BRAID_TCP_BUFFER_BYTES", "64K"});
+  run_ranks(2, env, [](braid_comm_t comm, int rank, int) {
+    std::vector<float> big(16 << 20, rank == 0 ? 2.5f : 0.0f);  // 64 MiB: past every slot and socket buffer
+    braid_request_t req = nullptr;
+    if (rank == 0) {
+      BRAID_ASSERT_OK(braid_isend(big.data(), big.size(), BRAID_FLOAT32, 1, comm, nullptr, &req));
+    }
+    const auto start = std::chrono::steady_clock::now();
+    for (int k = 0; k < 2; ++k) {
+      int64_t x = rank + k, sum = 0;
+      BRAID_ASSERT_OK(braid_all_reduce(&x, &sum, 1, BRAID_INT64, BRAID_SUM, comm, nullptr));
+      EXPECT_EQ(sum, 1 + 2 * k);
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+    if (rank == 0) {
+      BRAID_ASSERT_OK(braid_wait(&req));
+    } else {
+      BRAID_ASSERT_OK(braid_recv(big.data(), big.size(), BRAID_FLOAT32, 0, comm, nullptr));
+      EXPECT_EQ(big.front(), 2.5f);
+      EXPECT_EQ(big.back(), 2.5f);
+    }
+  });
+}
+
 TEST_P(Transports, NonBlockingOperationsProgressWithoutTheCaller) {
   run_ranks(2, transport_env(GetParam()), [](braid_comm_t comm, int rank, int) {
     // 8 MiB: many pieces, so it completes only if something keeps moving

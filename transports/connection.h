@@ -116,6 +116,10 @@ class Connection {
   // writes) would let this connection move.
   virtual void poll_fds(short /*events*/, std::vector<pollfd>* /*out*/) const {}
   virtual bool wants_write() const { return false; }
+  // Frames committed so far, and how many of them the kernel has (tcp;
+  // both 0 where a commit is delivered at once).
+  virtual uint64_t sends_committed() const { return 0; }
+  virtual uint64_t sends_written() const { return 0; }
   // Zero-copy path: copies `bytes` from the peer process's address `remote`
   // into `dst` without the peer's help (shm: cross-memory attach). Only valid
   // where supports_peer_reads() is true.

@@ -361,7 +361,25 @@ void Engine::start(Op& op) {
 void Engine::resume(Op& op) {
   current_op() = &op;
   op.wait = nullptr;
-  op.leaf.resume();
+  if (tcp_conns_.empty()) {
+    op.leaf.resume();
+  } else {
+    // Which tcp frames this step committed are this op's (one op runs at a
+    // time on the driver).
+    tcp_committed_.resize(tcp_conns_.size());
+    for (size_t i = 0; i < tcp_conns_.size(); ++i) tcp_committed_[i] = tcp_conns_[i]->sends_committed();
+    op.leaf.resume();
+    for (size_t i = 0; i < tcp_conns_.size(); ++i) {
+      const uint64_t now = tcp_conns_[i]->sends_committed();
+      if (now == tcp_committed_[i]) continue;
+      auto mark = std::find_if(op.tcp_marks.begin(), op.tcp_marks.end(),
+                               [i](const auto& m) { return m.first == static_cast<uint32_t>(i); });
+      if (mark == op.tcp_marks.end())
+        op.tcp_marks.emplace_back(static_cast<uint32_t>(i), now);
+      else
+        mark->second = now;
+    }
+  }
   current_op() = nullptr;
 }
 
@@ -532,12 +550,16 @@ void Engine::finish(const std::shared_ptr<Op>& op) {
   if (end != 0) trace_->op_done(*op, end, op->status);
 }
 
-bool Engine::tcp_writes_flushed() {
-  for (Connection* c : tcp_conns_) {
-    if (!c->wants_write()) continue;
+bool Engine::own_writes_flushed(const Op& op) {
+  // Only the op's own frames: another op's bytes (an isend the peer does not
+  // read yet) must not hold it back, or ranks waiting on each other's next
+  // call would wait forever.
+  for (const auto& [i, mark] : op.tcp_marks) {
+    Connection* c = tcp_conns_[i];
+    if (c->sends_written() >= mark) continue;
     // An error stays on the connection; advance() fails the ops with it.
     (void)c->progress();
-    if (c->wants_write()) return false;
+    if (c->sends_written() < mark) return false;
   }
   return true;
 }
@@ -551,7 +573,7 @@ bool Engine::advance_lane(Lane& lane) {
       // A blocking call returns once its data is the kernel's: bytes left in
       // tcp slots would wait for the next call, and a peer waiting for them
       // could wait forever (this rank may block in another library meanwhile).
-      if (!tcp_writes_flushed()) return progressed;
+      if (!own_writes_flushed(*op)) return progressed;
       lane.ops.pop_front();
       complete(op, Status::ok());
       progressed = true;
@@ -731,7 +753,9 @@ void Engine::check_peers(bool thorough) {
     if (lane.ops.empty()) continue;
     Op& op = *lane.ops.front();
     if (op.started && op.deadline.expired()) {
-      const char* what = op.wait ? op.wait->what : "to start";
+      const char* what = op.wait       ? op.wait->what
+                         : op.finished ? "for the kernel to take its last bytes over tcp"
+                                       : "to start";
       int peer = op.wait ? op.wait->peer : -1;
       dump("timed out");
       fail_all(Status::timeout("rank " + std::to_string(rank_) + ": " + op.name + " #" +
@@ -1004,7 +1028,7 @@ bool Engine::run_blocking(const std::shared_ptr<Op>& op, Status* result) {
     resume(*op);
     if (!op->failure.is_ok()) break;
     if (op->finished) {
-      if (tcp_writes_flushed()) {
+      if (own_writes_flushed(*op)) {
         // complete() without what only other threads need: nobody else
         // holds this op, so no sleeper to wake, no callback, no count.
         const uint64_t end = op->traced ? trace_ticks() : 0;

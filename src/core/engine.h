@@ -115,6 +115,10 @@ class Op {
   // Engine state (driver thread only, except `done` and `status` after done).
   bool started = false;
   bool finished = false;
+  // Per tcp connection this op sent on (index into the engine's list): the
+  // frame count once its last frame was committed. A finished op completes
+  // once the kernel has those, not everything queued on the connection.
+  std::vector<std::pair<uint32_t, uint64_t>> tcp_marks;
   std::coroutine_handle<> leaf;
   const WaitPoint* wait = nullptr;
   Deadline deadline;
@@ -236,8 +240,9 @@ class Engine {
   void drive_briefly(const Op& op);
   bool advance();
   bool advance_lane(Lane& lane);
-  // Writes what tcp connections hold; true once nothing is left to write.
-  bool tcp_writes_flushed();
+  // Writes what the op committed to tcp connections; true once the kernel
+  // has all of it.
+  bool own_writes_flushed(const Op& op);
   // Binds waiting any-source receives to peers with a message (see Op).
   bool bind_any_source();
   Lane* find_lane(LaneKind kind, int peer);
@@ -282,6 +287,7 @@ class Engine {
   uint32_t long_wait_checks_ = kLongWaitSpins;
   std::atomic<double> timeout_s_;
   std::vector<Connection*> tcp_conns_;
+  std::vector<uint64_t> tcp_committed_;  // resume()'s scratch: frames committed before a step
   std::vector<Connection*> coll_conns_;
   Doorbell* bell_;  // our shm doorbell, or null
   int event_fd_ = -1;

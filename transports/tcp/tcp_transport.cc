@@ -77,6 +77,8 @@ class TcpConnection : public Connection {
     }
   }
   bool wants_write() const override { return written_ < committed_; }
+  uint64_t sends_committed() const override { return committed_; }
+  uint64_t sends_written() const override { return written_; }
 
   void* send_slot(size_t) override { return slot_free() ? send_at(committed_) : nullptr; }
   void commit_send(size_t bytes, const CallTag& tag) override {
