@@ -334,9 +334,11 @@ Reference::Reference(braid_dtype_t dtype, bool reduces, braid_redop_t op, int nr
     reduced_[s] = op == BRAID_AVG ? acc / nranks : acc;
   }
   if (op == BRAID_AVG) {
-    // sum-then-divide rounds once; dividing each input first rounds once per
-    // rank. Allow the latter, relative to the largest possible result.
-    tolerance_ = (nranks + 1) * ti.epsilon * (modulus_ - 1);
+    // The sums are exact (the values are chosen so), and braid divides once:
+    // one rounding of a result below M, two where a division multiplies by a
+    // rounded reciprocal. Anything looser would pass a rank's lost share
+    // (t / nranks, up to (M - 1) / nranks).
+    tolerance_ = 2 * ti.epsilon * (modulus_ - 1);
   }
 }
 
@@ -687,10 +689,26 @@ long long count_guard(const unsigned char* end) {
   return hit;
 }
 
+// Before the checked iteration, each integer output element gets a value
+// that differs from what it should hold (its expected value with bits
+// flipped): 0xff bytes are -1 in signed types, a value bor, band and sums
+// legitimately produce, so an element braid never wrote could pass. Float
+// elements keep the poison bytes, a nan, which never passes.
+void poison_integers(void* buf, size_t n, braid_dtype_t dtype, const Reference& ref, const CollDesc& desc) {
+  dispatch(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (std::is_integral_v<T>) {
+      T* p = static_cast<T*>(buf);
+      for (size_t j = 0; j < n; ++j) p[j] = static_cast<T>(from_double<T>(desc.expected(ref, j)) ^ T{0x5a});
+    }
+  });
+}
+
 // Input in the send region, poison in the recv region (so stale results from the
 // timed iterations cannot pass the check), guard bytes after each used region.
+// `check`: the iteration whose output is checked (see poison_integers).
 void prepare(const Context& ctx, const Layout& l, size_t elem, bool in_place, const Reference& ref,
-             braid_dtype_t dtype) {
+             braid_dtype_t dtype, bool check) {
   if (in_place) {
     const size_t used = std::max(l.send_elems, l.recv_elems) * elem;
     std::memset(ctx.recvbuf, kPoisonByte, used);
@@ -700,6 +718,7 @@ void prepare(const Context& ctx, const Layout& l, size_t elem, bool in_place, co
     std::memset(l.recv, kPoisonByte, l.recv_elems * elem);
     std::memset(l.recv + l.recv_elems * elem, kGuardByte, kGuardBytes);
   }
+  if (check) poison_integers(l.recv, l.recv_elems, dtype, ref, ctx.desc);
   fill_input(l.send, l.send_elems, dtype, ref);
 }
 
@@ -745,12 +764,12 @@ Measurement measure(const Context& ctx, braid_dtype_t dtype, braid_redop_t op, i
     if (r != BRAID_SUCCESS) die(ctx, ctx.desc.call, r);
   };
 
-  prepare(ctx, l, elem, in_place, ref, dtype);
+  prepare(ctx, l, elem, in_place, ref, dtype, false);
   Measurement m{0, -1, 0};
   m.time_us = time_iterations(ctx, run_once);
   if (!ctx.opt.check) return m;
 
-  prepare(ctx, l, elem, in_place, ref, dtype);
+  prepare(ctx, l, elem, in_place, ref, dtype, true);
   run_once();
   long long local[2] = {0, guard_hits(ctx, l, elem, in_place)};
   if (!ctx.desc.result_on_root_only || ctx.rank == root) {
@@ -799,7 +818,7 @@ double measure_mpi(const Context& ctx, braid_dtype_t dtype, braid_redop_t op, in
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
   };
-  prepare(ctx, l, elem, false, ref, dtype);
+  prepare(ctx, l, elem, false, ref, dtype, false);
   return time_iterations(ctx, run_once);
 }
 
