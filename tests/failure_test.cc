@@ -967,6 +967,44 @@ TEST(Bootstrap, ADuplicateConnectionIsClosedNotLeaked) {
 
 // The parsers behind the listeners (also fuzzed: tests/fuzz) accept this
 // job's hellos and say what is wrong with anything else.
+// The address a rank listens on without BRAID_SOCKET_IFNAME: a running,
+// non-bridge IPv4 interface before docker0 (up on many hosts, reaching no
+// other), loopback last; with it, IPv4 first and link-local IPv6 last.
+TEST(Bootstrap, LocalAddressSkipsBridgesAndLinkLocal) {
+  auto iface = [](const char* name, const char* ip, bool running, bool loopback = false) {
+    InterfaceAddress a;
+    a.name = name;
+    EXPECT_TRUE(SockAddr::parse(ip, 0, &a.addr)) << ip;
+    a.up = true;
+    a.running = running;
+    a.loopback = loopback;
+    return a;
+  };
+  SockAddr out;
+  std::vector<InterfaceAddress> addrs = {iface("lo", "127.0.0.1", true, true),
+                                         iface("docker0", "172.17.0.1", false),
+                                         iface("eth0", "10.1.2.3", true)};
+  ASSERT_TRUE(pick_local_address(addrs, "", &out));
+  EXPECT_EQ(out.str(), "10.1.2.3:0");
+  addrs[2].running = false;  // no carrier on either: the real one still wins
+  ASSERT_TRUE(pick_local_address(addrs, "", &out));
+  EXPECT_EQ(out.str(), "10.1.2.3:0");
+  addrs.pop_back();
+  ASSERT_TRUE(pick_local_address(addrs, "", &out));
+  EXPECT_EQ(out.str(), "172.17.0.1:0");
+  addrs.pop_back();
+  ASSERT_TRUE(pick_local_address(addrs, "", &out));
+  EXPECT_EQ(out.str(), "127.0.0.1:0");
+  addrs = {iface("ib0", "fe80::1", true), iface("ib0", "2001:db8::5", true), iface("eth0", "10.1.2.3", true)};
+  ASSERT_TRUE(pick_local_address(addrs, "ib", &out));
+  EXPECT_EQ(out.str(), "[2001:db8::5]:0");
+  addrs.push_back(iface("ib0", "192.168.7.7", true));
+  ASSERT_TRUE(pick_local_address(addrs, "ib0", &out));
+  EXPECT_EQ(out.str(), "192.168.7.7:0");
+  EXPECT_TRUE(contains(pick_local_address(addrs, "wlan", &out).message().c_str(),
+                       "BRAID_SOCKET_IFNAME='wlan' matches no interface that is up"));
+}
+
 TEST(Bootstrap, HandshakeParsersNameWhatIsWrong) {
   JobToken token{};
   for (size_t i = 0; i < token.size(); ++i) token[i] = static_cast<uint8_t>(i + 1);

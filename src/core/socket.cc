@@ -101,56 +101,80 @@ Status SockAddr::parse(const std::string& host, uint16_t port, SockAddr* out) {
   return Status::ok();
 }
 
+namespace {
+
+// Bridges that are up without carrying traffic to other hosts (a Docker or
+// libvirt host's): NCCL skips them too.
+bool virtual_bridge(const std::string& name) {
+  for (const char* prefix : {"docker", "virbr", "veth", "br-"})
+    if (name.rfind(prefix, 0) == 0) return true;
+  return false;
+}
+
+bool ipv6_link_local(const SockAddr& a) {
+  if (a.family() != AF_INET6) return false;
+  const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&a.storage);
+  return IN6_IS_ADDR_LINKLOCAL(&in6->sin6_addr);
+}
+
+}  // namespace
+
+Status pick_local_address(const std::vector<InterfaceAddress>& addrs, const std::string& ifname,
+                          SockAddr* out) {
+  // The best by rank, the first of equals: a named interface's IPv4, then
+  // global IPv6, then link-local IPv6 (its scope does not travel); unnamed,
+  // non-loopback IPv4 on a running link that is not a virtual bridge, then
+  // a running bridge or one without carrier, then loopback.
+  int best = -1;
+  const InterfaceAddress* chosen = nullptr;
+  for (const InterfaceAddress& i : addrs) {
+    const int fam = i.addr.family();
+    if (!i.up || (fam != AF_INET && fam != AF_INET6)) continue;
+    int rank;
+    if (!ifname.empty()) {
+      if (i.name.compare(0, ifname.size(), ifname) != 0) continue;
+      rank = fam == AF_INET ? 3 : ipv6_link_local(i.addr) ? 1 : 2;
+    } else if (fam != AF_INET) {
+      continue;
+    } else if (i.loopback || i.addr.is_loopback()) {
+      rank = 1;
+    } else {
+      rank = 2 + (i.running ? 2 : 0) + (virtual_bridge(i.name) ? 0 : 1);
+    }
+    if (rank > best) {
+      best = rank;
+      chosen = &i;
+    }
+  }
+  if (chosen == nullptr) {
+    if (!ifname.empty())
+      return Status::invalid_argument("BRAID_SOCKET_IFNAME='" + ifname + "' matches no interface that is up");
+    return Status::system("no usable network interface (not even loopback)", ENODEV);
+  }
+  *out = chosen->addr;
+  if (ifname.empty()) out->set_port(0);
+  return Status::ok();
+}
+
 Status choose_local_address(const std::string& ifname, SockAddr* out) {
   ifaddrs* list = nullptr;
   if (getifaddrs(&list) != 0) return Status::system("getifaddrs", errno);
-  SockAddr found, loopback;
-  bool have = false, have_lo = false;
-  for (ifaddrs* i = list; i != nullptr && !have; i = i->ifa_next) {
-    if (i->ifa_addr == nullptr || !(i->ifa_flags & IFF_UP)) continue;
-    int fam = i->ifa_addr->sa_family;
+  std::vector<InterfaceAddress> addrs;
+  for (ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr) continue;
+    const int fam = i->ifa_addr->sa_family;
     if (fam != AF_INET && fam != AF_INET6) continue;
-    SockAddr a;
-    a.len = fam == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
-    std::memcpy(&a.storage, i->ifa_addr, a.len);
-    if (!ifname.empty()) {
-      if (std::strncmp(i->ifa_name, ifname.c_str(), ifname.size()) != 0) continue;
-      // Prefer IPv4 on the named interface; take IPv6 only if nothing else.
-      if (fam == AF_INET || !have_lo) {
-        found = a;
-        have = fam == AF_INET;
-        have_lo = true;  // reused as "have any on the named interface"
-      }
-      continue;
-    }
-    if (a.is_loopback() || (i->ifa_flags & IFF_LOOPBACK)) {
-      if (!have_lo && fam == AF_INET) {
-        loopback = a;
-        have_lo = true;
-      }
-      continue;
-    }
-    if (fam == AF_INET) {
-      found = a;
-      have = true;
-    }
+    InterfaceAddress a;
+    a.name = i->ifa_name;
+    a.addr.len = fam == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+    std::memcpy(&a.addr.storage, i->ifa_addr, a.addr.len);
+    a.up = (i->ifa_flags & IFF_UP) != 0;
+    a.running = (i->ifa_flags & IFF_RUNNING) != 0;
+    a.loopback = (i->ifa_flags & IFF_LOOPBACK) != 0;
+    addrs.push_back(std::move(a));
   }
   freeifaddrs(list);
-  if (!ifname.empty()) {
-    if (!have && !have_lo)
-      return Status::invalid_argument("BRAID_SOCKET_IFNAME='" + ifname + "' matches no interface that is up");
-    *out = found;
-    return Status::ok();
-  }
-  if (have) {
-    *out = found;
-  } else if (have_lo) {
-    *out = loopback;
-  } else {
-    return Status::system("no usable network interface (not even loopback)", ENODEV);
-  }
-  out->set_port(0);
-  return Status::ok();
+  return pick_local_address(addrs, ifname, out);
 }
 
 Status local_address_toward(const SockAddr& remote, SockAddr* out) {

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "src/core/deadline.h"
 #include "src/core/status.h"
@@ -31,10 +32,19 @@ struct SockAddr {
   static Status parse(const std::string& host, uint16_t port, SockAddr* out);  // numeric or resolvable name
 };
 
-// The address to listen on: the first address of interface `ifname` (exact
-// name or prefix) when given, else the first non-loopback IPv4 interface that
-// is up, else loopback.
+// The address to listen on: an address of interface `ifname` (exact name or
+// prefix) when given, IPv4 first; else a non-loopback IPv4 interface that is
+// up, preferring one whose link runs and that is not a virtual bridge
+// (docker0, virbr0: up on many hosts, reaching none); else loopback.
 Status choose_local_address(const std::string& ifname, SockAddr* out);
+// The choice itself, over a list of interface addresses (for the tests).
+struct InterfaceAddress {
+  std::string name;
+  SockAddr addr;
+  bool up = false, running = false, loopback = false;
+};
+Status pick_local_address(const std::vector<InterfaceAddress>& addrs, const std::string& ifname,
+                          SockAddr* out);
 // The local address the kernel would use to reach `remote` (no packet is sent).
 Status local_address_toward(const SockAddr& remote, SockAddr* out);
 
