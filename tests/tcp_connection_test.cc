@@ -455,6 +455,29 @@ TEST(TcpConnection, AWriteIntoAResetConnectionReportsThePeersCause) {
   }
 }
 
+// The same when every receive slot toward the peer is taken (this rank has
+// not consumed what it sent): the abort frame sits behind those frames, and
+// a write meets the reset first. The cause is still what is reported.
+TEST(TcpConnection, TheCauseIsFoundBehindFramesNoSlotIsFreeFor) {
+  for (int nsockets : {1, 3}) {
+    SCOPED_TRACE("sockets: " + std::to_string(nsockets));
+    Pair p = connect_tcp_pair(nsockets, 4096, 4);
+    for (uint32_t m = 0; m < 8; ++m) ASSERT_TRUE(p.a->send_from("x", 1, tag_of(m, 1)));  // 4 slots, 8 frames
+    ASSERT_TRUE(p.a->progress().is_ok());
+    usleep(10000);
+    ASSERT_TRUE(p.b->progress().is_ok());  // fills b's slots; nothing is released
+    p.a->shutdown(Status(BRAID_ERR_TIMEOUT, "rank 1 waited too long"));
+    Status st;
+    for (uint32_t m = 0; m < 100 && st.is_ok(); ++m) {
+      (void)p.b->send_from("y", 1, tag_of(m, 2));
+      st = p.b->progress();
+      if (st.is_ok()) usleep(1000);
+    }
+    EXPECT_EQ(st.code(), BRAID_ERR_TIMEOUT) << st.message();
+    EXPECT_NE(st.message().find("rank 1 waited too long"), std::string::npos) << st.message();
+  }
+}
+
 // A reset without an abort frame (a rank that died) is reported as such
 // once the messages sent before it are consumed.
 TEST(TcpConnection, AResetWithoutACauseIsReportedAfterTheMessagesBeforeIt) {

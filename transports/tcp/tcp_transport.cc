@@ -149,7 +149,10 @@ class TcpConnection : public Connection {
       }
     }
     BRAID_RETURN_IF_ERROR(read_frames(nullptr));
-    if (!write_error_.is_ok()) return peer_failure_.is_ok() ? write_error_ : peer_failure_;
+    if (!write_error_.is_ok()) {
+      if (peer_failure_.is_ok()) salvage_abort_cause();
+      return peer_failure_.is_ok() ? write_error_ : peer_failure_;
+    }
     return Status::ok();
   }
 
@@ -482,6 +485,36 @@ class TcpConnection : public Connection {
     std::memcpy(dst, s.ahead.data() + s.ahead_at, n);
     s.ahead_at += n;
     return static_cast<ssize_t>(n);
+  }
+
+  // After a write met the peer's reset: its abort frame, with the cause, may
+  // sit behind frames no receive slot is free for. The connection is over,
+  // so this reads past them (their payloads are dropped) to find it.
+  void salvage_abort_cause() {
+    char sink[4096];
+    for (Stream& s : streams_) {
+      while (peer_failure_.is_ok() && !s.eof && s.direct == nullptr) {
+        ssize_t r;
+        if (s.header_got < sizeof(FrameHeader)) {
+          r = take(s, reinterpret_cast<char*>(&s.header) + s.header_got, sizeof(FrameHeader) - s.header_got);
+          if (r > 0 && (s.header_got += static_cast<size_t>(r)) == sizeof(FrameHeader)) {
+            if (s.header.magic == kAbortMagic && s.header.bytes >= 4 && s.header.bytes <= kMaxAbortBytes) {
+              (void)read_abort_frame(s);
+              return;
+            }
+            if (s.header.magic != kFrameMagic || s.header.bytes > slot_bytes_) return;  // nothing to find
+            s.payload_got = 0;
+            if (s.header.bytes == 0) s.header_got = 0;
+          }
+        } else {
+          r = take(s, sink, std::min(sizeof(sink), s.header.bytes - s.payload_got));
+          if (r > 0 && (s.payload_got += static_cast<size_t>(r)) == s.header.bytes)
+            s.header_got = s.payload_got = 0;
+        }
+        if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) s.eof = true;
+        if (r <= 0) break;
+      }
+    }
   }
 
   // Reads the rest of an abort frame (small; waits briefly for it).
