@@ -648,6 +648,13 @@ TEST(CudaIpc, TheLegacyDefaultStreamWorks) {
 // window at its address; the collectives still go through the windows, and
 // destroy gives them back.
 TEST(CudaIpc, RanksThatAreThreadsOfOneProcessShareWindows) {
+#if defined(__SANITIZE_THREAD__)
+  // Ranks of one process map each shared-memory segment twice, at two
+  // addresses: ThreadSanitizer cannot see the order the segments' atomics
+  // give the window's bytes, and reports races that are not there.
+  GTEST_SKIP()
+      << "ranks as threads synchronise through two mappings of one segment, which TSan cannot follow";
+#endif
   run_ranks(1, ipc_env(), [](braid_comm_t, int, int) {
     const FakeCuda& cu = fake_cuda();
     braid_unique_id_t id;

@@ -6,6 +6,7 @@
 #include <braid/braid.h>
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -84,8 +85,9 @@ BRAID_CUDA_API braid_result_t braid_cuda_reduce_copy(braid_dtype_t dtype, braid_
 }
 
 // Nothing to load: the "kernels" are host code. Counted, so a test can see
-// that braid preloads before its first launch.
-int g_preloads = 0;
+// that braid preloads before its first launch (atomic: ranks that are threads
+// of one process preload at once).
+std::atomic<int> g_preloads{0};
 BRAID_CUDA_API braid_result_t braid_cuda_preload(char*, size_t) {
   ++g_preloads;
   return BRAID_SUCCESS;

@@ -38,7 +38,11 @@ PointerGetAttribute driver_query() {
   if (q != nullptr) return q;
   unsigned long long loads = 0;
   dl_iterate_phdr(count_loads, &loads);
-  if (loads == g_loads_seen.load(std::memory_order_relaxed)) return nullptr;
+  // No load since the last probe: its answer stands. Read again, since a
+  // probe on another thread may have stored it after the load above (it
+  // stores the query before the count): null from the first read alone told
+  // a second thread that memory of the device was the host's.
+  if (loads == g_loads_seen.load(std::memory_order_acquire)) return g_query.load(std::memory_order_acquire);
   std::lock_guard<std::mutex> lock(g_probe_mu);
   // The handle stays open: the function must outlive whoever loaded it.
   if (void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD))
@@ -47,7 +51,7 @@ PointerGetAttribute driver_query() {
     g_query.store(q, std::memory_order_release);
     g_cuda_driver_loaded.store(true, std::memory_order_relaxed);
   }
-  g_loads_seen.store(loads, std::memory_order_relaxed);
+  g_loads_seen.store(loads, std::memory_order_release);
   return q;
 }
 
