@@ -286,6 +286,21 @@ TEST(Discover, Synthetic) {
   EXPECT_TRUE(gpu_matrix(t).empty());
 }
 
+// A machine with two packages and no NUMA nodes of its own (hwloc makes one
+// for the whole machine, which spans both): each package's L3s still show
+// in the tree, under their package.
+TEST(Discover, CachesUnderANodeSpanningPackagesAreShown) {
+  ScopedEnv file("BRAID_TOPO_FILE", "synthetic:pack:2 l3:1 core:4 pu:1");
+  HostTopology t;
+  Status st = discover(&t);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  ASSERT_EQ(t.l3_caches.size(), 2u);
+  const std::string tree = describe_tree(t);
+  size_t l3_lines = 0;
+  for (size_t at = tree.find("L3 "); at != std::string::npos; at = tree.find("L3 ", at + 1)) ++l3_lines;
+  EXPECT_EQ(l3_lines, 2u) << tree;
+}
+
 TEST(Discover, BadSourcesNameTheVariable) {
   for (const std::string& bad :
        {std::string("/nonexistent/topology.xml"), std::string("synthetic:garbage:x"),
@@ -317,6 +332,8 @@ TEST(Paths, EachClass) {
   EXPECT_EQ(path_between(a, at("h0", -1, 0, 2)), PathClass::kSameHost);    // NUMA unknown
   EXPECT_EQ(path_between(a, at("h0", -1, -1, -1)), PathClass::kSameHost);  // nothing known
   EXPECT_EQ(path_between(a, at("h0", 1, 1, 8)), PathClass::kCrossSocket);
+  // One NUMA node spanning both sockets (interleaving): still across sockets.
+  EXPECT_EQ(path_between(a, at("h0", 0, 1, 8)), PathClass::kCrossSocket);
   EXPECT_EQ(path_between(a, at("h1", 0, 0, 0)), PathClass::kOtherHost);
   // Unknown cores never count as the same core.
   EXPECT_EQ(path_between(at("h0", 0, 0, -1), at("h0", 0, 0, -1)), PathClass::kSameNuma);
@@ -364,6 +381,7 @@ TEST(Paths, PciClassesFromBridges) {
   EXPECT_EQ(pci_path_between(a, with({9}, -1, 0)), PciPath::kNode);  // NUMA unknown, same package
   EXPECT_EQ(pci_path_between(a, with({9}, 1, 0)), PciPath::kSys);    // other NUMA node of the package
   EXPECT_EQ(pci_path_between(a, with({9}, 1, 1)), PciPath::kSys);
+  EXPECT_EQ(pci_path_between(a, with({9}, 0, 1)), PciPath::kSys);  // one NUMA node over both sockets
   EXPECT_EQ(pci_path_between(a, with({}, -1, -1)), PciPath::kSys);
 
   EXPECT_EQ(nvlink_count(0), 0);
@@ -461,6 +479,22 @@ TEST(Tool, JsonOnSavedTopology) {
   if (have_python) {
     EXPECT_TRUE(ok);
   }
+}
+
+// The tool's tuner counts logical CPUs, as a job does: 3 ranks on 2 cores
+// of 2 hyperthreads each are not more ranks than cores; 5 are.
+TEST(Tool, TunerCountsLogicalCpus) {
+  const std::string out = temp_path("cpus.txt");
+  for (int ranks : {3, 5}) {
+    const std::string cmd = "BRAID_TOPO_FILE='synthetic:pack:1 core:2 pu:2' '" BRAID_TOPO_BINARY
+                            "' --ranks-per-host " +
+                            std::to_string(ranks) + " > " + out;
+    ASSERT_EQ(run(cmd), 0) << cmd;
+    std::ifstream in(out);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(text.find("more ranks than cores") != std::string::npos, ranks == 5) << text;
+  }
+  std::remove(out.c_str());
 }
 
 TEST(Tool, TextAndBadFlags) {

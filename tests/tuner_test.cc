@@ -73,7 +73,8 @@ TEST(AlgoSpec, BadSpecsNameTheProblem) {
     const char* says;
   };
   for (const Case& k :
-       {Case{"fastest", "unknown algorithm 'fastest'"},
+       {Case{"fastest", "unknown algorithm 'fastest' (one of auto, ring, chain, direct, peer_read"},
+        Case{"all_reduce=ring", "collective:algorithm takes ':', not '='"},
         Case{"all_reduce:zigzag", "all_reduce has no algorithm 'zigzag'"},
         Case{"all_gather:tree", "all_gather has no algorithm 'tree' (choose direct, ring, peer_read, hier)"},
         Case{"allreduce:ring", "unknown collective 'allreduce'"},
@@ -84,6 +85,27 @@ TEST(AlgoSpec, BadSpecsNameTheProblem) {
     EXPECT_EQ(st.code(), BRAID_ERR_INVALID_ARGUMENT);
     EXPECT_NE(st.message().find("BRAID_ALGO"), std::string::npos) << st.message();
     EXPECT_NE(st.message().find(k.says), std::string::npos) << st.message();
+  }
+}
+
+TEST(AlgoSpec, NamesInAnyCase) {
+  AlgoChoice c;
+  ASSERT_TRUE(parse_algo_spec("RING", &c).is_ok());
+  EXPECT_EQ(c[Coll::kAllReduce], Algo::kRing);
+  ASSERT_TRUE(parse_algo_spec("all_reduce:Tree", &c).is_ok());
+  EXPECT_EQ(c[Coll::kAllReduce], Algo::kTree);
+}
+
+// A lone rank copies its input: the ring, whose copy needs no work buffer
+// (recursive doubling's is the call's size), even where one is forced.
+TEST(Tuner, OneRankTakesTheRing) {
+  AlgoChoice rd;
+  ASSERT_TRUE(parse_algo_spec("rd", &rd).is_ok());
+  for (const AlgoChoice& forced : {AlgoChoice{}, rd}) {
+    Tuner t(one_host(1), forced);
+    for (size_t bytes : {size_t{8}, size_t{1} << 20, size_t{1} << 34})
+      for (Coll c : {Coll::kAllReduce, Coll::kBroadcast, Coll::kAllGather})
+        EXPECT_EQ(t.pick(c, bytes), Algo::kRing) << coll_name(c) << " " << bytes;
   }
 }
 
@@ -172,6 +194,11 @@ TEST(Tuner, RootedChainsCostOneWayHops) {
   // A broadcast chain from the first host crosses one boundary fewer than
   // the reduce's: at large sizes it beats the two phases of hier.
   EXPECT_EQ(h.pick(Coll::kBroadcast, 16 << 20), Algo::kRing);
+  // One rank per host: both chains have n - 1 hops, every one across hosts
+  // (the reduce's was priced at n across and one negative hop inside).
+  const Tuner apart(hosts(4, 1), AlgoChoice{});
+  EXPECT_NEAR(apart.predict_us(Coll::kReduce, Algo::kRing, 8),
+              apart.predict_us(Coll::kBroadcast, Algo::kRing, 8), 0.01);
 }
 
 TEST(Tuner, DirectGatherIsBoundedPerBlock) {

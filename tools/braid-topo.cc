@@ -144,10 +144,13 @@ void simulate(Report* r) {
   shape.nranks = n;
   shape.nhosts = r->hosts;
   shape.ranks_per_host = r->ranks_per_host;
-  // Peer reads need ptrace permission, which only a real job can probe.
-  shape.peer_reads = r->hosts == 1 && n > 1 && config.shm_peer_reads;
-  shape.host_peer_reads = r->ranks_per_host > 1 && config.shm_peer_reads;
-  shape.ranks_per_core = static_cast<double>(r->ranks_per_host) / std::max<size_t>(1, t.cores.size());
+  // Peer reads need ptrace permission, which only a real job can probe, and
+  // shared memory (not BRAID_TRANSPORT=tcp).
+  const bool reads = config.shm_peer_reads && config.transport != braid::TransportChoice::kTcp;
+  shape.peer_reads = r->hosts == 1 && n > 1 && reads;
+  shape.host_peer_reads = r->ranks_per_host > 1 && reads;
+  // Per logical CPU, as a job counts them (sysconf's online CPUs).
+  shape.ranks_per_core = static_cast<double>(r->ranks_per_host) / std::max(1, t.pus);
   shape.oversubscribed = shape.ranks_per_core > 1;
   shape.piece_bytes = std::min(config.shm_slot_bytes, config.tcp_slot_bytes);
   shape.direct_max_bytes = config.direct_max_bytes;

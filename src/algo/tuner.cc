@@ -1,6 +1,7 @@
 #include "src/algo/tuner.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <limits>
 
@@ -159,7 +160,9 @@ uint64_t AlgoChoice::encode() const {
 
 Status parse_algo_spec(const std::string& spec, AlgoChoice* out) {
   *out = AlgoChoice{};
-  auto find_algo = [](const std::string& name, Algo* a) {
+  // Names in any case, as other BRAID_ variables take theirs.
+  auto find_algo = [](std::string name, Algo* a) {
+    for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     for (const Name& n : kNames)
       if (name == n.text) {
         *a = n.algo;
@@ -172,7 +175,13 @@ Status parse_algo_spec(const std::string& spec, AlgoChoice* out) {
   if (whole.find(':') == std::string::npos) {
     // One name for every collective that has that algorithm.
     Algo a;
-    if (!find_algo(whole, &a)) return bad_spec(spec, "unknown algorithm '" + whole + "'");
+    if (!find_algo(whole, &a)) {
+      std::string names = "auto";
+      for (const Name& n : kNames) names += std::string(", ") + n.text;
+      return bad_spec(spec, "unknown algorithm '" + whole + "' (one of " + names + "; collective:algorithm" +
+                                (whole.find('=') != std::string::npos ? " takes ':', not '='" : " pairs") +
+                                " for one collective)");
+    }
     bool used = a == Algo::kAuto;
     for (Coll c : kColls)
       if (has_algo(c, a)) {
@@ -398,7 +407,8 @@ double Tuner::modelled_us(Coll c, Algo a, size_t bytes) const {
           // The chain visits hosts in order: a broadcast from a host's first
           // rank crosses H - 1 host boundaries; a reduce starts after the
           // root and ends at it, crossing H.
-          const int hops_out = multi ? (reduces ? H : H - 1) : 0;
+          // (One rank per host: n - 1 hops, every one across.)
+          const int hops_out = multi ? std::min(sh.nranks - 1, reduces ? H : H - 1) : 0;
           return chain_us(sh.nranks - 1 - hops_out, hops_out, S, reduces, 1);
         }
         case Algo::kTree: {
@@ -569,6 +579,9 @@ Algo Tuner::pick(Coll c, size_t bytes) const {
 }
 
 Algo Tuner::choose(Coll c, size_t bytes) const {
+  // A lone rank only copies its input, whatever the algorithm; the ring's
+  // copy needs no work buffer (recursive doubling's is the call's size).
+  if (shape_.nranks <= 1) return Algo::kRing;
   const Algo forced = forced_[c];
   if (forced != Algo::kAuto && can_run(c, forced, bytes)) return forced;
   Algo best = Algo::kRing;

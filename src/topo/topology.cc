@@ -500,8 +500,10 @@ const char* path_description(PathClass path) {
 PathClass path_between(const RankPlacement& a, const RankPlacement& b) {
   if (a.host_hash != b.host_hash) return PathClass::kOtherHost;
   if (a.core >= 0 && a.core == b.core) return PathClass::kSelf;
-  if (a.numa >= 0 && a.numa == b.numa) return PathClass::kSameNuma;
+  // Sockets first: one NUMA node may span both (node interleaving, or a
+  // saved topology whose only node hwloc made for the whole machine).
   if (a.package >= 0 && b.package >= 0 && a.package != b.package) return PathClass::kCrossSocket;
+  if (a.numa >= 0 && a.numa == b.numa) return PathClass::kSameNuma;
   return PathClass::kSameHost;
 }
 
@@ -558,6 +560,8 @@ PciPath pci_path_between(const DeviceLocation& a, const DeviceLocation& b) {
     // port: devices at most one bridge below the shared one share a switch.
     return (pa.size() - common <= 1 && pb.size() - common <= 1) ? PciPath::kPix : PciPath::kPxb;
   }
+  // Another socket is SYS even where one NUMA node spans both.
+  if (a.package >= 0 && b.package >= 0 && a.package != b.package) return PciPath::kSys;
   if (a.numa >= 0 && a.numa == b.numa) return PciPath::kNode;
   // NUMA unknown on one side but the same package: still one socket.
   if ((a.numa < 0 || b.numa < 0) && a.package >= 0 && a.package == b.package) return PciPath::kNode;
@@ -818,9 +822,15 @@ std::string describe_tree(const HostTopology& t) {
     out += ": " + plural(pkg.cores, "core", "cores") + ", " + plural(pkg.pus, "PU", "PUs") + "\n";
     for (size_t n = 0; n < t.numa_nodes.size(); ++n)
       if (t.numa_nodes[n].package == static_cast<int>(p)) append_numa(t, static_cast<int>(n), "    ", &out);
-    // Shared by several NUMA nodes of this package (sub-NUMA clustering).
+    // Shared by several NUMA nodes of this package (sub-NUMA clustering),
+    // or in this package under a node that spans packages (interleaving).
     append_caches(t, -1, static_cast<int>(p), "    ", &out);
     append_devices(t, -1, static_cast<int>(p), "    ", &out);
+    for (size_t n = 0; n < t.numa_nodes.size(); ++n) {
+      if (t.numa_nodes[n].package >= 0) continue;
+      append_caches(t, static_cast<int>(n), static_cast<int>(p), "    ", &out);
+      append_devices(t, static_cast<int>(n), static_cast<int>(p), "    ", &out);
+    }
   }
   // NUMA nodes without a package (memory-only nodes, or spanning packages)
   // and devices with no single-package locality.
