@@ -59,12 +59,18 @@ class ScopedEnv {
   bool had_ = false;
 };
 
-HostTopology load_dgx() {
-  ScopedEnv file("BRAID_TOPO_FILE", kDgxXml);
+// The topology BRAID_TOPO_FILE=source describes (a saved XML or hwloc's
+// "synthetic:" description).
+HostTopology load(const std::string& source) {
+  ScopedEnv file("BRAID_TOPO_FILE", source.c_str());
   HostTopology t;
   Status st = discover(&t);
-  EXPECT_TRUE(st.is_ok()) << st.message();
+  EXPECT_TRUE(st.is_ok()) << source << ": " << st.message();
   return t;
+}
+
+HostTopology load_dgx() {
+  return load(kDgxXml);
 }
 
 TEST(Discover, ThisHost) {
@@ -272,11 +278,8 @@ TEST(Discover, NumaOverrideOutOfRange) {
 }
 
 TEST(Discover, Synthetic) {
-  ScopedEnv file("BRAID_TOPO_FILE", "synthetic:pack:2 numa:1 core:4 pu:2");
-  HostTopology t;
-  Status st = discover(&t);
-  ASSERT_TRUE(st.is_ok()) << st.message();
-  EXPECT_EQ(t.packages.size(), 2u);
+  const HostTopology t = load("synthetic:pack:2 numa:1 core:4 pu:2");
+  ASSERT_EQ(t.packages.size(), 2u);
   EXPECT_EQ(t.numa_nodes.size(), 2u);
   EXPECT_EQ(t.cores.size(), 8u);
   EXPECT_EQ(t.pus, 16);
@@ -290,10 +293,7 @@ TEST(Discover, Synthetic) {
 // for the whole machine, which spans both): each package's L3s still show
 // in the tree, under their package.
 TEST(Discover, CachesUnderANodeSpanningPackagesAreShown) {
-  ScopedEnv file("BRAID_TOPO_FILE", "synthetic:pack:2 l3:1 core:4 pu:1");
-  HostTopology t;
-  Status st = discover(&t);
-  ASSERT_TRUE(st.is_ok()) << st.message();
+  const HostTopology t = load("synthetic:pack:2 l3:1 core:4 pu:1");
   ASSERT_EQ(t.l3_caches.size(), 2u);
   const std::string tree = describe_tree(t);
   size_t l3_lines = 0;
