@@ -575,6 +575,8 @@ TEST_P(Transports, PendingReceiveDoesNotBlockCollectives) {
 // isend's (the peer's second collective waits for this rank's second).
 TEST_P(Transports, ACollectiveDoesNotWaitForAnEarlierIsendsBytes) {
   Env env = transport_env(GetParam());
+  // Waiting on each other's next call, the ranks would fail their
+  // all_reduces with BRAID_ERR_TIMEOUT at this deadline.
   env.push_back({"BRAID_TIMEOUT", "20"});
   env.push_back({"BRAID_TCP_BUFFER_BYTES", "64K"});
   run_ranks(2, env, [](braid_comm_t comm, int rank, int) {
@@ -583,13 +585,11 @@ TEST_P(Transports, ACollectiveDoesNotWaitForAnEarlierIsendsBytes) {
     if (rank == 0) {
       BRAID_ASSERT_OK(braid_isend(big.data(), big.size(), BRAID_FLOAT32, 1, comm, nullptr, &req));
     }
-    const auto start = std::chrono::steady_clock::now();
     for (int k = 0; k < 2; ++k) {
       int64_t x = rank + k, sum = 0;
       BRAID_ASSERT_OK(braid_all_reduce(&x, &sum, 1, BRAID_INT64, BRAID_SUM, comm, nullptr));
       EXPECT_EQ(sum, 1 + 2 * k);
     }
-    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
     if (rank == 0) {
       BRAID_ASSERT_OK(braid_wait(&req));
     } else {
