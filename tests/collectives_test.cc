@@ -4,6 +4,7 @@
 #include <braid/braid.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -598,6 +599,33 @@ TEST_P(Transports, ACollectiveDoesNotWaitForAnEarlierIsendsBytes) {
       EXPECT_EQ(big.back(), 2.5f);
     }
   });
+}
+
+// A blocking send returns with its bytes handed to the kernel: a rank that
+// then waits outside braid (here on a pipe the receiver writes once it has
+// them) must not hold back its peer's receive. tcp keeps frames in staging
+// slots until the socket takes them, so the send's own frames must be flushed.
+TEST_P(Transports, ABlockingSendsBytesLeaveBeforeItReturns) {
+  Env env = transport_env(GetParam());
+  env.push_back({"BRAID_TIMEOUT", "10"});
+  env.push_back({"BRAID_TCP_BUFFER_BYTES", "64K"});
+  int received[2];
+  ASSERT_EQ(pipe(received), 0);
+  run_ranks(2, env, [&received](braid_comm_t comm, int rank, int) {
+    std::vector<float> buf(1 << 20, rank == 0 ? 4.5f : 0.0f);  // 4 MiB: more than the socket takes at once
+    if (rank == 0) {
+      BRAID_ASSERT_OK(braid_send(buf.data(), buf.size(), BRAID_FLOAT32, 1, comm, nullptr));
+      pollfd p{received[0], POLLIN, 0};
+      ASSERT_EQ(poll(&p, 1, 20000), 1) << "rank 1 did not receive while rank 0 made no braid call";
+    } else {
+      BRAID_ASSERT_OK(braid_recv(buf.data(), buf.size(), BRAID_FLOAT32, 0, comm, nullptr));
+      for (float v : buf) ASSERT_EQ(v, 4.5f);
+      const char one = 1;
+      ASSERT_EQ(write(received[1], &one, 1), 1);
+    }
+  });
+  close(received[0]);
+  close(received[1]);
 }
 
 TEST_P(Transports, NonBlockingOperationsProgressWithoutTheCaller) {

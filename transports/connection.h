@@ -62,6 +62,15 @@ struct SharedCopy {
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "SharedCopy is shared between processes");
 
+// Told of each frame a connection commits (see report_commits).
+class CommitObserver {
+ public:
+  virtual void committed(uint32_t connection_index, uint64_t frames_committed) = 0;
+
+ protected:
+  ~CommitObserver() = default;
+};
+
 class Connection {
  public:
   virtual ~Connection() = default;
@@ -120,6 +129,10 @@ class Connection {
   // both 0 where a commit is delivered at once).
   virtual uint64_t sends_committed() const { return 0; }
   virtual uint64_t sends_written() const { return 0; }
+  // Where a connection whose commits are delivered later (tcp) reports each
+  // one, naming itself by `index`: the engine charges the frame to the op
+  // that is running, which then waits for that frame and no other.
+  virtual void report_commits(CommitObserver* /*observer*/, uint32_t /*index*/) {}
   // Zero-copy path: copies `bytes` from the peer process's address `remote`
   // into `dst` without the peer's help (shm: cross-memory attach). Only valid
   // where supports_peer_reads() is true.

@@ -322,7 +322,10 @@ Engine::Engine(int rank, const Config& config, const std::vector<std::vector<Con
     : rank_(rank), spin_us_(config.spin_us), timeout_s_(config.timeout_s), bell_(bell) {
   for (auto& list : peers)
     for (Connection* c : list)
-      if (c->pollable()) tcp_conns_.push_back(c);
+      if (c->pollable()) {
+        c->report_commits(this, static_cast<uint32_t>(tcp_conns_.size()));
+        tcp_conns_.push_back(c);
+      }
   event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   progress_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   timer_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
@@ -361,26 +364,21 @@ void Engine::start(Op& op) {
 void Engine::resume(Op& op) {
   current_op() = &op;
   op.wait = nullptr;
-  if (tcp_conns_.empty()) {
-    op.leaf.resume();
-  } else {
-    // Which tcp frames this step committed are this op's (one op runs at a
-    // time on the driver).
-    tcp_committed_.resize(tcp_conns_.size());
-    for (size_t i = 0; i < tcp_conns_.size(); ++i) tcp_committed_[i] = tcp_conns_[i]->sends_committed();
-    op.leaf.resume();
-    for (size_t i = 0; i < tcp_conns_.size(); ++i) {
-      const uint64_t now = tcp_conns_[i]->sends_committed();
-      if (now == tcp_committed_[i]) continue;
-      auto mark = std::find_if(op.tcp_marks.begin(), op.tcp_marks.end(),
-                               [i](const auto& m) { return m.first == static_cast<uint32_t>(i); });
-      if (mark == op.tcp_marks.end())
-        op.tcp_marks.emplace_back(static_cast<uint32_t>(i), now);
-      else
-        mark->second = now;
-    }
-  }
+  op.leaf.resume();
   current_op() = nullptr;
+}
+
+void Engine::committed(uint32_t connection_index, uint64_t frames_committed) {
+  // Only ops commit frames on the driver, one op at a time; a frame
+  // committed outside any op (none today) belongs to no op's wait.
+  Op* op = current_op();
+  if (op == nullptr) return;
+  for (auto& mark : op->tcp_marks)
+    if (mark.first == connection_index) {
+      mark.second = frames_committed;
+      return;
+    }
+  op->tcp_marks.emplace_back(connection_index, frames_committed);
 }
 
 void Engine::wake_progress_thread() {

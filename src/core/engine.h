@@ -144,7 +144,7 @@ class Op {
 // call of the same thread makes one.
 std::shared_ptr<Op> new_op();
 
-class Engine {
+class Engine : private CommitObserver {
  public:
   // `peers[r]` holds the connections to rank r (empty for this rank).
   Engine(int rank, const Config& config, const std::vector<std::vector<Connection*>>& peers, Doorbell* bell);
@@ -243,6 +243,8 @@ class Engine {
   // Writes what the op committed to tcp connections; true once the kernel
   // has all of it.
   bool own_writes_flushed(const Op& op);
+  // A tcp connection committed a frame: it is the running op's (if any).
+  void committed(uint32_t connection_index, uint64_t frames_committed) override;
   // Binds waiting any-source receives to peers with a message (see Op).
   bool bind_any_source();
   Lane* find_lane(LaneKind kind, int peer);
@@ -287,7 +289,6 @@ class Engine {
   uint32_t long_wait_checks_ = kLongWaitSpins;
   std::atomic<double> timeout_s_;
   std::vector<Connection*> tcp_conns_;
-  std::vector<uint64_t> tcp_committed_;  // resume()'s scratch: frames committed before a step
   std::vector<Connection*> coll_conns_;
   Doorbell* bell_;  // our shm doorbell, or null
   int event_fd_ = -1;

@@ -79,6 +79,10 @@ class TcpConnection : public Connection {
   bool wants_write() const override { return written_ < committed_; }
   uint64_t sends_committed() const override { return committed_; }
   uint64_t sends_written() const override { return written_; }
+  void report_commits(CommitObserver* observer, uint32_t index) override {
+    observer_ = observer;
+    observer_index_ = index;
+  }
 
   void* send_slot(size_t) override { return slot_free() ? send_at(committed_) : nullptr; }
   void commit_send(size_t bytes, const CallTag& tag) override {
@@ -311,7 +315,9 @@ class TcpConnection : public Connection {
   uint64_t queue(size_t bytes, const CallTag& tag) {
     send_len_[committed_ % nslots_] = bytes;
     send_tag_[committed_ % nslots_] = tag;
-    return committed_++;
+    const uint64_t frame = committed_++;
+    if (observer_ != nullptr) observer_->committed(observer_index_, committed_);
+    return frame;
   }
 
   // Writes what is left of frame s.next_write (from s.write_off on), its
@@ -563,6 +569,8 @@ class TcpConnection : public Connection {
   std::vector<size_t> send_len_;
   std::vector<CallTag> send_tag_;
   uint64_t committed_ = 0, written_ = 0;  // frames; written_: all before it are the kernel's
+  CommitObserver* observer_ = nullptr;
+  uint32_t observer_index_ = 0;
   std::vector<char> recv_buf_;
   std::vector<size_t> recv_len_;
   std::vector<CallTag> recv_tag_;
