@@ -131,6 +131,12 @@ TEST(Api, InitEnvNeedsItsVariables) {
       << braid_get_last_error();
   EXPECT_NE(std::string(braid_get_last_error()).find("1048576]"), std::string::npos)
       << braid_get_last_error();
+  // The root listens on MASTER_PORT+1 unless BRAID_ROOT_PORT says where.
+  setenv("WORLD_SIZE", "2", 1);
+  setenv("MASTER_PORT", "65535", 1);
+  EXPECT_EQ(braid_comm_init_env(&comm), BRAID_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(braid_get_last_error()).find("set BRAID_ROOT_PORT"), std::string::npos)
+      << braid_get_last_error();
   for (const char* v : {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"}) unsetenv(v);
 }
 
@@ -317,6 +323,27 @@ TEST_F(OneRank, RequestsAreCheckedAndFreedOnce) {
   expect_error(braid_group_end(), BRAID_ERR_INVALID_USAGE, "group_end without");
 }
 
+// Bindings that pass handles as void* can mix the two kinds up: a request's
+// handle is never a live communicator, nor the other way round.
+TEST_F(OneRank, AHandleOfTheOtherKindIsRefused) {
+  float x[4] = {1, 2, 3, 4}, y[4] = {};
+  braid_request_t req = nullptr;
+  BRAID_ASSERT_OK(braid_irecv(y, 4, BRAID_FLOAT32, 0, comm_, nullptr, &req));
+  auto* req_as_comm = reinterpret_cast<braid_comm_t>(req);
+  auto* comm_as_req = reinterpret_cast<braid_request_t>(comm_);
+  int rank = -1;
+  expect_error(braid_comm_rank(req_as_comm, &rank), BRAID_ERR_INVALID_ARGUMENT, "not a live communicator");
+  expect_error(braid_comm_destroy(req_as_comm), BRAID_ERR_INVALID_ARGUMENT, "not a live communicator");
+  expect_error(braid_request_free(comm_as_req), BRAID_ERR_INVALID_ARGUMENT, "not a live request");
+  expect_error(braid_wait(&comm_as_req), BRAID_ERR_INVALID_ARGUMENT, "not a live request");
+  // Both are still live and work.
+  BRAID_ASSERT_OK(braid_send(x, 4, BRAID_FLOAT32, 0, comm_, nullptr));
+  BRAID_ASSERT_OK(braid_wait(&req));
+  EXPECT_EQ(y[3], 4.0f);
+  BRAID_ASSERT_OK(braid_comm_rank(comm_, &rank));
+  EXPECT_EQ(rank, 0);
+}
+
 // An op in a group starts at braid_group_end: waiting for it before then
 // would wait forever, so it is refused; the request stays valid.
 TEST_F(OneRank, WaitingInsideTheGroupThatHoldsTheOpIsRefused) {
@@ -371,6 +398,22 @@ TEST(Api, ReduceLocal) {
   EXPECT_EQ(d[2], -2);
   EXPECT_EQ(braid_reduce_local(nullptr, a, b, 3, BRAID_INT8, BRAID_MAX), BRAID_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(braid_get_last_error()).find("dst is NULL"), std::string::npos);
+  // In place (dst is a, or b) is fine; dst partly over a or b is refused.
+  std::vector<float> x(1024, 1.0f), y(1024, 2.0f);
+  BRAID_ASSERT_OK(braid_reduce_local(x.data(), x.data(), y.data(), x.size(), BRAID_FLOAT32, BRAID_SUM));
+  BRAID_ASSERT_OK(braid_reduce_local(y.data(), x.data(), y.data(), x.size(), BRAID_FLOAT32, BRAID_SUM));
+  EXPECT_EQ(x[1023], 3.0f);
+  EXPECT_EQ(y[1023], 5.0f);
+  EXPECT_EQ(braid_reduce_local(x.data() + 16, x.data(), y.data(), 1000, BRAID_FLOAT32, BRAID_SUM),
+            BRAID_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(braid_get_last_error()).find("dst overlaps a partly"), std::string::npos);
+  EXPECT_EQ(braid_reduce_local(y.data(), x.data(), y.data() + 1, 1000, BRAID_FLOAT32, BRAID_SUM),
+            BRAID_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(braid_get_last_error()).find("dst overlaps b partly"), std::string::npos);
+  EXPECT_EQ(x[1023], 3.0f);  // nothing written
+  // Adjacent, not overlapping: fine.
+  BRAID_ASSERT_OK(braid_reduce_local(x.data() + 512, x.data(), y.data(), 512, BRAID_FLOAT32, BRAID_SUM));
+  EXPECT_EQ(x[512], 8.0f);
 }
 
 }  // namespace

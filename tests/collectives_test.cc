@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -813,6 +814,67 @@ TEST(InitEnv, TorchrunEnvironment) {
       },
       60, /*make_comm=*/false, [](int rank) { setenv("RANK", std::to_string(rank).c_str(), 1); });
   ASSERT_TRUE(result.ok()) << result.describe();
+}
+
+// A WORLD_SIZE that differs between ranks reaches the rendezvous root,
+// which says so (it is not a stranger with another job's token).
+TEST(InitEnv, AWorldSizeThatDiffersIsNamed) {
+  const std::string port = std::to_string(free_port());
+  auto* named = static_cast<std::atomic<int>*>(
+      mmap(nullptr, sizeof(std::atomic<int>), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(static_cast<void*>(named), MAP_FAILED);
+  new (named) std::atomic<int>(0);
+  const auto start = std::chrono::steady_clock::now();
+  auto result = launch(
+      2,
+      {{"MASTER_ADDR", "127.0.0.1"},
+       {"MASTER_PORT", port},
+       {"BRAID_ROOT_PORT", port},
+       {"BRAID_TIMEOUT", "5"},
+       {"BRAID_DEBUG", "NONE"}},
+      [named](braid_comm_t, int, int) {
+        braid_comm_t comm = nullptr;
+        EXPECT_NE(braid_comm_init_env(&comm), BRAID_SUCCESS);
+        const std::string msg = braid_get_last_error();
+        // The one whose hello came second is refused by name; the other
+        // learns that a rank is missing (or times out itself).
+        if (msg.find("says the job has") != std::string::npos) named->fetch_add(1);
+      },
+      60, /*make_comm=*/false,
+      [](int rank) {
+        setenv("RANK", std::to_string(rank).c_str(), 1);
+        setenv("WORLD_SIZE", rank == 0 ? "2" : "3", 1);
+      });
+  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_EQ(named->load(), 1);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  munmap(named, sizeof(std::atomic<int>));
+}
+
+// A rank that never starts: those that joined hear from the root which one
+// is missing, not only that it hung up.
+TEST(InitEnv, RanksThatJoinedAreToldWhichRankIsMissing) {
+  const auto start = std::chrono::steady_clock::now();
+  launcher::LaunchOptions o;
+  o.nranks = 3;
+  o.make_comm = false;
+  o.env = {{"BRAID_DEBUG", "NONE"}};
+  // Rank 0 (which runs the root) gives up after 3 s; rank 1 would wait 30 s
+  // on its own.
+  o.per_rank_setup = [](int rank) { setenv("BRAID_TIMEOUT", rank == 0 ? "3" : "30", 1); };
+  auto result = launcher::fork_ranks(o, [](braid_comm_t, int rank, int, const braid_unique_id_t& id) {
+    if (rank == 2) return 0;
+    braid_comm_t comm = nullptr;
+    if (braid_comm_init_rank(&comm, 3, id, rank) == BRAID_SUCCESS) return 1;
+    const std::string msg = braid_get_last_error();
+    if (rank == 1 && msg.find("rank 2 of 3 did not join the rendezvous") == std::string::npos) {
+      std::fprintf(stderr, "rank 1 got: %s\n", msg.c_str());
+      return 2;
+    }
+    return 0;
+  });
+  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
 }
 
 TEST(SimulatedHosts, TwoHostsMixShmAndTcp) {

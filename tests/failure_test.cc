@@ -740,6 +740,51 @@ TEST(Resources, TooManyOpenFilesNamesTheLimit) {
   ASSERT_TRUE(r.ok()) << r.describe();
 }
 
+// The rendezvous root holds a socket per joined rank until all have joined.
+// Out of descriptors, it tells the ranks that joined, naming the limit,
+// rather than spinning on a connection it cannot accept until the timeout.
+TEST(Resources, ARendezvousRootOutOfDescriptorsSaysSo) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "no descriptors left also starves ASan/UBSan's runtime; runs in the plain build";
+#endif
+  auto* told = static_cast<std::atomic<int>*>(
+      mmap(nullptr, sizeof(std::atomic<int>), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(static_cast<void*>(told), MAP_FAILED);
+  new (told) std::atomic<int>(0);
+  launcher::LaunchOptions o;
+  o.nranks = 4;
+  o.make_comm = false;
+  o.env = {{"BRAID_DEBUG", "NONE"}, {"BRAID_TIMEOUT", "8"}};
+  const auto start = std::chrono::steady_clock::now();
+  auto r = launcher::fork_ranks(o, [told](braid_comm_t, int rank, int, const braid_unique_id_t& id) {
+    if (rank == 0) {
+      // This process runs the root: room for two more descriptors, so the
+      // third of ranks 1-3 to connect finds none.
+      const int lowest_free = dup(0);
+      close(lowest_free);
+      rlimit lim{};
+      getrlimit(RLIMIT_NOFILE, &lim);
+      lim.rlim_cur = static_cast<rlim_t>(lowest_free + 2);
+      if (setrlimit(RLIMIT_NOFILE, &lim) != 0) return 2;
+      sleep(4);  // the root answers on its own thread
+      return 0;
+    }
+    braid_comm_t comm = nullptr;
+    if (braid_comm_init_rank(&comm, 4, id, rank) == BRAID_SUCCESS) return 3;
+    // The ranks accepted (those that joined) are told; one left queued or
+    // arriving after the root gave up sees the connection go.
+    const std::string msg = braid_get_last_error();
+    if (msg.find("could not accept") != std::string::npos &&
+        msg.find("Too many open files") != std::string::npos)
+      told->fetch_add(1);
+    return 0;
+  });
+  EXPECT_TRUE(r.ok()) << r.describe();
+  EXPECT_GE(told->load(), 1);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  munmap(told, sizeof(std::atomic<int>));
+}
+
 // A rank whose shared memory segment cannot be made (here a file size limit
 // below the segment's size, as a full /dev/shm would do) makes every rank use
 // tcp instead, with a warning; under BRAID_TRANSPORT=shm the job fails,

@@ -369,7 +369,8 @@ TEST(Observability, ProbeTimesAreKeptForLaterCommunicatorsOfTheSameShape) {
 }
 
 TEST(Observability, SubsystemsCanBeSelectedOrExcluded) {
-  for (const std::string filter : {"TUNE", "^INIT,TOPO"}) {
+  // "TUNS": a typo keeps the default (everything); "^ALL": nothing.
+  for (const std::string filter : {"TUNE", "^INIT,TOPO", "TUNS", "^ALL"}) {
     const ScratchDir scratch("subsys");
     const std::string& dir = scratch.path;
     braid::test::run_ranks(
@@ -377,7 +378,17 @@ TEST(Observability, SubsystemsCanBeSelectedOrExcluded) {
         {{"BRAID_DEBUG", "INFO"}, {"BRAID_DEBUG_SUBSYS", filter}, {"BRAID_DEBUG_FILE", dir + "/log-%p.txt"}},
         [](braid_comm_t, int, int) {});
     const auto lines = parse_logs(dir);
+    if (filter == "^ALL") {
+      EXPECT_TRUE(lines.empty()) << lines.front().message;
+      continue;
+    }
     ASSERT_FALSE(lines.empty()) << filter;
+    if (filter == "TUNS") {
+      std::set<std::string> seen;
+      for (const LogLine& l : lines) seen.insert(l.subsys);
+      EXPECT_TRUE(seen.count("INIT") && seen.count("TUNE")) << lines.size() << " lines";
+      continue;
+    }
     for (const LogLine& l : lines) {
       if (filter == "TUNE") {
         EXPECT_EQ(l.subsys, "TUNE") << l.message;
@@ -472,6 +483,35 @@ TEST(Observability, TracesOfFourRanksMerge) {
   EXPECT_EQ(std::system(cmd.c_str()), 0) << read_file(dir + "/merge.txt");
   EXPECT_NE(read_file(dir + "/merge.txt").find("4 ranks"), std::string::npos)
       << read_file(dir + "/merge.txt");
+}
+
+// A plain path (no %r) still gives each rank its own file; and an op that
+// outlasts 2^32 clock ticks (under 2 s on a fast clock) keeps its length.
+TEST(Observability, EachRankTracesToItsOwnFileAndLongOpsKeepTheirLength) {
+  const ScratchDir scratch("trace-plain");
+  const std::string& dir = scratch.path;
+  braid::test::run_ranks(
+      2, {{"BRAID_TRACE_FILE", dir + "/trace.json"}}, [](braid_comm_t comm, int rank, int) {
+        float x = 1.0f;
+        if (rank == 1) usleep(2500 * 1000);
+        BRAID_ASSERT_OK(braid_all_reduce(&x, &x, 1, BRAID_FLOAT32, BRAID_SUM, comm, nullptr));
+        EXPECT_EQ(x, 2.0f);
+      });
+  ASSERT_EQ(files_in(dir), (std::vector<std::string>{"trace-r0.json", "trace-r1.json"}));
+  // Rank 0's all_reduce waited about 2.5 s for rank 1: its begin and end.
+  const std::string text = read_file(dir + "/trace-r0.json");
+  auto ts_after = [&text](const std::string& needle) {
+    const size_t at = text.find(needle);
+    if (at == std::string::npos) return -1.0;
+    const size_t ts = text.find("\"ts\":", at);
+    return std::atof(text.c_str() + ts + 5);
+  };
+  const double begin = ts_after("{\"ph\":\"B\",\"name\":\"all_reduce\"");
+  const double end = ts_after("{\"ph\":\"E\",\"name\":\"all_reduce\"");
+  ASSERT_GE(begin, 0.0) << text;
+  ASSERT_GE(end, 0.0) << text;
+  EXPECT_GT(end - begin, 2.2e6) << text;
+  EXPECT_LT(end - begin, 60e6) << text;
 }
 
 TEST(Observability, BadSettingsNameTheVariable) {

@@ -308,7 +308,8 @@ braid_result_t braid_iall_to_allv(const void* sendbuf, const size_t* sendcounts,
 braid_result_t braid_ibarrier(braid_comm_t comm, braid_stream_t stream, braid_request_t* request);
 
 /* ---- reduction kernels (host memory) ----
- * dst[i] = a[i] op b[i] for i < count; dst may alias a or b. AVG reduces as
+ * dst[i] = a[i] op b[i] for i < count; dst may be a or b (the same address),
+ * but a partial overlap is refused (BRAID_ERR_INVALID_ARGUMENT). AVG reduces as
  * SUM here (the division belongs to the collective). float16 and bfloat16 are
  * computed in float32 and rounded to nearest even. */
 braid_result_t braid_reduce_local(void* dst, const void* a, const void* b, size_t count, braid_dtype_t dtype,

@@ -42,6 +42,10 @@ struct Request {
 template <class T>
 class Registry {
  public:
+  // Each registry's ids carry its own tag in the low 4 bits: a request's
+  // handle passed as a communicator (easy through void* bindings) finds
+  // nothing, rather than another live object.
+  explicit Registry(uintptr_t tag) : next_(0x10000 | tag) {}
   uintptr_t add(std::shared_ptr<T> obj) {
     std::lock_guard<std::mutex> lock(mu_);
     uintptr_t id = next_;
@@ -83,17 +87,17 @@ class Registry {
 
  private:
   std::mutex mu_;
-  uintptr_t next_ = 0x10000;
+  uintptr_t next_;
   std::unordered_map<uintptr_t, std::shared_ptr<T>> objects_;
   std::atomic<uint64_t> generation_{0};  // bumped by every add and take
 };
 
 Registry<Communicator>& comms() {
-  static auto* r = new Registry<Communicator>();  // outlives static destructors
+  static auto* r = new Registry<Communicator>(1);  // outlives static destructors
   return *r;
 }
 Registry<Request>& requests() {
-  static auto* r = new Registry<Request>();
+  static auto* r = new Registry<Request>(2);
   return *r;
 }
 
@@ -549,7 +553,7 @@ BRAID_API braid_result_t braid_comm_init_env(braid_comm_t* comm) {
     return finish(Status::invalid_argument("environment variable MASTER_ADDR is not set (torchrun sets it)"));
   long port = 0, rank = 0, world = 0, root_port = 0;
   bool present = false;
-  st = env_int("MASTER_PORT", 1, 65534, &port, &present);
+  st = env_int("MASTER_PORT", 1, 65535, &port, &present);
   if (st && !present) st = Status::invalid_argument("environment variable MASTER_PORT is not set");
   if (st) st = env_int("WORLD_SIZE", 1, kMaxRanks, &world, &present);
   if (st && !present) st = Status::invalid_argument("environment variable WORLD_SIZE is not set");
@@ -557,13 +561,19 @@ BRAID_API braid_result_t braid_comm_init_env(braid_comm_t* comm) {
   if (st && !present) st = Status::invalid_argument("environment variable RANK is not set");
   root_port = port + 1;
   if (st) st = env_int("BRAID_ROOT_PORT", 1, 65535, &root_port, &present);
+  if (st && !present && port == 65535)
+    st = Status::invalid_argument(
+        "MASTER_PORT=65535 leaves no port above it for braid's rendezvous root (MASTER_PORT+1); "
+        "set BRAID_ROOT_PORT");
   if (!st) return finish(st);
   UniqueId u;
   st = SockAddr::parse(master, static_cast<uint16_t>(root_port), &u.root);
   if (!st) return finish(st.with_context("MASTER_ADDR"));
   // The token binds ranks of this job: from BRAID_JOB_TOKEN when set (a
   // secret), else derived from what every rank of the job sees alike.
-  std::string seed = std::string(master) + ":" + std::to_string(port) + "/" + std::to_string(world);
+  // Not WORLD_SIZE: a rank that disagrees on it must reach the root, which
+  // tells it so (a different token would make it a stranger, not answered).
+  std::string seed = std::string(master) + ":" + std::to_string(port);
   if (const char* t = std::getenv("BRAID_JOB_TOKEN")) seed += std::string("/") + t;
   if (const char* t = std::getenv("TORCHELASTIC_RUN_ID")) seed += std::string("/") + t;
   uint64_t h1 = 1469598103934665603ull, h2 = 1099511628211ull;
@@ -1045,6 +1055,21 @@ BRAID_API braid_result_t braid_reduce_local(void* dst, const void* a, const void
   if (st) st = check_buffer(nullptr, dst, count, "dst", "count");
   if (st) st = check_buffer(nullptr, a, count, "a", "count");
   if (st) st = check_buffer(nullptr, b, count, "b", "count");
+  // The kernels read and write whole vectors: dst may be a or b exactly,
+  // but a partial overlap would read elements already overwritten.
+  const size_t bytes = count * dtype_size(dtype);
+  auto overlaps_partly = [&](const void* src) {
+    const auto d = reinterpret_cast<uintptr_t>(dst), x = reinterpret_cast<uintptr_t>(src);
+    return d != x && d < x + bytes && x < d + bytes;
+  };
+  if (st && count > 0) {
+    for (auto [src, name] : {std::pair{a, "a"}, std::pair{b, "b"}})
+      if (overlaps_partly(src)) {
+        st = Status::invalid_argument(std::string("dst overlaps ") + name +
+                                      " partly (it may be the same buffer, or apart from it)");
+        break;
+      }
+  }
   if (!st) return finish(st.with_context("reduce_local"));
   kernels::reduce(dtype, op, dst, a, b, count);
   return BRAID_SUCCESS;

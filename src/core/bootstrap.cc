@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <thread>
 
@@ -21,6 +23,14 @@ constexpr uint32_t kRefusalMagic = 0x31465242;  // "BRF1"
 // A connection must finish its handshake this fast, so a silent stranger
 // cannot stall the root or a rank's accept.
 constexpr double kHandshakeSeconds = 5.0;
+// A joined rank waits this much past its own deadline for the root's
+// answer: a root that gives up (at its deadline, which started first) then
+// gets to say why before the rank stops listening.
+constexpr double kRootAnswerGraceSeconds = 2.0;
+// Roots of this process telling their joined ranks why they gave up. A rank
+// of this process that got such an answer waits for them before returning:
+// its caller may exit, which would end the root before the others are told.
+std::atomic<int> g_roots_answering{0};
 
 struct RootHello {
   uint32_t magic;
@@ -62,6 +72,7 @@ class RendezvousRoot {
   };
   void drop(size_t i, const char* why);
   Status accept_hello(const RootHello& h, int fd);
+  std::string missing_ranks() const;  // "ranks 3, 7 of 8 did not join ..."
 
   int listen_fd_;
   JobToken token_;
@@ -99,22 +110,46 @@ Status RendezvousRoot::accept_hello(const RootHello& h, int fd) {
   return Status::ok();
 }
 
+std::string RendezvousRoot::missing_ranks() const {
+  if (nranks_ < 0) return "no rank joined the rendezvous";
+  std::string list;
+  int missing = 0;
+  for (int r = 0; r < nranks_; ++r) {
+    if (rank_fd_[r] >= 0) continue;
+    if (++missing <= 8) list += (list.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (missing > 8) list += ", ... (" + std::to_string(missing) + " in all)";
+  return (missing == 1 ? "rank " : "ranks ") + list + " of " + std::to_string(nranks_) +
+         " did not join the rendezvous";
+}
+
 void RendezvousRoot::run() {
   Deadline job_deadline = Deadline::after_seconds(timeout_s_);
+  Status gave_up;  // why the ranks that joined get no table
   while (nranks_ < 0 || joined_ < nranks_) {
     if (job_deadline.expired()) {
-      BRAID_WARN("BOOTSTRAP", -1, "rendezvous root gave up: %d of %d ranks joined before the timeout",
-                 joined_, nranks_);
+      gave_up = Status::timeout(missing_ranks() + " within " + std::to_string(static_cast<int>(timeout_s_)) +
+                                " s (BRAID_TIMEOUT); are they started, with the same id and nranks?");
       break;
     }
     std::vector<pollfd> fds;
     fds.push_back({listen_fd_, POLLIN, 0});
     for (auto& c : pending_) fds.push_back({c.fd, POLLIN, 0});
-    int rc = poll(fds.data(), fds.size(), 100);
+    int rc = poll(fds.data(), fds.size(), job_deadline.remaining_ms(100));
     if (rc < 0 && errno != EINTR) break;
     if (fds[0].revents & POLLIN) {
       int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd >= 0) pending_.push_back({fd, Deadline::after_seconds(kHandshakeSeconds), {}, 0});
+      if (fd >= 0) {
+        pending_.push_back({fd, Deadline::after_seconds(kHandshakeSeconds), {}, 0});
+      } else if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        // The connection stays queued and the socket readable: retrying
+        // would spin until the timeout. The root holds one socket per
+        // joined rank until all have joined.
+        gave_up = Status::system("the rendezvous root could not accept a connection after " +
+                                     std::to_string(joined_) + " ranks joined",
+                                 errno);
+        break;
+      }
     }
     for (size_t i = pending_.size(); i-- > 0;) {
       Client& c = pending_[i];
@@ -145,7 +180,16 @@ void RendezvousRoot::run() {
       if (c.handshake.expired()) drop(i, "no complete hello within the handshake time");
     }
   }
-  if (nranks_ > 0 && joined_ == nranks_) {
+  if (!gave_up.is_ok()) {
+    BRAID_WARN("BOOTSTRAP", -1, "rendezvous root gave up: %s", gave_up.message().c_str());
+    // Each rank that joined learns why, rather than only that the root hung up.
+    const std::vector<uint8_t> refusal = encode_refusal(gave_up.message());
+    g_roots_answering.fetch_add(1);
+    for (int fd : rank_fd_)
+      if (fd >= 0)
+        (void)send_all(fd, refusal.data(), refusal.size(), Deadline::after_seconds(kHandshakeSeconds));
+    g_roots_answering.fetch_sub(1);
+  } else if (nranks_ > 0 && joined_ == nranks_) {
     std::vector<uint8_t> reply(root_reply_bytes(nranks_));
     uint32_t hdr[2] = {kMagic, static_cast<uint32_t>(nranks_)};
     std::memcpy(reply.data(), hdr, 8);
@@ -347,21 +391,25 @@ Status Bootstrap::join(const UniqueId& id, int rank, int nranks, const std::stri
   // The header first: a wrong one (another job) must not make us wait for
   // a table that never comes.
   std::vector<uint8_t> reply(root_reply_bytes(nranks));
-  if (st) st = recv_all(fd, reply.data(), 8, deadline);
+  const Deadline answer_deadline = deadline.later_by(kRootAnswerGraceSeconds);
+  if (st) st = recv_all(fd, reply.data(), 8, answer_deadline);
   bool refused = false;
   size_t reason_bytes = 0;
   if (st) st = parse_refusal_header(reply.data(), 8, &refused, &reason_bytes);
   if (st && refused) {
     std::vector<uint8_t> why(reason_bytes);
-    st = recv_all(fd, why.data(), why.size(), deadline);
+    st = recv_all(fd, why.data(), why.size(), answer_deadline);
     close(fd);
+    const Deadline others_told = Deadline::after_seconds(kHandshakeSeconds);
+    while (g_roots_answering.load() > 0 && !others_told.expired())
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     if (!st)
       return st.with_context("rank " + std::to_string(rank) + " reading the rendezvous root's refusal");
     return Status::invalid_argument("the rendezvous root at " + id.root.str() + " refused rank " +
                                     std::to_string(rank) + ": " + refusal_reason(why.data(), why.size()));
   }
   if (st) st = parse_root_reply(reply.data(), 8, nranks, nullptr);
-  if (st) st = recv_all(fd, reply.data() + 8, reply.size() - 8, deadline);
+  if (st) st = recv_all(fd, reply.data() + 8, reply.size() - 8, answer_deadline);
   if (st) st = parse_root_reply(reply.data(), reply.size(), nranks, &b->peers_);
   close(fd);
   if (!st)

@@ -900,7 +900,7 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
     fill_call_tag(op->tag, kind, 0, args);
     op->lane = LaneKind::kRecv;
     op->lane_peer = -1;
-    op->seq = p2p_recv_seq_++;
+    op->seq = p2p_recv_seq_.fetch_add(1, std::memory_order_relaxed);
     op->any_source_conns = p2p_channel_.conns;
     op->source_out = a.source;
     const Channel* ch = &p2p_channel_;
@@ -916,7 +916,7 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
     fill_call_tag(op->tag, kind, 0, args);
     op->lane = kind == OpKind::kSend ? LaneKind::kSend : LaneKind::kRecv;
     op->lane_peer = a.peer;
-    op->seq = kind == OpKind::kSend ? p2p_send_seq_++ : p2p_recv_seq_++;
+    op->seq = (kind == OpKind::kSend ? p2p_send_seq_ : p2p_recv_seq_).fetch_add(1, std::memory_order_relaxed);
     if (kind == OpKind::kRecv) {
       op->task = p2p_recv(p2p_channel_, a, p2p_read_min_bytes());
       return op;

@@ -158,8 +158,9 @@ class Communicator {
   std::atomic<uint64_t> window_bytes_{0};  // transport_bytes "shm_window"
   std::mutex error_mu_;
   std::string last_error_;
-  uint64_t p2p_send_seq_ = 0;
-  uint64_t p2p_recv_seq_ = 0;
+  // Only for dumps and traces; atomic since any thread may post p2p.
+  std::atomic<uint64_t> p2p_send_seq_{0};
+  std::atomic<uint64_t> p2p_recv_seq_{0};
 };
 
 }  // namespace braid

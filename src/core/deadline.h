@@ -40,6 +40,13 @@ class Deadline {
     d.at_ = DeadlineClock::time_point::max();
     return d;
   }
+  // The same deadline moved `s` seconds on (never stays never).
+  Deadline later_by(double s) const {
+    if (at_ == DeadlineClock::time_point::max()) return *this;
+    Deadline d;
+    d.at_ = at_ + std::chrono::duration_cast<DeadlineClock::duration>(std::chrono::duration<double>(s));
+    return d;
+  }
   bool expired() const { return DeadlineClock::now() >= at_; }
   // Milliseconds left, clamped to [0, cap] (for poll / futex timeouts).
   int remaining_ms(int cap = INT_MAX) const {

@@ -66,7 +66,7 @@ struct LogSettings {
     exclude = list[0] == '^';
     if (exclude) list.erase(0, 1);
     const std::string known = "," BRAID_LOG_SUBSYSTEMS ",";
-    bool all = false;
+    bool all = false, any_known = false;
     size_t start = 0;
     while (start <= list.size()) {
       size_t end = list.find(',', start);
@@ -74,18 +74,24 @@ struct LogSettings {
       std::string name = list.substr(start, end - start);
       for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
       if (name == "ALL") {
-        all = true;
+        all = any_known = true;
       } else if (!name.empty() && known.find("," + name + ",") != std::string::npos) {
         subs.insert(name);
+        any_known = true;
       } else if (!name.empty()) {
         std::fprintf(stderr, "braid: BRAID_DEBUG_SUBSYS names an unknown subsystem '%s' (known: %s, ALL)\n",
                      name.c_str(), BRAID_LOG_SUBSYSTEMS);
       }
       start = end + 1;
     }
-    if (all && !exclude) {  // "ALL" among included names: everything
+    if (!any_known) {  // only typos: the default (everything), as the other settings keep theirs
+      std::fprintf(stderr, "braid: BRAID_DEBUG_SUBSYS='%s' names no known subsystem; logging all of them\n",
+                   s);
       subs.clear();
       exclude = true;
+    } else if (all) {  // "ALL" included: everything; "^ALL": nothing
+      subs.clear();
+      exclude = !exclude;
     }
   }
 };

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -31,8 +32,21 @@ std::string track_name(int tid) {
   return (tid % 2 == 1 ? "send to rank " : "recv from rank ") + std::to_string(peer);
 }
 
-uint32_t saturate(uint64_t v) {
-  return v > UINT32_MAX ? UINT32_MAX : static_cast<uint32_t>(v);
+// A length in 32 bits: exact ticks below 2^31 (about a second); above, the
+// top bit set and the rest in units of 2^12 ticks, which reaches an hour at
+// several GHz. Slow ops and long waits are what a trace is read for.
+constexpr uint32_t kCoarseLength = 1u << 31;
+constexpr int kCoarseShift = 12;
+
+uint32_t encode_length(uint64_t ticks) {
+  if (ticks < kCoarseLength) return static_cast<uint32_t>(ticks);
+  const uint64_t coarse = ticks >> kCoarseShift;
+  return kCoarseLength | static_cast<uint32_t>(std::min<uint64_t>(coarse, kCoarseLength - 1));
+}
+
+uint64_t decode_length(uint32_t v) {
+  if ((v & kCoarseLength) == 0) return v;
+  return static_cast<uint64_t>(v & ~kCoarseLength) << kCoarseShift;
 }
 
 double realtime_us() {
@@ -81,12 +95,22 @@ std::unique_ptr<TraceRecorder> TraceRecorder::make(const Config& config, int ran
   if (config.trace_file.empty()) return nullptr;
   static std::atomic<int> made{0};
   std::string path = expand_path_pattern(config.trace_file.c_str(), rank);
-  if (int k = made.fetch_add(1); k > 0) {
+  auto before_extension = [&path](const std::string& tag) {
     const size_t slash = path.rfind('/');
     size_t dot = path.rfind('.');
     if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) dot = path.size();
-    path.insert(dot, "-c" + std::to_string(k));
+    path.insert(dot, tag);
+  };
+  // Without %r (or %p) every rank would write the same file: the last one
+  // to finish would be the only trace left.
+  const std::string& pattern = config.trace_file;
+  if (nranks > 1 && pattern.find("%r") == std::string::npos && pattern.find("%p") == std::string::npos) {
+    before_extension("-r" + std::to_string(rank));
+    if (rank == 0)
+      BRAID_INFO("TRACE", rank, "BRAID_TRACE_FILE has no %%r: each rank writes its own file, e.g. %s",
+                 path.c_str());
   }
+  if (int k = made.fetch_add(1); k > 0) before_extension("-c" + std::to_string(k));
   std::unique_ptr<TraceRecorder> t(new TraceRecorder());
   t->path_ = path;
   t->rank_ = rank;
@@ -162,7 +186,7 @@ void TraceRecorder::op_done(const Op& op, uint64_t now, const Status& st) {
   Event e;
   e.start = op.start_ticks;
   e.bytes = op.bytes;
-  e.length = saturate(now - op.start_ticks);
+  e.length = encode_length(now - op.start_ticks);
   e.seq = static_cast<uint32_t>(op.seq);
   e.tid = track_of(op);
   e.name = intern(op.name);
@@ -177,7 +201,7 @@ void TraceRecorder::wait(const Op& op, uint64_t start, uint64_t end, int peer, c
   Event e;
   e.start = start;
   e.peer = peer;
-  e.length = saturate(end - start);
+  e.length = encode_length(end - start);
   e.seq = static_cast<uint32_t>(op.seq);
   e.tid = track_of(op);
   e.name = intern("wait");
@@ -221,7 +245,7 @@ Status TraceRecorder::write() {
       std::fprintf(f,
                    ",\n{\"ph\":\"X\",\"name\":\"wait\",\"cat\":\"wait\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,"
                    "\"dur\":%.3f,\"args\":{\"seq\":%llu,\"peer\":%d,\"waiting\":%s}}",
-                   rank_, e.tid, at(e.start), static_cast<double>(e.length) * rate, seq,
+                   rank_, e.tid, at(e.start), static_cast<double>(decode_length(e.length)) * rate, seq,
                    static_cast<int>(e.peer), json_string(strings_[e.detail]).c_str());
       continue;
     }
@@ -234,7 +258,8 @@ Status TraceRecorder::write() {
     std::fprintf(f,
                  ",\n{\"ph\":\"E\",\"name\":%s,\"cat\":\"op\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,"
                  "\"args\":{\"seq\":%llu,\"ok\":%s}}",
-                 name.c_str(), rank_, e.tid, at(e.start + e.length), seq, e.ok ? "true" : "false");
+                 name.c_str(), rank_, e.tid, at(e.start + decode_length(e.length)), seq,
+                 e.ok ? "true" : "false");
   }
 
   std::fprintf(f, "\n]}\n");

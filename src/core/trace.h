@@ -62,7 +62,7 @@ class TraceRecorder {
       uint64_t bytes;  // operation
       int64_t peer;    // wait
     };
-    uint32_t length;  // ticks, saturated
+    uint32_t length;  // ticks (encode_length: coarser past 2^31)
     uint32_t seq;     // low 32 bits
     int32_t tid;
     uint8_t name;    // index into strings_
