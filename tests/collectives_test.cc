@@ -5,14 +5,17 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -73,6 +76,18 @@ TEST_P(Transports, EveryAllReduceAlgorithmAgrees) {
         std::vector<double> f(count, 0.5 + rank);
         BRAID_ASSERT_OK(braid_all_reduce(f.data(), f.data(), count, BRAID_FLOAT64, BRAID_AVG, comm, nullptr));
         for (double v : f) ASSERT_EQ(v, 1.5) << algo << " avg";
+      }
+      // min(+0, -0) and min(-0, +0) differ in their bits: every rank must
+      // still get the same bits (the operands taken in the same order).
+      for (braid_redop_t op : {BRAID_MIN, BRAID_MAX}) {
+        float z[2] = {rank == 1 ? -0.0f : 0.0f, rank == 1 ? 0.0f : -0.0f}, got[2];
+        BRAID_ASSERT_OK(braid_all_reduce(z, got, 2, BRAID_FLOAT32, op, comm, nullptr));
+        uint32_t bits[2], all[6];
+        std::memcpy(bits, got, sizeof(bits));
+        BRAID_ASSERT_OK(braid_all_gather(bits, all, 2, BRAID_UINT32, comm, nullptr));
+        for (int k = 1; k < 3; ++k)
+          for (int e = 0; e < 2; ++e)
+            ASSERT_EQ(all[2 * k + e], all[e]) << algo << " op " << op << ": rank " << k << " element " << e;
       }
     });
   }
@@ -875,6 +890,57 @@ TEST(InitEnv, RanksThatJoinedAreToldWhichRankIsMissing) {
   });
   EXPECT_TRUE(result.ok()) << result.describe();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+}
+
+// Containers of one pod share /dev/shm and the hostname but not their pid
+// namespace, where shm's liveness checks and peer reads cannot see each
+// other's pids: such ranks count as different hosts and talk over tcp.
+TEST(InitEnv, RanksInAnotherPidNamespaceUseTcp) {
+  const pid_t probe = fork();
+  if (probe == 0) _exit(unshare(CLONE_NEWPID) == 0 ? 0 : 1);
+  int probe_status = 0;
+  waitpid(probe, &probe_status, 0);
+  if (!WIFEXITED(probe_status) || WEXITSTATUS(probe_status) != 0)
+    GTEST_SKIP() << "this process may not make a pid namespace (needs CAP_SYS_ADMIN)";
+  const std::string port = std::to_string(free_port());
+  auto result = launch(
+      2,
+      {{"MASTER_ADDR", "127.0.0.1"},
+       {"MASTER_PORT", port},
+       {"WORLD_SIZE", "2"},
+       {"BRAID_ROOT_PORT", port},
+       {"BRAID_TIMEOUT", "20"}},
+      [](braid_comm_t, int rank, int) {
+        auto work = [rank] {
+          braid_comm_t comm = nullptr;
+          BRAID_ASSERT_OK(braid_comm_init_env(&comm));
+          std::vector<float> x(300000, 1.0f + rank);
+          BRAID_ASSERT_OK(
+              braid_all_reduce(x.data(), x.data(), x.size(), BRAID_FLOAT32, BRAID_SUM, comm, nullptr));
+          for (float v : x) ASSERT_EQ(v, 3.0f);
+          uint64_t shm = 0, tcp = 0;
+          BRAID_ASSERT_OK(braid_comm_transport_bytes(comm, "shm", &shm));
+          BRAID_ASSERT_OK(braid_comm_transport_bytes(comm, "tcp", &tcp));
+          EXPECT_EQ(shm, 0u);
+          EXPECT_GT(tcp, 0u);
+          BRAID_ASSERT_OK(braid_comm_destroy(comm));
+        };
+        if (rank == 0) {
+          work();
+          return;
+        }
+        ASSERT_EQ(unshare(CLONE_NEWPID), 0);
+        const pid_t child = fork();  // the first child of the new namespace: its pid 1
+        if (child == 0) {
+          work();
+          _exit(::testing::Test::HasFailure() ? 1 : 0);
+        }
+        int status = 0;
+        ASSERT_EQ(waitpid(child, &status, 0), child);
+        EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+      },
+      60, /*make_comm=*/false, [](int rank) { setenv("RANK", std::to_string(rank).c_str(), 1); });
+  ASSERT_TRUE(result.ok()) << result.describe();
 }
 
 TEST(SimulatedHosts, TwoHostsMixShmAndTcp) {

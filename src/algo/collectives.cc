@@ -80,7 +80,9 @@ Task direct_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
       else
         co_await recv_message(ch, 0, a.recvbuf, bytes);
     } else if (p == r) {
-      kernels::reduce(a.dtype, a.op, a.recvbuf, a.recvbuf, mine, a.count);
+      // The incoming operand first, as recv_reduce_copy takes it: min and
+      // max of +0 and -0 (or of two NaNs) depend on the order.
+      kernels::reduce(a.dtype, a.op, a.recvbuf, mine, a.recvbuf, a.count);
     } else {
       co_await recv_reduce_copy(ch, p, a.recvbuf, a.recvbuf, bytes, a.dtype, a.op);
     }

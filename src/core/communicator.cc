@@ -121,7 +121,7 @@ Status Communicator::setup_transports() {
   mine.tcp_slots = config_.tcp_slots;
   mine.tcp_sockets = config_.tcp_sockets;
   mine.cores = static_cast<int32_t>(sysconf(_SC_NPROCESSORS_ONLN));
-  mine.machine = topo::host_hash(default_host_id());
+  mine.machine = topo::host_hash(machine_id());
   mine.algo = config_.algo.encode();
   mine.direct_max_bytes = config_.direct_max_bytes;
   mine.peer_read_min_bytes = config_.peer_read_min_bytes;

@@ -90,7 +90,7 @@ Status env_size(const char* name, size_t min, size_t max, size_t* value, bool* p
   return Status::ok();
 }
 
-std::string default_host_id() {
+std::string machine_id() {
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
   std::string id = host;
@@ -98,6 +98,15 @@ std::string default_host_id() {
   std::string boot_id;
   if (boot >> boot_id) id += ":" + boot_id;
   return id;
+}
+
+std::string default_host_id() {
+  // Processes in different PID namespaces (containers of one pod, sharing
+  // /dev/shm and the hostname) cannot see each other's pids, which shm's
+  // liveness checks and peer reads rely on: they count as different hosts.
+  char ns[64] = {0};
+  const ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof(ns) - 1);
+  return n > 0 ? machine_id() + ":" + std::string(ns, static_cast<size_t>(n)) : machine_id();
 }
 
 Status Config::from_env(Config* out) {

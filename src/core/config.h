@@ -63,5 +63,7 @@ Status env_double(const char* name, double min, double max, double* value, bool*
 Status env_size(const char* name, size_t min, size_t max, size_t* value, bool* present);
 
 std::string default_host_id();
+// The machine itself (hostname and boot), whatever namespaces a process is in.
+std::string machine_id();
 
 }  // namespace braid

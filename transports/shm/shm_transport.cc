@@ -386,7 +386,10 @@ Status map_segment(const std::string& name, size_t bytes, bool create, void** ba
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int err = errno;
   close(fd);
-  if (p == MAP_FAILED) return Status::system("mmap of " + name, err);
+  if (p == MAP_FAILED) {
+    if (create) shm_unlink(name.c_str());  // nobody else will: its size stays in /dev/shm's memory
+    return Status::system("mmap of " + name, err);
+  }
   *base = p;
   return Status::ok();
 }
@@ -429,9 +432,11 @@ Status ShmTransport::setup(Bootstrap& bootstrap, const std::vector<int>& host_gr
       t->maps_.push_back(std::move(m));
     }
   }
-  // Let local peers read our memory with process_vm_readv where Yama would
+  // Let local peers read our memory with process_vm_readv (and take
+  // registered buffers' descriptors with pidfd_getfd) where Yama would
   // otherwise allow only our ancestors to (harmless where Yama is absent).
-  prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+  // Only with local peers: it widens who may attach to this process.
+  if (npeers > 0) prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
   // Every rank takes part in the barriers, so a failure anywhere is seen everywhere.
   uint8_t ok = st ? 1 : 0;
   std::vector<uint8_t> oks;
