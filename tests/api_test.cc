@@ -323,6 +323,27 @@ TEST_F(OneRank, RequestsAreCheckedAndFreedOnce) {
   expect_error(braid_group_end(), BRAID_ERR_INVALID_USAGE, "group_end without");
 }
 
+// A request the caller still holds does not keep its communicator: destroy
+// frees it at once (a registered buffer can then be freed), and the request
+// still reports its operation's result.
+TEST_F(OneRank, DestroyFreesTheCommunicatorWhileARequestIsHeld) {
+  void* mem = nullptr;
+  BRAID_ASSERT_OK(braid_mem_alloc(&mem, 1 << 16));
+  BRAID_ASSERT_OK(braid_comm_register(comm_, mem, 1 << 16));
+  float x[4] = {1, 2, 3, 4}, y[4] = {};
+  braid_request_t recv = nullptr, never_waited = nullptr;
+  BRAID_ASSERT_OK(braid_irecv(y, 4, BRAID_FLOAT32, 0, comm_, nullptr, &recv));
+  BRAID_ASSERT_OK(braid_isend(x, 4, BRAID_FLOAT32, 0, comm_, nullptr, &never_waited));
+  BRAID_ASSERT_OK(braid_comm_destroy(comm_));
+  comm_ = nullptr;
+  BRAID_EXPECT_OK(braid_mem_free(mem));
+  BRAID_EXPECT_OK(braid_wait(&recv));
+  EXPECT_EQ(y[3], 4.0f);
+  int done = 0;
+  BRAID_EXPECT_OK(braid_test(&never_waited, &done));
+  EXPECT_EQ(done, 1);
+}
+
 // Bindings that pass handles as void* can mix the two kinds up: a request's
 // handle is never a live communicator, nor the other way round.
 TEST_F(OneRank, AHandleOfTheOtherKindIsRefused) {

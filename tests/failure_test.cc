@@ -662,6 +662,55 @@ TEST(ShmPeerReadFailures, AFailedReceiveReturnsNoWriteLandsAfter) {
   munmap(shared, sizeof(HeldCopy));
 }
 
+// Abort while another thread drives (here braid's progress thread, held in
+// a receive's chunk copy): abort returns once the op has failed, not merely
+// been asked to fail, so its buffer is the caller's again (braid.h).
+std::atomic<int> g_copy_held{0};
+
+TEST(ShmPeerReadFailures, AbortReturnsOnceThePendingOpsHaveFailed) {
+  braid::test_hook_before_chunk_copy = [](bool as_sender) {
+    if (!as_sender && g_copy_held.exchange(1) == 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  };
+  run_ranks(2, kShmDetection, [](braid_comm_t comm, int rank, int) {
+    std::vector<uint8_t> buf(size_t{4} << 20, 7);
+    braid_request_t req = nullptr;
+    if (rank == 0) {
+      BRAID_ASSERT_OK(offer(buf.data(), buf.size(), 1, comm, &req));
+      (void)braid_wait(&req);  // the copy held may finish before the abort is served
+      return;
+    }
+    BRAID_ASSERT_OK(braid_irecv(buf.data(), buf.size(), BRAID_UINT8, 0, comm, nullptr, &req));
+    for (int i = 0; i < 20000 && g_copy_held.load() == 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_EQ(g_copy_held.load(), 1) << "the receive never copied a chunk";
+    // A thread blocked in a call holds the communicator: abort cannot lean
+    // on tearing it down, which would wait for the ops anyway.
+    std::thread blocked([comm] {
+      float x = 0;
+      EXPECT_NE(braid_recv(&x, 1, BRAID_FLOAT32, 0, comm, nullptr), BRAID_SUCCESS);
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(braid_comm_abort(comm), BRAID_SUCCESS);
+    // A callback set on a finished op runs at once, here (braid_test would
+    // give the driver a moment first).
+    std::atomic<int> failed_with{-1};
+    BRAID_ASSERT_OK(braid_request_set_callback(
+        req,
+        [](void* user, braid_result_t r, const char*) { static_cast<std::atomic<int>*>(user)->store(r); },
+        &failed_with));
+    // Done, one way or the other: the copy held may have ended the receive
+    // before the driver got to the abort.
+    const int result = failed_with.load();
+    EXPECT_TRUE(result == BRAID_ERR_ABORTED || result == BRAID_SUCCESS)
+        << "the irecv was not done when abort returned (" << result << ")";
+    EXPECT_EQ(braid_wait(&req), result) << braid_get_last_error();
+    blocked.join();
+    _exit(::testing::Test::HasFailure() ? 1 : 0);  // abort released the handle
+  });
+  braid::test_hook_before_chunk_copy = nullptr;
+}
+
 INSTANTIATE_TEST_SUITE_P(, FailureTransports, ::testing::Values("shm", "tcp"));
 
 // Tuning that decides algorithms must agree, set or not: BRAID_PEER_READ_MIN_BYTES

@@ -131,7 +131,10 @@ braid_result_t braid_comm_init_env(braid_comm_t* comm);
 /* Collective over comm. Ranks with the same color form a communicator,
  * ordered by (key, old rank). color == BRAID_SPLIT_NOCOLOR gives *newcomm = NULL. */
 braid_result_t braid_comm_split(braid_comm_t comm, int color, int key, braid_comm_t* newcomm);
-/* Waits for outstanding operations, then frees everything. */
+/* Waits for outstanding operations, then frees everything. Requests of comm
+ * the caller still holds do not keep it: each still reports its operation's
+ * result to braid_wait / braid_test. It does not cancel: a receive nobody
+ * matches keeps it waiting until that receive's deadline (abort does cancel). */
 braid_result_t braid_comm_destroy(braid_comm_t comm);
 /* Makes every pending operation fail with BRAID_ERR_ABORTED and tells the
  * peers; then frees like destroy: later calls with the handle fail with

@@ -32,11 +32,24 @@ namespace {
 
 // ---- handles: opaque ids that are never reused and never dereferenced ----
 
+// A request does not keep its communicator: braid_comm_destroy and
+// braid_comm_abort tear it down at once (ops drained or failed first), even
+// where the caller still holds requests it never waited for.
 struct Request {
-  Request(std::shared_ptr<Communicator> c, std::shared_ptr<Op> o) : comm(std::move(c)), op(std::move(o)) {}
-  std::shared_ptr<Communicator> comm;
+  Request(const std::shared_ptr<Communicator>& c, std::shared_ptr<Op> o) : comm(c), op(std::move(o)) {}
+  std::weak_ptr<Communicator> comm;
   std::shared_ptr<Op> op;
   std::atomic<bool> callback_set{false};
+
+  bool done() const { return op->done.load(std::memory_order_acquire) != 0; }
+  // The communicator, or, once it is gone, why the op can no longer be
+  // waited for (it is always done by then: the teardown drains).
+  Status live(std::shared_ptr<Communicator>* out) const {
+    *out = comm.lock();
+    if (*out || done()) return Status::ok();
+    return Status::invalid_usage(std::string("the communicator of this request's ") + op->name +
+                                 " was destroyed before the operation completed");
+  }
 };
 
 template <class T>
@@ -741,7 +754,10 @@ BRAID_API braid_result_t braid_wait(braid_request_t* request) {
   if (!req)
     return finish(Status::invalid_argument("wait: request is not a live request (already completed?)"));
   *request = nullptr;
-  return finish(req->comm->engine().wait(*req->op), req->comm.get());
+  std::shared_ptr<Communicator> comm;
+  if (Status st = req->live(&comm); !st) return finish(st.with_context("wait"));
+  if (!comm) return finish(req->op->status);
+  return finish(comm->engine().wait(*req->op), comm.get());
 }
 
 BRAID_API braid_result_t braid_test(braid_request_t* request, int* done) {
@@ -754,11 +770,13 @@ BRAID_API braid_result_t braid_test(braid_request_t* request, int* done) {
   if (Status st = not_in_open_group(*req, "test"); !st) return finish(st);
   // Like MPI_Test, a test moves the op along: a caller polling for it
   // needs no progress thread to wake.
-  if (!req->comm->engine().drive_a_moment(*req->op)) return BRAID_SUCCESS;
+  std::shared_ptr<Communicator> comm;
+  if (Status st = req->live(&comm); !st) return finish(st.with_context("test"));
+  if (comm && !comm->engine().drive_a_moment(*req->op)) return BRAID_SUCCESS;
   requests().take(id_of(*request));
   *request = nullptr;
   *done = 1;
-  return finish(req->op->status, req->comm.get());
+  return finish(req->op->status, comm.get());
 }
 
 BRAID_API braid_result_t braid_wait_all(int count, braid_request_t* reqs) {

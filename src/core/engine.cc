@@ -1130,11 +1130,19 @@ void Engine::abort(const Status& why) {
   // A read-modify-write, not a store: it pairs with release_driver's load
   // after its unlock (a failed try_lock orders nothing), so one side sees
   // the other. (A fence would do, but TSan refuses fences.)
+  const uint64_t served_before = aborts_served_.load();
   (void)abort_requested_.exchange(true);
   wake_driver();
   // Nobody may be driving: take the driver role briefly to fail queued ops.
   // Else the driver serves it, before it gives up the role at the latest.
   if (driver_mu_.try_lock()) release_driver();
+  // Another thread drives (the progress thread, or one blocked in a call):
+  // wait until it has failed the ops, so that no receive's buffer is
+  // written after abort returns (braid.h). It looks within microseconds,
+  // or once woken; failing waits at most 5 s for a sender's chunk.
+  const Deadline bound = Deadline::after_seconds(kAbortServeSeconds);
+  while (aborts_served_.load() == served_before && !bound.expired())
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
 }
 
 void Engine::serve_abort() {
@@ -1145,6 +1153,7 @@ void Engine::serve_abort() {
     why = abort_status_;
   }
   fail_all(why);
+  aborts_served_.fetch_add(1);
 }
 
 void Engine::release_driver() {

@@ -300,6 +300,8 @@ class Engine : private CommitObserver {
   Status error_;
   std::atomic<bool> broken_{false};
   std::atomic<bool> abort_requested_{false};
+  std::atomic<uint64_t> aborts_served_{0};  // bumped once serve_abort failed the ops
+  static constexpr double kAbortServeSeconds = 6;
   Status abort_status_;  // under post_mu_
 
   std::mutex driver_mu_;     // held by the driving thread
