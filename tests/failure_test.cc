@@ -730,6 +730,8 @@ TEST(Config, DecidingSettingsThatDifferBetweenRanksFailInit) {
        "has "
        "65536"},
       {"BRAID_TUNE_PROBE", "0", "1", "BRAID_TUNE_PROBE differs between ranks: rank 0 has 0, rank 1 has 1"},
+      {"BRAID_CHECK_CALLS", "1", nullptr,
+       "BRAID_CHECK_CALLS differs between ranks: rank 0 has 1, rank 1 has 0"},
   };
   for (const Case& c : cases) {
     launcher::LaunchOptions o;

@@ -48,6 +48,7 @@ struct PeerInfo {
   uint64_t cuda_chunk_bytes;
   uint64_t window_min_bytes;
   int32_t cuda_ipc;
+  int32_t check_calls;
   int32_t tune_probe;
   topo::RankPlacement placement;
 };
@@ -130,6 +131,7 @@ Status Communicator::setup_transports() {
   mine.window_min_bytes = config_.window_min_bytes;
   mine.cuda_ipc = config_.cuda_ipc ? 1 : 0;
   mine.tune_probe = config_.tune_probe ? 1 : 0;
+  mine.check_calls = config_.check_calls ? 1 : 0;
   std::vector<uint8_t> raw;
   BRAID_RETURN_IF_ERROR(bootstrap_->all_gather(&mine, sizeof(mine), &raw, deadline));
   std::vector<PeerInfo> infos(nranks_);
@@ -162,6 +164,9 @@ Status Communicator::setup_transports() {
   // The init probe is collective: every rank runs it or none does.
   BRAID_RETURN_IF_ERROR(
       check_same(infos, "BRAID_TUNE_PROBE", [](const PeerInfo& p) { return p.tune_probe; }));
+  // A checked call sends a message first: ranks must agree on sending it.
+  BRAID_RETURN_IF_ERROR(
+      check_same(infos, "BRAID_CHECK_CALLS", [](const PeerInfo& p) { return p.check_calls; }));
 
   std::vector<int> host_group, tcp_peers;
   one_machine_ = true;
@@ -751,7 +756,10 @@ Status Communicator::split(int color, int key, std::shared_ptr<Communicator>* ou
   std::vector<SockAddr> table(members.size());
   int new_rank = -1;
   for (size_t i = 0; i < members.size(); ++i) {
-    BRAID_RETURN_IF_ERROR(SockAddr::from_wire(all[members[i]].addr, &table[i]));
+    if (Status bad = SockAddr::from_wire(all[members[i]].addr, &table[i]); !bad) {
+      close_fd(&listen_fd);
+      return bad.with_context("split: rank " + std::to_string(members[i]) + "'s address");
+    }
     if (members[i] == rank_) new_rank = static_cast<int>(i);
   }
   JobToken token;

@@ -84,7 +84,7 @@ Status env_size(const char* name, size_t min, size_t max, size_t* value, bool* p
   if (errno != 0 || end == v || *end != '\0' || v[0] == '-' || x * mult / mult != x || x * mult < min ||
       x * mult > max)
     return bad(name, v,
-               "a byte count in [" + std::to_string(min) + ", " + std::to_string(max) + "] (K/M/G allowed)");
+               "a number in [" + std::to_string(min) + ", " + std::to_string(max) + "] (K/M/G allowed)");
   *value = static_cast<size_t>(x * mult);
   *present = true;
   return Status::ok();
