@@ -15,6 +15,10 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
+
 #include "kernels/cpu/copy_kernels.h"
 #include "kernels/cpu/reduce_kernels.h"
 
@@ -885,6 +889,29 @@ TEST(KernelsCopy, StreamingCopyIsExactAtEveryAlignmentAndTouchesNothingElse) {
         for (unsigned char* p = d + n; p < dst.data() + dst.size(); ++p)
           ASSERT_EQ(*p, 0xA5) << "wrote past dst";
       }
+}
+
+// A thread with denormals-are-zero set (torch.set_flush_denormal, binaries
+// built with -ffast-math): min and max still return one of their inputs, bit
+// for bit, in the vector body as in the tail (AVX-512's minps returned a
+// subnormal bfloat16 as -0 there).
+TEST(KernelsReduceKnown, MinMaxKeepSubnormalBitsUnderDenormalsAreZero) {
+#if defined(__x86_64__)
+  const unsigned saved = _mm_getcsr();
+  _mm_setcsr(saved | 0x8040);                                // DAZ | FTZ
+  const size_t n = 65;                                       // vector blocks and a tail
+  std::vector<uint16_t> a(n, 0x800c), b(n, 0x3f80), out(n);  // -subnormal, 1.0
+  reduce(BRAID_BFLOAT16, BRAID_MIN, out.data(), a.data(), b.data(), n);
+  std::vector<uint16_t> c(n, 0x0005), d(n, 0xbf80), out2(n);  // +subnormal, -1.0
+  reduce(BRAID_BFLOAT16, BRAID_MAX, out2.data(), c.data(), d.data(), n);
+  _mm_setcsr(saved);
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(out[i], 0x800c) << "min, element " << i;
+    ASSERT_EQ(out2[i], 0x0005) << "max, element " << i;
+  }
+#else
+  GTEST_SKIP() << "x86 only (MXCSR)";
+#endif
 }
 
 }  // namespace

@@ -76,8 +76,13 @@ typedef enum {
 } braid_dtype_t;
 
 /* BRAID_AVG is defined for floating types only: sum, then divide by the
- * number of ranks. The bitwise BAND, BOR and BXOR are defined for integer
- * types only. Other pairings are rejected with BRAID_ERR_INVALID_ARGUMENT. */
+ * number of ranks. So the sum must fit the type: a float16 AVG whose sum
+ * passes 65504 gives inf although the average would fit (NCCL scales each
+ * input first; scale float16 inputs yourself, or use bfloat16, whose range is
+ * float32's). The bitwise BAND, BOR and BXOR are defined for integer
+ * types only. Other pairings are rejected with BRAID_ERR_INVALID_ARGUMENT.
+ * Where both inputs of a floating SUM, PROD or AVG are NaN, which NaN's
+ * payload comes out is unspecified (the result is NaN). */
 typedef enum {
   BRAID_SUM = 0,
   BRAID_PROD = 1,

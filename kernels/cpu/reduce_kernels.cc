@@ -238,16 +238,18 @@ struct OpMin;
 struct OpMax;
 
 // acc = acc op x on 16 floats. GCC 12 turns the ops' NaN-aware select on
-// 512-bit vectors into work per lane (MIN and MAX ran at 2 GB/s); minps and
-// maxps select as they do ((a < b) ? a : b, so x where either is NaN), and a
-// mask keeps a NaN already in acc.
+// 512-bit vectors into work per lane (MIN and MAX ran at 2 GB/s). Compare
+// masks and a blend make the scalar rule's choice (acc where acc < x or acc
+// is NaN, else x) and keep the chosen input's bits: minps and maxps return a
+// subnormal input as 0 when the thread has denormals-are-zero set
+// (torch.set_flush_denormal, -ffast-math), which the scalar path does not.
 template <class Fn>
 __attribute__((target(BRAID_AVX512_TARGET), always_inline)) inline void apply512(Fn fn, Float16v& acc,
                                                                                  const Float16v& x) {
-  if constexpr (std::is_same_v<Fn, OpMin>) {
-    acc = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(acc, acc, _CMP_UNORD_Q), _mm512_min_ps(acc, x), acc);
-  } else if constexpr (std::is_same_v<Fn, OpMax>) {
-    acc = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(acc, acc, _CMP_UNORD_Q), _mm512_max_ps(acc, x), acc);
+  if constexpr (std::is_same_v<Fn, OpMin> || std::is_same_v<Fn, OpMax>) {
+    constexpr int kWins = std::is_same_v<Fn, OpMin> ? _CMP_LT_OQ : _CMP_GT_OQ;
+    const __mmask16 keep = _mm512_cmp_ps_mask(acc, x, kWins) | _mm512_cmp_ps_mask(acc, acc, _CMP_UNORD_Q);
+    acc = _mm512_mask_blend_ps(keep, x, acc);
   } else {
     fn(acc, x);
   }
