@@ -712,6 +712,43 @@ TEST_P(Transports, CompletionCallbacksFireWithoutAWaiter) {
   });
 }
 
+// The thread that completes an op publishes it done, wakes its waiter, then
+// runs its callback. braid_wait must not return before that callback has
+// returned: its caller may free what the callback uses.
+TEST_P(Transports, WaitReturnsOnlyOnceTheCallbackHasReturned) {
+  run_ranks(3, transport_env(GetParam()), [](braid_comm_t comm, int rank, int) {
+    int32_t v = rank;
+    if (rank != 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(rank == 1 ? 900 : 300));
+      BRAID_ASSERT_OK(braid_send(&v, 1, BRAID_INT32, 0, comm, nullptr));
+      return;
+    }
+    // Another thread drives, blocked in a receive from rank 1: it is the one
+    // that completes the receive from rank 2 and runs its callback.
+    std::thread driver([comm] {
+      int32_t a = -1;
+      EXPECT_EQ(braid_recv(&a, 1, BRAID_INT32, 1, comm, nullptr), BRAID_SUCCESS);
+      EXPECT_EQ(a, 1);
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    int32_t b = -1;
+    braid_request_t req = nullptr;
+    BRAID_ASSERT_OK(braid_irecv(&b, 1, BRAID_INT32, 2, comm, nullptr, &req));
+    std::atomic<int> returned{0};
+    BRAID_ASSERT_OK(braid_request_set_callback(
+        req,
+        [](void* user, braid_result_t, const char*) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          static_cast<std::atomic<int>*>(user)->store(1);
+        },
+        &returned));
+    BRAID_ASSERT_OK(braid_wait(&req));
+    EXPECT_EQ(returned.load(), 1) << "braid_wait returned while the callback still ran";
+    EXPECT_EQ(b, 2);
+    driver.join();
+  });
+}
+
 TEST_P(Transports, ManyNonBlockingCollectivesInFlight) {
   run_ranks(3, transport_env(GetParam()), [](braid_comm_t comm, int rank, int) {
     const int kOps = 12;

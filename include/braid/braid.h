@@ -222,7 +222,8 @@ braid_result_t braid_request_free(braid_request_t request);
  * (valid during the call). It runs on whichever thread completes the
  * operation, often braid's progress thread, or at once on this thread if the
  * operation is already done; it must return quickly and must not call braid.
- * The request stays valid: wait, test or free it as usual. At most one
+ * The request stays valid: wait, test or free it as usual; braid_wait and
+ * braid_test return only once the callback has returned. At most one
  * callback per request; a second call is rejected. */
 typedef void (*braid_callback_t)(void* user, braid_result_t result, const char* message);
 braid_result_t braid_request_set_callback(braid_request_t request, braid_callback_t callback, void* user);

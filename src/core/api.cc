@@ -756,8 +756,9 @@ BRAID_API braid_result_t braid_wait(braid_request_t* request) {
   *request = nullptr;
   std::shared_ptr<Communicator> comm;
   if (Status st = req->live(&comm); !st) return finish(st.with_context("wait"));
-  if (!comm) return finish(req->op->status);
-  return finish(comm->engine().wait(*req->op), comm.get());
+  if (comm) (void)comm->engine().wait(*req->op);
+  req->op->await_callback();
+  return finish(req->op->status, comm.get());
 }
 
 BRAID_API braid_result_t braid_test(braid_request_t* request, int* done) {
@@ -773,6 +774,7 @@ BRAID_API braid_result_t braid_test(braid_request_t* request, int* done) {
   std::shared_ptr<Communicator> comm;
   if (Status st = req->live(&comm); !st) return finish(st.with_context("test"));
   if (comm && !comm->engine().drive_a_moment(*req->op)) return BRAID_SUCCESS;
+  req->op->await_callback();
   requests().take(id_of(*request));
   *request = nullptr;
   *done = 1;

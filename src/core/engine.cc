@@ -249,7 +249,18 @@ void Op::run_callback() {
     std::lock_guard<std::mutex> lock(callback_mu_);
     fn.swap(callback_);
   }
-  if (fn) fn(status);
+  // Only the caller that took the function: the other may race here first.
+  if (fn) {
+    fn(status);
+    callback_ran_.store(true, std::memory_order_release);
+  }
+}
+
+void Op::await_callback() const {
+  // done is published (and its waiters woken) before the callback runs: a
+  // waiter must not return, and free what the callback uses, before it ends.
+  while (has_callback_.load(std::memory_order_seq_cst) && !callback_ran_.load(std::memory_order_acquire))
+    std::this_thread::yield();
 }
 
 void* frame_alloc(size_t bytes) {
@@ -416,12 +427,13 @@ void Engine::progress_sleep(int max_ms) {
 void Engine::post(const std::shared_ptr<Op>& op) {
   admit(*op);
   {
-    std::lock_guard<std::mutex> lock(post_mu_);
+    std::unique_lock<std::mutex> lock(post_mu_);
     if (!error_.is_ok()) {
       op->status =
           error_.code() == BRAID_ERR_ABORTED
               ? error_
               : Status(error_.code(), "communicator is broken by an earlier error: " + error_.message());
+      lock.unlock();  // finishing runs its callback and release hook
       // Never counted in active_: finished as complete() finishes an op
       // (its frame, and what that holds, such as a registered window's pin,
       // go now, not when the request is freed).
@@ -789,7 +801,17 @@ void Engine::fail_unless_progress(const Op& op, const Status& why) {
   // named first: advance() may complete it (an abort it serves, which then
   // stands as the failure).
   const std::string where = "rank " + std::to_string(rank_) + ": " + op.name + " #" + std::to_string(op.seq);
-  if (advance() || broken_.load()) return;
+  // Progress elsewhere (a live peer's steady traffic on another lane) would
+  // postpone the judgement for ever: it is postponed for a while only.
+  const Clock::time_point now = Clock::now();
+  if (postponed_op_ != &op || postponed_seq_ != op.seq) {
+    postponed_op_ = &op;
+    postponed_seq_ = op.seq;
+    postponed_since_ = now;
+  }
+  const bool progressed = advance();
+  if (broken_.load()) return;
+  if (progressed && now - postponed_since_ < std::chrono::milliseconds(kFailureGraceMs)) return;
   fail_all(why.with_context(where));
 }
 
@@ -982,9 +1004,20 @@ void Engine::wait_all(Op* const* ops, size_t n) {
       // caller that waits has nothing else to do: it takes over and spins.
       callers_taking_over_.fetch_add(1);
       if (driver_sleeping_.load()) wake_driver();
-      driver_mu_.lock();
+      // Not lock(): another waiter may win the role and keep it until its
+      // own ops are done, which may need this thread to return first.
+      // Whoever drives completes this op and wakes its sleepers.
+      for (;;) {
+        if (driver_mu_.try_lock()) {
+          driving = true;
+          break;
+        }
+        if (is_done(op)) break;
+        op.sleepers.fetch_add(1, std::memory_order_seq_cst);
+        if (!is_done(op)) futex_wait(&op.done, 0, 1, false);
+        op.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+      }
       callers_taking_over_.fetch_sub(1);
-      driving = true;
     }
     if (driving) {
       cancel_later_wake();
@@ -1119,14 +1152,17 @@ void Engine::progress_loop() {
 }
 
 void Engine::abort(const Status& why) {
+  std::vector<std::shared_ptr<Op>> queued;
   {
     std::lock_guard<std::mutex> lock(post_mu_);
     if (error_.is_ok()) error_ = why;
     // The first abort is what the driver reports and peers learn.
     if (abort_status_.is_ok()) abort_status_ = why;
-    for (auto& op : posted_) complete(op, why);
-    posted_.clear();
+    queued.swap(posted_);
   }
+  // Outside the lock: completing runs callbacks and release hooks, which
+  // must not hold up every post meanwhile.
+  for (auto& op : queued) complete(op, why);
   // A read-modify-write, not a store: it pairs with release_driver's load
   // after its unlock (a failed try_lock orders nothing), so one side sees
   // the other. (A fence would do, but TSan refuses fences.)

@@ -132,11 +132,15 @@ class Op {
   void set_callback(std::function<void(const Status&)> fn);
   void run_callback();
   bool has_callback() const { return has_callback_.load(std::memory_order_seq_cst); }
+  // For a waiter that saw done: returns once a callback set on the op has
+  // returned (callbacks are short; they may not call braid).
+  void await_callback() const;
 
  private:
   std::mutex callback_mu_;
   std::function<void(const Status&)> callback_;
   std::atomic<bool> has_callback_{false};
+  std::atomic<bool> callback_ran_{false};
 };
 
 // A new op. Its memory (with the shared_ptr's count) is recycled through a
@@ -144,7 +148,7 @@ class Op {
 // call of the same thread makes one.
 std::shared_ptr<Op> new_op();
 
-class Engine : private CommitObserver {
+class Engine final : private CommitObserver {
  public:
   // `peers[r]` holds the connections to rank r (empty for this rank).
   Engine(int rank, const Config& config, const std::vector<std::vector<Connection*>>& peers, Doorbell* bell);
@@ -301,6 +305,11 @@ class Engine : private CommitObserver {
   std::atomic<bool> broken_{false};
   std::atomic<bool> abort_requested_{false};
   std::atomic<uint64_t> aborts_served_{0};  // bumped once serve_abort failed the ops
+  // fail_unless_progress: the op whose peer failure waits for a quiet moment, and since when.
+  const Op* postponed_op_ = nullptr;
+  uint64_t postponed_seq_ = 0;
+  std::chrono::steady_clock::time_point postponed_since_{};
+  static constexpr int kFailureGraceMs = 200;
   static constexpr double kAbortServeSeconds = 6;
   Status abort_status_;  // under post_mu_
 
