@@ -125,9 +125,8 @@ class Connection {
   // writes) would let this connection move.
   virtual void poll_fds(short /*events*/, std::vector<pollfd>* /*out*/) const {}
   virtual bool wants_write() const { return false; }
-  // Frames committed so far, and how many of them the kernel has (tcp;
-  // both 0 where a commit is delivered at once).
-  virtual uint64_t sends_committed() const { return 0; }
+  // Frames the kernel has so far (tcp, counted as report_commits numbers
+  // them; 0 where a commit is delivered at once).
   virtual uint64_t sends_written() const { return 0; }
   // Where a connection whose commits are delivered later (tcp) reports each
   // one, naming itself by `index`: the engine charges the frame to the op

@@ -988,6 +988,14 @@ Status Engine::wait(Op& op) {
   return op.status;
 }
 
+void Engine::sleep_on(Op& op) {
+  // Counted in first: the completer wakes only ops with sleepers. 1 ms at
+  // most, so a caller that sleeps here also looks for the driver role again.
+  op.sleepers.fetch_add(1, std::memory_order_seq_cst);
+  if (!is_done(op)) futex_wait(&op.done, 0, 1, false);
+  op.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+}
+
 void Engine::wait_all(Op* const* ops, size_t n) {
   size_t next = 0;  // ops before it are done
   auto all_done = [&] {
@@ -1013,9 +1021,7 @@ void Engine::wait_all(Op* const* ops, size_t n) {
           break;
         }
         if (is_done(op)) break;
-        op.sleepers.fetch_add(1, std::memory_order_seq_cst);
-        if (!is_done(op)) futex_wait(&op.done, 0, 1, false);
-        op.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+        sleep_on(op);
       }
       callers_taking_over_.fetch_sub(1);
     }
@@ -1027,9 +1033,7 @@ void Engine::wait_all(Op* const* ops, size_t n) {
       if (active_.load() > 0) wake_progress_thread();
       break;
     }
-    op.sleepers.fetch_add(1, std::memory_order_seq_cst);
-    if (!is_done(op)) futex_wait(&op.done, 0, 1, false);
-    op.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    sleep_on(op);
   }
 }
 

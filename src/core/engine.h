@@ -247,6 +247,8 @@ class Engine final : private CommitObserver {
   // Writes what the op committed to tcp connections; true once the kernel
   // has all of it.
   bool own_writes_flushed(const Op& op);
+  // Sleeps until op is done or 1 ms has passed.
+  void sleep_on(Op& op);
   // A tcp connection committed a frame: it is the running op's (if any).
   void committed(uint32_t connection_index, uint64_t frames_committed) override;
   // Binds waiting any-source receives to peers with a message (see Op).

@@ -77,7 +77,6 @@ class TcpConnection : public Connection {
     }
   }
   bool wants_write() const override { return written_ < committed_; }
-  uint64_t sends_committed() const override { return committed_; }
   uint64_t sends_written() const override { return written_; }
   void report_commits(CommitObserver* observer, uint32_t index) override {
     observer_ = observer;
