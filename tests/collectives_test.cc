@@ -28,6 +28,11 @@ namespace {
 
 class Transports : public ::testing::TestWithParam<std::string> {};
 
+// float16 bits of 12000 * (rank + 1) for ranks 0-2, and of 24000, their
+// average: a float16 AVG of these must not overflow (braid.h).
+constexpr uint16_t kHalfOf[3] = {0x71dc, 0x75dc, 0x7865};
+constexpr uint16_t kHalf24000 = 0x75dc;
+
 std::vector<float> expected_sum(size_t count, int nranks) {
   std::vector<float> e(count);
   for (size_t i = 0; i < count; ++i) {
@@ -76,6 +81,14 @@ TEST_P(Transports, EveryAllReduceAlgorithmAgrees) {
         std::vector<double> f(count, 0.5 + rank);
         BRAID_ASSERT_OK(braid_all_reduce(f.data(), f.data(), count, BRAID_FLOAT64, BRAID_AVG, comm, nullptr));
         for (double v : f) ASSERT_EQ(v, 1.5) << algo << " avg";
+        // float16 12000, 24000, 36000: the sum passes 65504, the average
+        // (24000) fits, and every input / 3 and partial sum is exact.
+        std::vector<uint16_t> h(count, kHalfOf[rank]), hout(count, 0);
+        BRAID_ASSERT_OK(
+            braid_all_reduce(h.data(), hout.data(), count, BRAID_FLOAT16, BRAID_AVG, comm, nullptr));
+        for (uint16_t v : hout) ASSERT_EQ(v, kHalf24000) << algo << " float16 avg";
+        BRAID_ASSERT_OK(braid_all_reduce(h.data(), h.data(), count, BRAID_FLOAT16, BRAID_AVG, comm, nullptr));
+        for (uint16_t v : h) ASSERT_EQ(v, kHalf24000) << algo << " float16 avg in place";
       }
       // min(+0, -0) and min(-0, +0) differ in their bits: every rank must
       // still get the same bits (the operands taken in the same order).
@@ -133,6 +146,39 @@ TEST_P(Transports, DirectAllGatherAndReduceScatterInAndOutOfPlace) {
       BRAID_ASSERT_OK(
           braid_reduce_scatter(d.data(), avg.data(), count, BRAID_FLOAT64, BRAID_AVG, comm, nullptr));
       for (double v : avg) ASSERT_EQ(v, 5.0);
+    }
+  });
+}
+
+// A float16 AVG divides each input first (braid.h): three ranks of 12000,
+// 24000 and 36000 sum past 65504, and every algorithm's result is 24000,
+// in reduce and reduce_scatter too, in place and out.
+TEST_P(Transports, AFloat16AverageWhoseSumPassesTheRangeFits) {
+  run_ranks(3, transport_env(GetParam()), [](braid_comm_t comm, int rank, int nranks) {
+    for (size_t count : {size_t{3}, size_t{70001}}) {
+      SCOPED_TRACE("count " + std::to_string(count));
+      const std::vector<uint16_t> mine(count * nranks, kHalfOf[rank]);
+      std::vector<uint16_t> in = mine, out(count, 0);
+      const int root = 2;
+      BRAID_ASSERT_OK(
+          braid_reduce(in.data(), out.data(), count, BRAID_FLOAT16, BRAID_AVG, root, comm, nullptr));
+      if (rank == root) {
+        for (uint16_t v : out) ASSERT_EQ(v, kHalf24000) << "reduce";
+      }
+      BRAID_ASSERT_OK(
+          braid_reduce(in.data(), in.data(), count, BRAID_FLOAT16, BRAID_AVG, root, comm, nullptr));
+      if (rank == root) {
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(in[i], kHalf24000) << "reduce in place";
+      }
+      in = mine;
+      BRAID_ASSERT_OK(
+          braid_reduce_scatter(in.data(), out.data(), count, BRAID_FLOAT16, BRAID_AVG, comm, nullptr));
+      for (uint16_t v : out) ASSERT_EQ(v, kHalf24000) << "reduce_scatter";
+      EXPECT_EQ(in, mine) << "reduce_scatter changed its input";
+      BRAID_ASSERT_OK(braid_reduce_scatter(in.data(), in.data() + rank * count, count, BRAID_FLOAT16,
+                                           BRAID_AVG, comm, nullptr));
+      for (size_t i = 0; i < count; ++i)
+        ASSERT_EQ(in[rank * count + i], kHalf24000) << "reduce_scatter in place";
     }
   });
 }

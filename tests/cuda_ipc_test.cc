@@ -417,7 +417,21 @@ TEST(CudaIpc, FloatingTypesAndAverage) {
     BRAID_ASSERT_OK(braid_all_reduce(d.data(), d.data(), c, BRAID_FLOAT64, BRAID_AVG, comm, s));
     BRAID_ASSERT_OK(braid_all_reduce(f.data(), f.data(), c, BRAID_FLOAT32, BRAID_MIN, comm, s));
     BRAID_ASSERT_OK(braid_all_reduce(b.data(), b.data(), c, BRAID_BFLOAT16, BRAID_SUM, comm, s));
+    // float16 12000 * (rank + 1): the sum passes 65504, the average, 24000,
+    // fits (each input is divided first, braid.h), in all three reductions.
+    const uint16_t half_of[3] = {0x71dc, 0x75dc, 0x7865}, half_24000 = 0x75dc;
+    Buffer<uint16_t> h(true, c * n, half_of[rank]), hr(true, c, 0), hs(true, c, 0);
+    BRAID_ASSERT_OK(braid_reduce(h.data(), hr.data(), c, BRAID_FLOAT16, BRAID_AVG, 1, comm, s));
+    BRAID_ASSERT_OK(braid_reduce_scatter(h.data(), hs.data(), c, BRAID_FLOAT16, BRAID_AVG, comm, s));
+    BRAID_ASSERT_OK(braid_all_reduce(h.data(), h.data(), c, BRAID_FLOAT16, BRAID_AVG, comm, s));
     cu.stream_synchronize(s);
+    for (size_t i = 0; i < c; ++i) {
+      ASSERT_EQ(h[i], half_24000) << "all_reduce " << i;
+      ASSERT_EQ(hs[i], half_24000) << "reduce_scatter " << i;
+      if (rank == 1) {
+        ASSERT_EQ(hr[i], half_24000) << "reduce " << i;
+      }
+    }
     double mean_offset = 0;
     for (int p = 0; p < n; ++p) mean_offset += (p + 1) * 0.5;
     mean_offset /= n;

@@ -222,7 +222,7 @@ TEST(CudaHostMath, DivideMatchesTheCpuKernel) {
     for (int divisor : {2, 3, 7}) {
       std::vector<unsigned char> data = random_elements(dtype, count, 55 + dtype + divisor);
       std::vector<unsigned char> want = data;
-      braid::kernels::divide(dtype, want.data(), count, divisor);
+      braid::kernels::divide(dtype, want.data(), want.data(), count, divisor);
       std::vector<unsigned char> got(data.size());
       cm::visit_element(dtype, [&](auto e) {
         using E = decltype(e);
@@ -332,11 +332,11 @@ TEST(CudaDevice, InPlaceAndDivide) {
   void* dsts[1] = {a};
   ASSERT_EQ(braid_cuda_reduce_copy(dtype, BRAID_AVG, srcs, 2, dsts, 1, count, nullptr, nullptr, 0),
             BRAID_SUCCESS);
-  ASSERT_EQ(braid_cuda_divide(dtype, a, count, 2, nullptr, nullptr, 0), BRAID_SUCCESS);
+  ASSERT_EQ(braid_cuda_divide(dtype, a, a, count, 2, nullptr, nullptr, 0), BRAID_SUCCESS);
   std::vector<unsigned char> got(count * 2);
   CUDA_OK(cudaMemcpy(got.data(), a, got.size(), cudaMemcpyDeviceToHost));
   std::vector<unsigned char> want = cpu_reference(dtype, BRAID_SUM, host, count);
-  braid::kernels::divide(dtype, want.data(), count, 2);
+  braid::kernels::divide(dtype, want.data(), want.data(), count, 2);
   expect_same(dtype, got, want, "bfloat16 avg in place");
   CUDA_OK(cudaFree(a));
   CUDA_OK(cudaFree(b));
@@ -400,10 +400,10 @@ TEST(CudaKernels, BadArgumentsAreRefusedWithAMessage) {
       braid_cuda_reduce_copy(BRAID_FLOAT32, BRAID_SUM, srcs, 1, dsts, 1, 4, nullptr, error, sizeof(error)),
       BRAID_ERR_INVALID_ARGUMENT);
   EXPECT_STREQ(error, "reduce_copy: source 0 is NULL");
-  EXPECT_EQ(braid_cuda_divide(BRAID_INT32, &x, 1, 2, nullptr, error, sizeof(error)),
+  EXPECT_EQ(braid_cuda_divide(BRAID_INT32, &x, &x, 1, 2, nullptr, error, sizeof(error)),
             BRAID_ERR_INVALID_ARGUMENT);
   EXPECT_STREQ(error, "divide: dtype 2 is not floating");
-  EXPECT_EQ(braid_cuda_divide(BRAID_FLOAT32, &x, 1, 0, nullptr, error, sizeof(error)),
+  EXPECT_EQ(braid_cuda_divide(BRAID_FLOAT32, &x, &x, 1, 0, nullptr, error, sizeof(error)),
             BRAID_ERR_INVALID_ARGUMENT);
   EXPECT_STREQ(error, "divide: divisor is 0");
 }

@@ -46,12 +46,13 @@ struct ReduceCopy {
 
 struct Divide {
   braid_dtype_t dtype;
-  void* data;
+  const void* in;
+  void* out;
   size_t count;
   int divisor;
   static void run(void* p) {
     auto* j = static_cast<Divide*>(p);
-    braid::kernels::divide(j->dtype, j->data, j->count, j->divisor);
+    braid::kernels::divide(j->dtype, j->in, j->out, j->count, j->divisor);
     delete j;
   }
 };
@@ -96,10 +97,11 @@ BRAID_CUDA_API int fake_cuda_kernel_preloads() {
   return g_preloads;
 }
 
-BRAID_CUDA_API braid_result_t braid_cuda_divide(braid_dtype_t dtype, void* data, size_t count, int divisor,
-                                                struct CUstream_st* stream, char* error, size_t error_size) {
+BRAID_CUDA_API braid_result_t braid_cuda_divide(braid_dtype_t dtype, const void* in, void* out, size_t count,
+                                                int divisor, struct CUstream_st* stream, char* error,
+                                                size_t error_size) {
   if (count == 0) return BRAID_SUCCESS;
-  auto* job = new Divide{dtype, data, count, divisor};
+  auto* job = new Divide{dtype, in, out, count, divisor};
   if (launch_host_func(stream, &Divide::run, job) != 0) {
     delete job;
     return fail(error, error_size, "not a stream of the fake driver");

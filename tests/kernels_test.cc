@@ -135,7 +135,7 @@ TEST(KernelsSupport, UnknownDtypeOrOpIsRejectedAndIgnored) {
     reduce(dt, bad_op, dst.data(), a.data(), b.data(), 100 * 8 / elem_size(dt));
     reduce(dt, bad_op2, dst.data(), a.data(), b.data(), 100 * 8 / elem_size(dt));
   }
-  divide(bad_dtype, dst.data(), dst.size(), 2);
+  divide(bad_dtype, dst.data(), dst.data(), dst.size(), 2);
   EXPECT_EQ(dst, std::vector<uint64_t>(100, 7));
 }
 
@@ -776,16 +776,16 @@ TEST(KernelsReduceRandom, EveryDtypeOpCountAliasingAndAlignment) {
 
 TEST(KernelsDivide, Float32AndFloat64) {
   std::vector<float> f = {3.0f, -6.0f, 1.0f, std::numeric_limits<float>::infinity(), 0.0f, 7.5f};
-  divide(BRAID_FLOAT32, f.data(), f.size(), 3);
+  divide(BRAID_FLOAT32, f.data(), f.data(), f.size(), 3);
   EXPECT_EQ(bit_patterns(f),
             bit_patterns(std::vector<float>{1.0f, -2.0f, 1.0f / 3.0f, std::numeric_limits<float>::infinity(),
                                             0.0f, 2.5f}));
   std::vector<double> d = {3.0, -6.0, 1.0, -std::numeric_limits<double>::infinity(), 0.0, 7.5};
-  divide(BRAID_FLOAT64, d.data(), d.size(), 3);
+  divide(BRAID_FLOAT64, d.data(), d.data(), d.size(), 3);
   EXPECT_EQ(bit_patterns(d), bit_patterns(std::vector<double>{
                                  1.0, -2.0, 1.0 / 3.0, -std::numeric_limits<double>::infinity(), 0.0, 2.5}));
   std::vector<float> nan = {std::numeric_limits<float>::quiet_NaN()};
-  divide(BRAID_FLOAT32, nan.data(), 1, 4);
+  divide(BRAID_FLOAT32, nan.data(), nan.data(), 1, 4);
   EXPECT_TRUE(std::isnan(nan[0]));
 }
 
@@ -794,18 +794,18 @@ TEST(KernelsDivide, Float16AndBFloat16RoundToNearestEven) {
   // 3 * 2^-24 / 2 = 1.5 * 2^-24 ties up to 2 * 2^-24.
   std::vector<uint16_t> h = {0x3C00, 0x7BFF, 0x0001, 0x0003, 0xC000, 0x7C00};
   std::vector<uint16_t> h2 = h;
-  divide(BRAID_FLOAT16, h.data(), 1, 3);
+  divide(BRAID_FLOAT16, h.data(), h.data(), 1, 3);
   EXPECT_EQ(h[0], 0x3555);
-  divide(BRAID_FLOAT16, h2.data(), h2.size(), 2);
+  divide(BRAID_FLOAT16, h2.data(), h2.data(), h2.size(), 2);
   EXPECT_EQ(h2, (std::vector<uint16_t>{0x3800, 0x77FF, 0x0000, 0x0002, 0xBC00, 0x7C00}));
   // bfloat16: 1/3 -> 0x3EAB; 1/7 -> 0x3E12.
   std::vector<uint16_t> b = {0x3F80, 0x3F80, 0xC000};
-  divide(BRAID_BFLOAT16, b.data(), 2, 3);
+  divide(BRAID_BFLOAT16, b.data(), b.data(), 2, 3);
   EXPECT_EQ(b[0], 0x3EAB);
   EXPECT_EQ(b[1], 0x3EAB);
   EXPECT_EQ(b[2], 0xC000);  // beyond count: untouched
   std::vector<uint16_t> b7 = {0x3F80};
-  divide(BRAID_BFLOAT16, b7.data(), 1, 7);
+  divide(BRAID_BFLOAT16, b7.data(), b7.data(), 1, 7);
   EXPECT_EQ(b7[0], 0x3E12);
 }
 
@@ -842,7 +842,15 @@ TEST(KernelsDivide, MatchesReferenceForEveryCount) {
                 break;
             }
           }
-          divide(dt, data, n, divisor);
+          // Out of place (the input untouched), then in place.
+          const std::vector<unsigned char> input = buf;
+          std::vector<unsigned char> out(buf.size(), 0xEE);
+          divide(dt, data, out.data() + 1, n, divisor);
+          ASSERT_TRUE(same_elements(dt, out.data() + 1, want.data(), n));
+          ASSERT_EQ(buf, input);
+          for (size_t i = n * es + 1; i < out.size(); ++i) ASSERT_EQ(out[i], 0xEE);
+          ASSERT_EQ(out[0], 0xEE);
+          divide(dt, data, data, n, divisor);
           ASSERT_TRUE(same_elements(dt, data, want.data(), n));
           for (size_t i = n * es + 1; i < buf.size(); ++i) ASSERT_EQ(buf[i], 0xEE);
           ASSERT_EQ(buf[0], 0xEE);
@@ -858,16 +866,16 @@ TEST(KernelsDivide, IntegerTypesAreLeftAlone) {
     std::vector<unsigned char> buf(1000 * elem_size(dt));
     for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<unsigned char>(i * 7);
     const std::vector<unsigned char> before = buf;
-    divide(dt, buf.data(), 1000, 3);
+    divide(dt, buf.data(), buf.data(), 1000, 3);
     EXPECT_EQ(buf, before) << name_of(dt, BRAID_AVG);
   }
 }
 
 TEST(KernelsDivide, CountZeroTouchesNothing) {
   float x = 6.0f;
-  divide(BRAID_FLOAT32, &x, 0, 3);
+  divide(BRAID_FLOAT32, &x, &x, 0, 3);
   EXPECT_EQ(x, 6.0f);
-  divide(BRAID_FLOAT32, nullptr, 0, 3);
+  divide(BRAID_FLOAT32, nullptr, nullptr, 0, 3);
   reduce(BRAID_FLOAT32, BRAID_SUM, nullptr, nullptr, nullptr, 0);
 }
 

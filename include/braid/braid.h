@@ -75,12 +75,13 @@ typedef enum {
   BRAID_NUM_DTYPES = 10
 } braid_dtype_t;
 
-/* BRAID_AVG is defined for floating types only: sum, then divide by the
- * number of ranks. So the sum must fit the type: a float16 AVG whose sum
- * passes 65504 gives inf although the average would fit (NCCL scales each
- * input first; scale float16 inputs yourself, or use bfloat16, whose range is
- * float32's). The bitwise BAND, BOR and BXOR are defined for integer
- * types only. Other pairings are rejected with BRAID_ERR_INVALID_ARGUMENT.
+/* BRAID_AVG is defined for floating types only. bfloat16, float32 and
+ * float64 sum, then divide by the number of ranks (one rounding for the
+ * division). float16 divides each rank's input by the number of ranks, then
+ * sums, as NCCL does: its sum would pass 65504, and give inf, where the
+ * average fits (2 ranks of 40000). With a number of ranks that is not a
+ * power of two, each scaled input rounds once more. The bitwise BAND, BOR
+ * and BXOR are defined for integer types only. Other pairings are rejected with BRAID_ERR_INVALID_ARGUMENT.
  * Where both inputs of a floating SUM, PROD or AVG are NaN, which NaN's
  * payload comes out is unspecified (the result is NaN). */
 typedef enum {

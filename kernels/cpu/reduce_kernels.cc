@@ -569,9 +569,9 @@ void reduce_as(braid_redop_t op, void* dst, const void* a, const void* b, size_t
 }
 
 template <class E>
-void divide_as(void* data, size_t n, int divisor) {
+void divide_as(const void* in, void* out, size_t n, int divisor) {
   using C = typename E::Compute;
-  run<E>(data, data, data, n, OpDivide<C>{static_cast<C>(divisor)});
+  run<E>(out, in, in, n, OpDivide<C>{static_cast<C>(divisor)});
 }
 
 }  // namespace
@@ -665,17 +665,17 @@ void reduce(braid_dtype_t dtype, braid_redop_t op, void* dst, const void* a, con
   }
 }
 
-void divide(braid_dtype_t dtype, void* data, size_t count, int divisor) {
+void divide(braid_dtype_t dtype, const void* in, void* out, size_t count, int divisor) {
   if (count == 0) return;
   switch (dtype) {
     case BRAID_FLOAT16:
-      return divide_as<HalfSoft>(data, count, divisor);
+      return divide_as<HalfSoft>(in, out, count, divisor);
     case BRAID_BFLOAT16:
-      return divide_as<BFloat16>(data, count, divisor);
+      return divide_as<BFloat16>(in, out, count, divisor);
     case BRAID_FLOAT32:
-      return divide_as<Plain<float>>(data, count, divisor);
+      return divide_as<Plain<float>>(in, out, count, divisor);
     case BRAID_FLOAT64:
-      return divide_as<Plain<double>>(data, count, divisor);
+      return divide_as<Plain<double>>(in, out, count, divisor);
     default:  // integer types have no AVG; nothing to do
       return;
   }

@@ -27,8 +27,9 @@ const char* active_isa();
 // "avx512" (the most the kernels use; no cap below what the CPU offers).
 bool valid_isa_cap(const char* cap);
 
-// data[i] /= divisor, for floating dtypes (the AVG finish).
-void divide(braid_dtype_t dtype, void* data, size_t count, int divisor);
+// out[i] = in[i] / divisor, for floating dtypes (the AVG finish, and a
+// float16 AVG's inputs before they are summed). `out` is `in` or disjoint.
+void divide(braid_dtype_t dtype, const void* in, void* out, size_t count, int divisor);
 
 // Scalar conversions, exposed for tests and for tools that build references.
 float half_to_float(uint16_t h);

@@ -67,10 +67,11 @@ __global__ void reduce_copy_kernel(Args a, Op op) {
 }
 
 template <class E>
-__global__ void divide_kernel(typename E::Stored* data, uint64_t count, int divisor) {
+__global__ void divide_kernel(const typename E::Stored* in, typename E::Stored* out, uint64_t count,
+                              int divisor) {
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride)
-    data[i] = m::divide_element<E>(data[i], divisor);
+    out[i] = m::divide_element<E>(in[i], divisor);
 }
 
 constexpr int kThreads = 512;
@@ -179,9 +180,11 @@ Result reduce_copy(braid_dtype_t dtype, braid_redop_t op, const void* const* src
   return r;
 }
 
-Result divide(braid_dtype_t dtype, void* data, size_t count, int divisor, cudaStream_t stream) {
+Result divide(braid_dtype_t dtype, const void* in, void* out, size_t count, int divisor,
+              cudaStream_t stream) {
   if (divisor == 0) return fail(BRAID_ERR_INVALID_ARGUMENT, "divide: divisor is 0");
-  if (data == nullptr && count > 0) return fail(BRAID_ERR_INVALID_ARGUMENT, "divide: data is NULL");
+  if ((in == nullptr || out == nullptr) && count > 0)
+    return fail(BRAID_ERR_INVALID_ARGUMENT, "divide: %s is NULL", in == nullptr ? "in" : "out");
   Result r = fail(BRAID_ERR_INVALID_ARGUMENT, "divide: dtype %d is not floating", static_cast<int>(dtype));
   m::visit_element(dtype, [&](auto e) {
     using E = decltype(e);
@@ -191,8 +194,8 @@ Result divide(braid_dtype_t dtype, void* data, size_t count, int divisor, cudaSt
       unsigned blocks = 0;
       r = grid_for(count, &blocks);
       if (r.code != BRAID_SUCCESS) return;
-      divide_kernel<E>
-          <<<blocks, kThreads, 0, stream>>>(static_cast<typename E::Stored*>(data), count, divisor);
+      divide_kernel<E><<<blocks, kThreads, 0, stream>>>(
+          static_cast<const typename E::Stored*>(in), static_cast<typename E::Stored*>(out), count, divisor);
       r = launched("kernel launch (divide)");
     }
   });
@@ -241,8 +244,9 @@ extern "C" BRAID_CUDA_API braid_result_t braid_cuda_reduce_copy(braid_dtype_t dt
                              error, error_size);
 }
 
-extern "C" BRAID_CUDA_API braid_result_t braid_cuda_divide(braid_dtype_t dtype, void* data, size_t count,
-                                                           int divisor, struct CUstream_st* stream,
-                                                           char* error, size_t error_size) {
-  return braid::cuda::report(braid::cuda::divide(dtype, data, count, divisor, stream), error, error_size);
+extern "C" BRAID_CUDA_API braid_result_t braid_cuda_divide(braid_dtype_t dtype, const void* in, void* out,
+                                                           size_t count, int divisor,
+                                                           struct CUstream_st* stream, char* error,
+                                                           size_t error_size) {
+  return braid::cuda::report(braid::cuda::divide(dtype, in, out, count, divisor, stream), error, error_size);
 }

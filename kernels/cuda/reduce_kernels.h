@@ -42,9 +42,12 @@ BRAID_CUDA_API braid_result_t braid_cuda_reduce_copy(braid_dtype_t dtype, braid_
  * context: a hang where a stream waits on the operation launching it). */
 BRAID_CUDA_API braid_result_t braid_cuda_preload(char* error, size_t error_size);
 
-/* data[i] /= divisor in the compute type, for floating dtypes (the AVG finish). */
-BRAID_CUDA_API braid_result_t braid_cuda_divide(braid_dtype_t dtype, void* data, size_t count, int divisor,
-                                                struct CUstream_st* stream, char* error, size_t error_size);
+/* out[i] = in[i] / divisor in the compute type, for floating dtypes (the AVG
+ * finish, and a float16 AVG's inputs before they are summed). `out` is `in`
+ * or disjoint from it. */
+BRAID_CUDA_API braid_result_t braid_cuda_divide(braid_dtype_t dtype, const void* in, void* out, size_t count,
+                                                int divisor, struct CUstream_st* stream, char* error,
+                                                size_t error_size);
 
 #ifdef __cplusplus
 }

@@ -18,7 +18,7 @@ void copy_if_distinct(void* dst, const void* src, size_t bytes) {
 }
 
 void finish_avg(const CollArgs& a, void* data, size_t count, int nranks) {
-  if (a.op == BRAID_AVG) kernels::divide(a.dtype, data, count, nranks);
+  if (a.op == BRAID_AVG) kernels::divide(a.dtype, data, data, count, nranks);
 }
 
 }  // namespace
@@ -375,7 +375,7 @@ Task hierarchical_all_reduce(const Channel& all, const Channel& host, const Chan
     CollArgs ar = rs;
     ar.sendbuf = ar.recvbuf = mine;
     co_await ring_all_reduce(across, ar);
-    if (a.op == BRAID_AVG) kernels::divide(a.dtype, mine, block, all.nranks);
+    if (a.op == BRAID_AVG) kernels::divide(a.dtype, mine, mine, block, all.nranks);
     // 3. ... and the host's ranks share their blocks.
     CollArgs ag = a;
     ag.sendbuf = mine;

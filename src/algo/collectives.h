@@ -31,6 +31,14 @@ struct CollArgs {
   int* source = nullptr;  // receive from any source: where the sender's rank goes
 };
 
+// A float16 AVG divides each rank's input by the number of ranks before the
+// sum, as NCCL does: the sum of n float16 values may pass 65504 where their
+// average fits (2 ranks of 40000). Wider floating types keep one division
+// at the end, which rounds once. Reducing collectives only.
+inline bool avg_scales_inputs(const CollArgs& a) {
+  return a.op == BRAID_AVG && a.dtype == BRAID_FLOAT16;
+}
+
 // Returns once every rank of the channel has reached the same point (empty
 // messages with every peer): phases that read peers' buffers are ordered by it.
 Task sync_all(const Channel& ch);

@@ -46,10 +46,19 @@ std::vector<const void*> inputs_at(const Channel& ch, const IpcWindow& w, size_t
   return srcs;
 }
 
+// A reducing collective's input into a window: copied, or divided by the
+// number of ranks on the way where AVG scales inputs (avg_scales_inputs).
+Status input_to_window(IpcWindow& w, const CollArgs& a, int nranks, void* dst, const void* src,
+                       size_t bytes) {
+  if (avg_scales_inputs(a)) return w.divide(a.dtype, src, dst, bytes / dtype_size(a.dtype), nranks);
+  return w.copy(dst, src, bytes);
+}
+
 Task reduce_and_finish(IpcWindow& w, const CollArgs& a, const std::vector<const void*>& srcs, void* dst,
                        size_t count, int nranks) {
   co_await enqueued(w.reduce(a.dtype, a.op, srcs, dst, count));
-  if (a.op == BRAID_AVG) co_await enqueued(w.divide(a.dtype, dst, count, nranks));
+  if (a.op == BRAID_AVG && !avg_scales_inputs(a))
+    co_await enqueued(w.divide(a.dtype, dst, dst, count, nranks));
 }
 
 // Elements per chunk where this rank's window holds a piece of every
@@ -67,11 +76,22 @@ size_t piece_chunk(const IpcWindow& w, int nranks, size_t esize) {
 
 // Bytes [at, at + bytes) of every member's block of `in` (blocks `block`
 // bytes apart) into this rank's window, member p's at p * bytes; the block
-// of member `skip` (-1: none) stays out.
-Task pieces_to_window(const Channel& ch, IpcWindow& w, const char* in, size_t block, size_t at, size_t bytes,
-                      int skip) {
-  for (int p = 0; p < ch.nranks; ++p)
-    if (p != skip) co_await enqueued(w.copy(w.input(ch.rank) + p * bytes, in + p * block + at, bytes));
+// of member `skip` (-1: none) stays out. `reduced`: the blocks are a
+// reducing collective's input (input_to_window).
+Task pieces_to_window(const Channel& ch, IpcWindow& w, const CollArgs* reduced, const char* in, size_t block,
+                      size_t at, size_t bytes, int skip) {
+  for (int p = 0; p < ch.nranks; ++p) {
+    if (p == skip) continue;
+    char* dst = w.input(ch.rank) + p * bytes;
+    // Not a conditional expression inside co_await: GCC 12 evaluates both
+    // arms there (docs/design.md, "Operations are coroutines").
+    Status put;
+    if (reduced != nullptr)
+      put = input_to_window(w, *reduced, ch.nranks, dst, in + p * block + at, bytes);
+    else
+      put = w.copy(dst, in + p * block + at, bytes);
+    co_await enqueued(std::move(put));
+  }
 }
 
 // Bytes at `src` of every member's window (this rank's own too, with
@@ -157,7 +177,7 @@ Task ipc_all_reduce(const Channel& ch, IpcWindow& w, CollArgs a) {
   for (size_t off = 0; off < a.count; off += chunk) {
     const size_t len = std::min(chunk, a.count - off);
     const Split slice(len, static_cast<size_t>(n), std::max<size_t>(1, kSliceAlignBytes / esize));
-    co_await enqueued(w.copy(w.input(r), in + off * esize, len * esize));
+    co_await enqueued(input_to_window(w, a, n, w.input(r), in + off * esize, len * esize));
     co_await phase_end(ch, w);
     // Our slice, reduced from every window into ours; then every slice
     // from its owner's window into the output.
@@ -201,7 +221,7 @@ Task ipc_reduce(const Channel& ch, IpcWindow& w, CollArgs a) {
   const size_t chunk = w.region_bytes() / esize;
   for (size_t off = 0; off < a.count; off += chunk) {
     const size_t len = std::min(chunk, a.count - off);
-    co_await enqueued(w.copy(w.input(r), in + off * esize, len * esize));
+    co_await enqueued(input_to_window(w, a, ch.nranks, w.input(r), in + off * esize, len * esize));
     co_await phase_end(ch, w);
     if (r == a.root) co_await reduce_and_finish(w, a, inputs_at(ch, w, 0), out + off * esize, len, ch.nranks);
     co_await phase_end(ch, w);
@@ -231,7 +251,7 @@ Task ipc_reduce_scatter(const Channel& ch, IpcWindow& w, CollArgs a) {
   const size_t chunk = piece_chunk(w, n, esize);
   for (size_t off = 0; off < a.count; off += chunk) {
     const size_t len = std::min(chunk, a.count - off), bytes = len * esize;
-    co_await pieces_to_window(ch, w, in, block, off * esize, bytes, -1);
+    co_await pieces_to_window(ch, w, &a, in, block, off * esize, bytes, -1);
     co_await phase_end(ch, w);
     co_await reduce_and_finish(w, a, inputs_at(ch, w, r * bytes), out + off * esize, len, n);
     co_await phase_end(ch, w);
@@ -267,7 +287,7 @@ Task ipc_scatter(const Channel& ch, IpcWindow& w, CollArgs a) {
   for (size_t off = 0; off < a.count; off += chunk) {
     const size_t bytes = std::min(chunk, a.count - off) * esize;
     if (r == a.root) {
-      co_await pieces_to_window(ch, w, in, block, off * esize, bytes, r);
+      co_await pieces_to_window(ch, w, nullptr, in, block, off * esize, bytes, r);
       co_await enqueued(w.copy(out + off * esize, in + r * block + off * esize, bytes));
     }
     co_await phase_end(ch, w);
@@ -286,7 +306,7 @@ Task ipc_all_to_all(const Channel& ch, IpcWindow& w, CollArgs a) {
   const size_t chunk = piece_chunk(w, n, esize);
   for (size_t off = 0; off < a.count; off += chunk) {
     const size_t bytes = std::min(chunk, a.count - off) * esize;
-    co_await pieces_to_window(ch, w, in, block, off * esize, bytes, r);
+    co_await pieces_to_window(ch, w, nullptr, in, block, off * esize, bytes, r);
     co_await enqueued(w.copy(out + r * block + off * esize, in + r * block + off * esize, bytes));
     co_await phase_end(ch, w);
     co_await windows_to_blocks(ch, w, r * bytes, out, block, off * esize, bytes, false);

@@ -78,7 +78,7 @@ void place(void* dst, const void* src, size_t bytes, bool streaming) {
 void reduce_inputs(const CollArgs& a, const std::vector<char*>& in, size_t off, size_t len, char* tmp) {
   kernels::reduce(a.dtype, a.op, tmp, in[0] + off, in[1] + off, len);
   for (size_t p = 2; p < in.size(); ++p) kernels::reduce(a.dtype, a.op, tmp, tmp, in[p] + off, len);
-  if (a.op == BRAID_AVG) kernels::divide(a.dtype, tmp, len, static_cast<int>(in.size()));
+  if (a.op == BRAID_AVG) kernels::divide(a.dtype, tmp, tmp, len, static_cast<int>(in.size()));
 }
 
 void count(std::atomic<uint64_t>* moved, uint64_t bytes) {

@@ -868,6 +868,14 @@ Regions regions_of(OpKind kind, const CollArgs& a, int rank, int nranks) {
   return g;
 }
 
+// A float16 AVG's input divided into `copy`, then the algorithm that sums
+// the copy (avg_scales_inputs).
+Task divided_input_first(const void* in, char* copy, size_t count, braid_dtype_t dtype, int nranks,
+                         Task then) {
+  kernels::divide(dtype, in, copy, count, nranks);
+  co_await std::move(then);
+}
+
 // What make_op and make_ipc_op do first: the op keeps all_to_allv's arrays
 // (the caller's may go away once the call returns) and learns its size. A
 // call with nothing to move gets an empty task, and true is returned: every
@@ -965,6 +973,17 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
       a.sendbuf = op->input_copy.data();
     }
   }
+  // A float16 AVG's algorithm sums a copy of the input divided by the number
+  // of ranks, made when the op starts (a stream op's input is staged by then).
+  const void* unscaled_input = nullptr;
+  const bool reducing =
+      kind == OpKind::kAllReduce || kind == OpKind::kReduce || kind == OpKind::kReduceScatter;
+  if (reducing && avg_scales_inputs(a) && in_bytes > 0) {
+    unscaled_input = a.sendbuf;
+    op->input_copy.resize(in_bytes);
+    a.sendbuf = op->input_copy.data();
+    a.op = BRAID_SUM;
+  }
   switch (kind) {
     case OpKind::kAllReduce:
       op->task = all_reduce_task(op.get(), a, pick(Coll::kAllReduce, a.count * esize));
@@ -1054,6 +1073,9 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
       break;
   }
   offer_windows(kind, *op, a);
+  if (unscaled_input != nullptr)
+    op->task = divided_input_first(unscaled_input, op->input_copy.data(), in_bytes / esize, a.dtype, nranks_,
+                                   std::move(op->task));
   return checked(std::move(op));
 }
 

@@ -20,8 +20,8 @@ struct CudaKernels {
   braid_result_t (*reduce_copy)(braid_dtype_t dtype, braid_redop_t op, const void* const* srcs, int nsrcs,
                                 void* const* dsts, int ndsts, size_t count, CUstream_st* stream, char* error,
                                 size_t error_size);
-  braid_result_t (*divide)(braid_dtype_t dtype, void* data, size_t count, int divisor, CUstream_st* stream,
-                           char* error, size_t error_size);
+  braid_result_t (*divide)(braid_dtype_t dtype, const void* in, void* out, size_t count, int divisor,
+                           CUstream_st* stream, char* error, size_t error_size);
   braid_result_t (*preload)(char* error, size_t error_size);
 };
 

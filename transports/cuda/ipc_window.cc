@@ -250,12 +250,13 @@ Status IpcWindow::reduce(braid_dtype_t dtype, braid_redop_t op, const std::vecto
   }
 }
 
-Status IpcWindow::divide(braid_dtype_t dtype, void* data, size_t count, int divisor) {
+Status IpcWindow::divide(braid_dtype_t dtype, const void* in, void* out, size_t count, int divisor) {
   if (count == 0) return Status::ok();
   StreamContext context(cu_, StreamContext::Known{ctx_});
   BRAID_RETURN_IF_ERROR(context.status());
+  count_if_peer(in, count * braid_dtype_size(dtype));
   char error[256] = {};
-  if (braid_result_t r = kernels_->divide(dtype, data, count, divisor, static_cast<CUstream_st*>(stream_),
+  if (braid_result_t r = kernels_->divide(dtype, in, out, count, divisor, static_cast<CUstream_st*>(stream_),
                                           error, sizeof(error));
       r != BRAID_SUCCESS)
     return Status(r, std::string("braid_cuda_divide: ") + error);

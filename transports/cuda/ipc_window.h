@@ -95,7 +95,8 @@ class IpcWindow {
   // the kernel takes; dst may be one of them exactly). AVG reduces as SUM.
   Status reduce(braid_dtype_t dtype, braid_redop_t op, const std::vector<const void*>& srcs, void* dst,
                 size_t count);
-  Status divide(braid_dtype_t dtype, void* data, size_t count, int divisor);
+  // out = in / divisor (out is in, or disjoint from it).
+  Status divide(braid_dtype_t dtype, const void* in, void* out, size_t count, int divisor);
   // Device memory of at least `bytes` for this rank's use in one op (the
   // largest asked for so far; kept until the window goes: freeing could
   // wait on streams that wait on braid).
