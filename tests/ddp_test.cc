@@ -215,6 +215,52 @@ void fill_grads(Mlp* m, float value) {
   for (int k = 0; k < Mlp::kParams; ++k) std::fill(m->grad[k], m->grad[k] + m->count(k), value);
 }
 
+// One rank drops a step after two of its four buckets started (a failed
+// finish(), abandon_step, or its Reducer destroyed): the peers' finish()
+// fails and says so, and the next step averages that step's gradients only.
+// Before, the peers' waiting buckets paired with the dropping rank's next
+// step: both finish() calls succeeded with gradients of two steps mixed.
+TEST(Ddp, ARankThatDropsAStepFailsItOnEveryRank) {
+  for (const std::string how : {"finish", "abandon", "destroy"}) {
+    SCOPED_TRACE(how);
+    braid::test::run_ranks(3, {}, [&](braid_comm_t comm, int rank, int) {
+      Mlp m(kIn, kHidden, kOut, 7);
+      std::unique_ptr<Reducer> ddp;
+      auto r = Reducer::create(comm, parameters_of(&m, false), {}, small_buckets(), &ddp);
+      ASSERT_TRUE(r.ok()) << r.message;
+      fill_grads(&m, 1.0f + rank);
+      if (rank == 1) {
+        for (int k : {3, 2}) ASSERT_TRUE(ddp->mark_ready(k).ok());
+        if (how == "finish") {
+          r = ddp->finish();  // fc1 never ready
+          EXPECT_NE(r.message.find("never became ready"), std::string::npos) << r.message;
+        } else if (how == "abandon") {
+          r = ddp->abandon_step();
+          EXPECT_TRUE(r.ok()) << r.message;
+        } else {
+          ddp.reset();
+        }
+      } else {
+        for (int k : {3, 2, 1, 0}) ASSERT_TRUE(ddp->mark_ready(k).ok());
+        r = ddp->finish();
+        EXPECT_EQ(r.code, BRAID_ERR_INVALID_USAGE);
+        EXPECT_NE(r.message.find("1 rank(s) dropped this step"), std::string::npos) << r.message;
+      }
+      if (how == "destroy") {  // every rank makes a new one (create is collective)
+        r = Reducer::create(comm, parameters_of(&m, false), {}, small_buckets(), &ddp);
+        ASSERT_TRUE(r.ok()) << r.message;
+      }
+      // The next step: 10, 20, 30 average to 20 everywhere.
+      fill_grads(&m, 10.0f * (rank + 1));
+      for (int k : {3, 2, 1, 0}) ASSERT_TRUE(ddp->mark_ready(k).ok());
+      r = ddp->finish();
+      ASSERT_TRUE(r.ok()) << r.message;
+      for (int k = 0; k < Mlp::kParams; ++k)
+        for (size_t e = 0; e < m.count(k); ++e) ASSERT_EQ(m.grad[k][e], 20.0f) << m.names[k] << " " << e;
+    });
+  }
+}
+
 TEST(Ddp, UnusedParameterContributesZero) {
   braid::test::run_ranks(2, {}, [&](braid_comm_t comm, int rank, int) {
     Mlp m(kIn, kHidden, kOut, 7);

@@ -107,8 +107,13 @@ class Reducer {
   // Whether the current step communicates (see finish()).
   bool step_synchronised() const;
   // Drops the current step after a backward pass that failed before
-  // finish(): waits for the buckets it started, then resets. Peers that
-  // started more buckets wait for this rank until their deadline.
+  // finish(). In a synchronised step the buckets not started yet start now,
+  // with zeros for gradients not ready and a mark that every rank sees:
+  // every rank runs the same all_reduces (none pairs with a later step's),
+  // and every rank's finish() for this step fails, saying a rank dropped it
+  // (its gradients are then not averages). A failed finish() and a Reducer
+  // destroyed mid-step drop the step the same way. Each bucket's all_reduce
+  // carries one element more than its gradients for the mark.
   Result abandon_step();
 
   // Where gradient i lives: the Parameter's grad, or its slot in the bucket

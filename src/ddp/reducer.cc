@@ -42,6 +42,39 @@ struct AlignedFree {
   void operator()(unsigned char* p) const { std::free(p); }
 };
 
+// A bucket's last element is the step mark: 0 from a rank that keeps the
+// step, 1 from a rank that drops it. Any nonzero average drops the step on
+// every rank.
+void set_mark(braid_dtype_t t, void* at, bool dropped) {
+  switch (t) {
+    case BRAID_FLOAT16:
+    case BRAID_BFLOAT16: {
+      const uint16_t one = t == BRAID_FLOAT16 ? 0x3C00 : 0x3F80, v = dropped ? one : 0;
+      std::memcpy(at, &v, sizeof v);
+      break;
+    }
+    case BRAID_FLOAT32: {
+      const float v = dropped ? 1.0f : 0.0f;
+      std::memcpy(at, &v, sizeof v);
+      break;
+    }
+    default: {
+      const double v = dropped ? 1.0 : 0.0;
+      std::memcpy(at, &v, sizeof v);
+      break;
+    }
+  }
+}
+
+bool marked(braid_dtype_t t, const void* at) {
+  // Nonzero: any bit but the sign's (an average of marks is never NaN).
+  const size_t n = braid_dtype_size(t);
+  const auto* b = static_cast<const unsigned char*>(at);
+  for (size_t k = 0; k + 1 < n; ++k)
+    if (b[k] != 0) return true;
+  return (b[n - 1] & 0x7f) != 0;  // little-endian: the sign is the top bit of the last byte
+}
+
 }  // namespace
 
 struct Reducer::State {
@@ -75,6 +108,7 @@ struct Reducer::State {
   // NoSync that ends (or begins) between the backward pass and finish()
   // does not change the step.
   bool step_begun = false, step_sync = true;
+  bool dropping = false;  // inside drop_step()
   size_t next_to_start = 0;
   std::vector<size_t> start_order;
   std::vector<size_t> last_order;
@@ -86,12 +120,16 @@ struct Reducer::State {
   }
   size_t bytes(size_t i) const { return params[i].count * braid_dtype_size(params[i].dtype); }
 
-  // Starts, in bucket order, every bucket whose gradients are all ready.
+  unsigned char* mark(const Bucket& b) const { return b.storage.get() + b.info.bytes; }
+
+  // Starts, in bucket order, every bucket whose gradients are all ready
+  // (with the step mark: `dropping` while drop_step() runs).
   Result start_ready_buckets() {
     while (step_error.ok() && next_to_start < buckets.size() && buckets[next_to_start].pending == 0) {
       Bucket& b = buckets[next_to_start];
-      braid_result_t r = braid_iall_reduce(b.storage.get(), b.storage.get(), b.count, b.info.dtype, BRAID_AVG,
-                                           comm, nullptr, &b.request);
+      set_mark(b.info.dtype, mark(b), dropping);
+      braid_result_t r = braid_iall_reduce(b.storage.get(), b.storage.get(), b.count + 1, b.info.dtype,
+                                           BRAID_AVG, comm, nullptr, &b.request);
       if (r != BRAID_SUCCESS) {
         b.request = nullptr;
         step_error = from_call(r, "all_reduce of gradient bucket " + std::to_string(next_to_start));
@@ -119,6 +157,48 @@ struct Reducer::State {
   }
 
   bool step_synchronised() const { return step_begun ? step_sync : sync; }
+
+  // This rank gives the synchronised step up: the buckets it has not started
+  // go now, unready gradients as zeros, marked, so that peers finish the
+  // same all_reduces (a peer's next step would otherwise pair with them and
+  // average gradients of two steps) and their finish() fails.
+  Result drop_step() {
+    if (!step_synchronised()) return {};
+    dropping = true;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (ready[i]) continue;
+      std::memset(slot(i), 0, bytes(i));
+      ready[i] = true;
+      --buckets[bucket_of[i]].pending;
+    }
+    start_ready_buckets();
+    dropping = false;
+    return wait_started();
+  }
+
+  // How many ranks dropped the step, from its buckets' marks (0: none).
+  int ranks_that_dropped() const {
+    for (size_t k = 0; k < next_to_start; ++k) {
+      const Bucket& b = buckets[k];
+      if (!marked(b.info.dtype, mark(b))) continue;
+      double avg = 0;
+      switch (b.info.dtype) {
+        case BRAID_FLOAT32: {
+          float f;
+          std::memcpy(&f, mark(b), sizeof f);
+          avg = f;
+          break;
+        }
+        case BRAID_FLOAT64:
+          std::memcpy(&avg, mark(b), sizeof avg);
+          break;
+        default:
+          return -1;  // some; 16-bit marks are not counted
+      }
+      return static_cast<int>(avg * nranks + 0.5);
+    }
+    return 0;
+  }
 
   void reset_step() {
     step_begun = false;
@@ -230,7 +310,7 @@ Result Reducer::create(braid_comm_t comm, std::vector<Parameter> parameters, std
     b.info.bytes += s->bytes(k);
   }
   for (State::Bucket& b : s->buckets) {
-    const size_t alloc = (b.info.bytes + 63) / 64 * 64;
+    const size_t alloc = (b.info.bytes + braid_dtype_size(b.info.dtype) + 63) / 64 * 64;  // and the mark
     b.storage.reset(static_cast<unsigned char*>(std::aligned_alloc(64, alloc)));
     if (!b.storage) {
       return fail(BRAID_ERR_SYSTEM,
@@ -259,9 +339,14 @@ Result Reducer::create(braid_comm_t comm, std::vector<Parameter> parameters, std
 Reducer::Reducer(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
 Reducer::~Reducer() {
-  // Requests still in flight write into bucket storage: let them finish.
+  // Requests still in flight write into bucket storage: let them finish. A
+  // step this rank began is dropped (peers fail fast instead of waiting for
+  // buckets that never come).
   std::lock_guard<std::mutex> lock(state_->mu);
-  state_->wait_started();
+  if (state_->step_begun)
+    state_->drop_step();
+  else
+    state_->wait_started();
 }
 
 Result Reducer::mark_ready(size_t i) {
@@ -307,8 +392,8 @@ Result Reducer::finish() {
     if (missing.size() > 1) msg += " (and " + std::to_string(missing.size() - 1) + " more)";
     msg +=
         "; every parameter needs a gradient each step, or set Options::allow_unused_parameters "
-        "(peers waiting for its bucket will time out)";
-    s.wait_started();
+        "(this rank drops the step, and so do its peers)";
+    s.drop_step();
     s.reset_step();
     return fail(BRAID_ERR_INVALID_USAGE, msg);
   }
@@ -325,7 +410,12 @@ Result Reducer::finish() {
   }
   if (!missing.empty()) s.start_ready_buckets();
   Result result = s.wait_started();
-  if (result.ok()) {
+  if (const int dropped = result.ok() ? s.ranks_that_dropped() : 0; dropped != 0) {
+    result = fail(BRAID_ERR_INVALID_USAGE,
+                  "finish: " + (dropped > 0 ? std::to_string(dropped) + " rank(s)" : std::string("a rank")) +
+                      " dropped this step (abandon_step, a failed finish() or a Reducer destroyed mid-step "
+                      "there); its gradients are not averages: zero them and go on, or stop");
+  } else if (result.ok()) {
     for (size_t i = 0; i < s.params.size(); ++i) {
       if (s.params[i].grad != nullptr) std::memcpy(s.params[i].grad, s.slot(i), s.bytes(i));
     }
@@ -346,7 +436,13 @@ bool Reducer::step_synchronised() const {
 Result Reducer::abandon_step() {
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mu);
-  Result result = s.wait_started();
+  Result result;
+  if (s.step_synchronised()) {
+    result = s.drop_step();
+    s.accumulated.assign(s.params.size(), false);  // as finish() would
+  } else {
+    result = s.wait_started();  // a local step: what no_sync accumulated stays
+  }
   s.reset_step();
   return result;
 }
