@@ -277,6 +277,15 @@ TEST(Ddp, UnusedParameterContributesZero) {
     EXPECT_EQ(m.grad[1][0], 1.0f);  // (0 + 2) / 2
     EXPECT_EQ(m.grad[0][0], 1.5f);  // (1 + 2) / 2
     EXPECT_EQ(m.grad[3][3], 1.5f);
+    EXPECT_TRUE(ddp->used_in_last_step(1));  // rank 1 used it
+    // Unused on every rank: its grad stays as it was (torch leaves it None).
+    fill_grads(&m, 7.0f);
+    for (int k : {3, 2, 0}) ASSERT_TRUE(ddp->mark_ready(k).ok());
+    r = ddp->finish();
+    ASSERT_TRUE(r.ok()) << r.message;
+    EXPECT_FALSE(ddp->used_in_last_step(1));
+    EXPECT_TRUE(ddp->used_in_last_step(0));
+    for (size_t e = 0; e < m.count(1); ++e) ASSERT_EQ(m.grad[1][e], 7.0f) << e;
   });
 }
 
@@ -298,13 +307,16 @@ TEST(Ddp, UnusedAfterNoSyncKeepsWhatItAccumulated) {
     for (int k : {3, 2, 0}) ASSERT_TRUE(ddp->mark_ready(k).ok());
     auto r = ddp->finish();
     ASSERT_TRUE(r.ok()) << r.message;
-    EXPECT_EQ(m.grad[1][0], 1.5f);   // (1 + 2) / 2: what it accumulated, not zero
-    EXPECT_EQ(m.grad[0][0], 11.5f);  // (11 + 12) / 2
-    // The next window starts afresh: unused again, it contributes zeros.
+    EXPECT_EQ(m.grad[1][0], 1.5f);           // (1 + 2) / 2: what it accumulated, not zero
+    EXPECT_EQ(m.grad[0][0], 11.5f);          // (11 + 12) / 2
+    EXPECT_TRUE(ddp->used_in_last_step(1));  // accumulated counts as used
+    // The next window starts afresh: unused again on every rank, it keeps
+    // what its grad holds.
     fill_grads(&m, rank + 1.0f);
     for (int k : {3, 2, 0}) ASSERT_TRUE(ddp->mark_ready(k).ok());
     ASSERT_TRUE(ddp->finish().ok());
-    EXPECT_EQ(m.grad[1][0], 0.0f);
+    EXPECT_FALSE(ddp->used_in_last_step(1));
+    EXPECT_EQ(m.grad[1][0], rank + 1.0f);
   });
 }
 
@@ -371,6 +383,31 @@ TEST(Ddp, DifferentModelsAcrossRanksAreAMismatch) {
   });
 }
 
+// Parameters with no elements (torch allows them) take part like any other;
+// Options that differ between ranks are named on every rank at create.
+TEST(Ddp, EmptyParametersTrainAndOptionsMustAgree) {
+  braid::test::run_ranks(2, {}, [&](braid_comm_t comm, int rank, int) {
+    std::vector<float> w(4, 1.0f), g(4, 2.0f * (rank + 1));
+    std::unique_ptr<Reducer> ddp;
+    auto r = Reducer::create(comm,
+                             {{"empty", nullptr, nullptr, 0, BRAID_FLOAT32},
+                              {"w", w.data(), g.data(), 4, BRAID_FLOAT32},
+                              {"empty_grad", nullptr, nullptr, 0, BRAID_FLOAT32}},
+                             {}, {}, &ddp);
+    ASSERT_TRUE(r.ok()) << r.message;
+    for (size_t k : {2, 1, 0}) ASSERT_TRUE(ddp->mark_ready(k).ok());
+    r = ddp->finish();
+    ASSERT_TRUE(r.ok()) << r.message;
+    for (float v : g) EXPECT_EQ(v, 3.0f);
+    ddp.reset();
+    braid::ddp::Options options;
+    if (rank == 1) options.bucket_bytes = 1 << 20;
+    r = Reducer::create(comm, {{"w", w.data(), g.data(), 4, BRAID_FLOAT32}}, {}, options, &ddp);
+    EXPECT_EQ(r.code, BRAID_ERR_MISMATCH) << r.message;
+    EXPECT_NE(r.message.find("rank 1's Options (bucket_bytes"), std::string::npos) << r.message;
+  });
+}
+
 TEST(Ddp, BadArgumentsAreNamed) {
   braid::test::run_ranks(1, {}, [&](braid_comm_t comm, int, int) {
     std::vector<float> w(4), g(4);
@@ -380,10 +417,11 @@ TEST(Ddp, BadArgumentsAreNamed) {
     EXPECT_EQ(r.code, BRAID_ERR_INVALID_ARGUMENT);
     EXPECT_NE(r.message.find("parameter 'step' (index 0) has dtype int32"), std::string::npos) << r.message;
     r = Reducer::create(
-        comm, {{"w", w.data(), g.data(), 4, BRAID_FLOAT32}, {"empty", w.data(), g.data(), 0, BRAID_FLOAT32}},
+        comm, {{"w", w.data(), g.data(), 4, BRAID_FLOAT32}, {"nodata", nullptr, g.data(), 4, BRAID_FLOAT32}},
         {}, {}, &ddp);
     EXPECT_EQ(r.code, BRAID_ERR_INVALID_ARGUMENT);
-    EXPECT_NE(r.message.find("parameter 'empty' (index 1) has count 0"), std::string::npos) << r.message;
+    EXPECT_NE(r.message.find("parameter 'nodata' (index 1) has data == nullptr"), std::string::npos)
+        << r.message;
     r = Reducer::create(nullptr, {{"w", w.data(), g.data(), 4, BRAID_FLOAT32}}, {}, {}, &ddp);
     EXPECT_EQ(r.code, BRAID_ERR_INVALID_ARGUMENT) << r.message;
     r = Reducer::create(comm, {}, {}, {}, &ddp);

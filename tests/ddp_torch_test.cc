@@ -151,9 +151,10 @@ TEST(DdpTorch, UnusedParameterIsNamedOrAllowed) {
     braid::ddp::Options allow;
     allow.allow_unused_parameters = true;
     auto ddp = braid::ddp::wrap(m, comm, allow);
+    // Unused on every rank: its grad stays None, as torch's DDP leaves it
+    // (an optimizer then skips it; weight decay would move it otherwise).
     torch::mse_loss(m.forward(data.x), data.t).backward();
-    ASSERT_TRUE(m.spare->weight.grad().defined());
-    EXPECT_EQ(m.spare->weight.grad().abs().sum().item<float>(), 0.0f);
+    EXPECT_FALSE(m.spare->weight.grad().defined());
     EXPECT_GT(m.used->weight.grad().abs().sum().item<float>(), 0.0f);
   });
 }
@@ -171,6 +172,37 @@ struct Switchable : torch::nn::Module {
   torch::nn::Linear used{nullptr}, spare{nullptr};
   bool use_spare = true;
 };
+
+// Used on rank 0 only: every rank gets the average, rank 1 a grad it never
+// computed. Frozen parameters start from rank 0's values, as torch's DDP
+// broadcasts them.
+TEST(DdpTorch, AParameterOneRankUsesIsAveragedAndFrozenOnesComeFromRankZero) {
+  braid::test::run_ranks(2, {}, [&](braid_comm_t comm, int rank, int) {
+    torch::set_num_threads(1);
+    const Data data;
+    Switchable m;
+    m.use_spare = rank == 0;
+    m.used->bias.set_requires_grad(false);
+    {
+      torch::NoGradGuard no_grad;
+      m.used->bias.fill_(static_cast<float>(rank + 1));
+    }
+    braid::ddp::Options allow;
+    allow.allow_unused_parameters = true;
+    auto ddp = braid::ddp::wrap(m, comm, allow);
+    EXPECT_EQ(m.used->bias.min().item<float>(), 1.0f);
+    EXPECT_EQ(m.used->bias.max().item<float>(), 1.0f);
+    EXPECT_FALSE(m.used->bias.grad().defined());
+    torch::mse_loss(m.forward(data.x), data.t).backward();
+    ASSERT_TRUE(m.spare->weight.grad().defined());
+    const torch::Tensor g = m.spare->weight.grad().clone();
+    std::vector<float> both(2 * g.numel());
+    BRAID_ASSERT_OK(
+        braid_all_gather(g.data_ptr<float>(), both.data(), g.numel(), BRAID_FLOAT32, comm, nullptr));
+    EXPECT_EQ(std::memcmp(both.data(), both.data() + g.numel(), g.numel() * sizeof(float)), 0);
+    EXPECT_GT(g.abs().sum().item<float>(), 0.0f);
+  });
+}
 
 double max_rel_diff(torch::nn::Module& a, torch::nn::Module& b) {
   double worst = 0;

@@ -70,7 +70,8 @@ struct Options {
   // was marked ready in a no_sync step since the last synchronised one, the
   // gradient it accumulated): its gradient becomes the sum over the ranks
   // that used it divided by the world size, as with torch's DDP and
-  // find_unused_parameters.
+  // find_unused_parameters. One no rank used keeps its grad as it was
+  // (used_in_last_step). Options must be the same on every rank.
   bool allow_unused_parameters = false;
 };
 
@@ -144,6 +145,11 @@ class Reducer {
   // The order in which buckets started in the last synchronised step.
   std::vector<size_t> last_start_order() const;
   size_t num_parameters() const;
+  // Whether some rank gave parameter i a gradient (or accumulated one under
+  // no_sync) in the last synchronised step. Always true without
+  // allow_unused_parameters; with it, finish() leaves the grad of a
+  // parameter no rank used as it was (its bucket slot holds zeros).
+  bool used_in_last_step(size_t i) const;
 
  private:
   struct State;

@@ -42,9 +42,16 @@ struct AlignedFree {
   void operator()(unsigned char* p) const { std::free(p); }
 };
 
-// A bucket's last element is the step mark: 0 from a rank that keeps the
-// step, 1 from a rank that drops it. Any nonzero average drops the step on
-// every rank.
+// memcpy without its pointer rules for empty parameters (data may be null).
+void copy_bytes(void* dst, const void* src, size_t n) {
+  if (n > 0) std::memcpy(dst, src, n);
+}
+
+// After a bucket's gradients, its all_reduce carries the step mark: 0 from a
+// rank that keeps the step, 1 from a rank that drops it (any nonzero average
+// drops the step on every rank). With allow_unused_parameters one used mark
+// per parameter of the bucket follows: 1 from a rank that gave it a
+// gradient (nonzero average: some rank used it).
 void set_mark(braid_dtype_t t, void* at, bool dropped) {
   switch (t) {
     case BRAID_FLOAT16:
@@ -80,7 +87,8 @@ bool marked(braid_dtype_t t, const void* at) {
 struct Reducer::State {
   struct Bucket {
     BucketInfo info;
-    size_t count = 0;  // elements
+    size_t count = 0;  // elements of gradients
+    size_t marks = 1;  // elements after them: the step mark, then used marks
     std::unique_ptr<unsigned char[], AlignedFree> storage;
     size_t pending = 0;  // parameters not yet ready in this step
     braid_request_t request = nullptr;
@@ -101,6 +109,10 @@ struct Reducer::State {
   // synchronised one, so what its gradient holds is this rank's share even
   // if the synchronised step leaves it unused.
   std::vector<bool> accumulated;
+  // Per parameter: marked ready in this step (not filled in by finish()).
+  std::vector<bool> given;
+  // Per parameter: some rank gave it a gradient in the last synchronised step.
+  std::vector<bool> used_last;
 
   mutable std::mutex mu;
   bool sync = true;  // outside every NoSync
@@ -120,7 +132,9 @@ struct Reducer::State {
   }
   size_t bytes(size_t i) const { return params[i].count * braid_dtype_size(params[i].dtype); }
 
-  unsigned char* mark(const Bucket& b) const { return b.storage.get() + b.info.bytes; }
+  unsigned char* mark(const Bucket& b, size_t k = 0) const {
+    return b.storage.get() + b.info.bytes + k * braid_dtype_size(b.info.dtype);
+  }
 
   // Starts, in bucket order, every bucket whose gradients are all ready
   // (with the step mark: `dropping` while drop_step() runs).
@@ -128,7 +142,11 @@ struct Reducer::State {
     while (step_error.ok() && next_to_start < buckets.size() && buckets[next_to_start].pending == 0) {
       Bucket& b = buckets[next_to_start];
       set_mark(b.info.dtype, mark(b), dropping);
-      braid_result_t r = braid_iall_reduce(b.storage.get(), b.storage.get(), b.count + 1, b.info.dtype,
+      for (size_t j = 1; j < b.marks; ++j) {
+        const size_t i = b.info.parameters[j - 1];
+        set_mark(b.info.dtype, mark(b, j), given[i] || accumulated[i]);
+      }
+      braid_result_t r = braid_iall_reduce(b.storage.get(), b.storage.get(), b.count + b.marks, b.info.dtype,
                                            BRAID_AVG, comm, nullptr, &b.request);
       if (r != BRAID_SUCCESS) {
         b.request = nullptr;
@@ -167,7 +185,7 @@ struct Reducer::State {
     dropping = true;
     for (size_t i = 0; i < params.size(); ++i) {
       if (ready[i]) continue;
-      std::memset(slot(i), 0, bytes(i));
+      if (bytes(i) > 0) std::memset(slot(i), 0, bytes(i));
       ready[i] = true;
       --buckets[bucket_of[i]].pending;
     }
@@ -202,7 +220,7 @@ struct Reducer::State {
 
   void reset_step() {
     step_begun = false;
-    for (size_t i = 0; i < ready.size(); ++i) ready[i] = false;
+    for (size_t i = 0; i < ready.size(); ++i) ready[i] = given[i] = false;
     for (Bucket& b : buckets) b.pending = b.info.parameters.size();
     next_to_start = 0;
     start_order.clear();
@@ -238,8 +256,8 @@ Result Reducer::create(braid_comm_t comm, std::vector<Parameter> parameters, std
                   who + " has dtype " + braid_dtype_name(p.dtype) +
                       "; gradients must be float16, bfloat16, float32 or float64");
     }
-    if (p.count == 0) return fail(BRAID_ERR_INVALID_ARGUMENT, who + " has count 0");
-    if (p.data == nullptr) return fail(BRAID_ERR_INVALID_ARGUMENT, who + " has data == nullptr");
+    if (p.data == nullptr && p.count > 0)
+      return fail(BRAID_ERR_INVALID_ARGUMENT, who + " has data == nullptr");
   }
   for (size_t i = 0; i < buffers.size(); ++i) {
     const Buffer& b = buffers[i];
@@ -254,17 +272,28 @@ Result Reducer::create(braid_comm_t comm, std::vector<Parameter> parameters, std
 
   // Every rank must register the same model: compare shapes before any
   // bucket all_reduce could pair up mismatched data.
-  uint64_t mine[4] = {parameters.size(), 14695981039346656037ull, buffers.size(), 14695981039346656037ull};
+  // The options too: they decide the buckets, so the all_reduces' sizes.
+  constexpr size_t kFields = 5;
+  uint64_t mine[kFields] = {parameters.size(), 14695981039346656037ull, buffers.size(),
+                            14695981039346656037ull, 14695981039346656037ull};
   for (const Parameter& p : parameters) mix(&mine[1], (uint64_t{p.count} << 8) | p.dtype);
   for (const Buffer& b : buffers) mix(&mine[3], (uint64_t{b.count} << 8) | b.dtype);
-  std::vector<uint64_t> all(4 * static_cast<size_t>(s->nranks));
-  if (Result r = from_call(braid_all_gather(mine, all.data(), 4, BRAID_UINT64, comm, nullptr),
+  for (uint64_t v : {uint64_t{options.bucket_bytes}, uint64_t{options.first_bucket_bytes},
+                     uint64_t{options.allow_unused_parameters}})
+    mix(&mine[4], v);
+  std::vector<uint64_t> all(kFields * static_cast<size_t>(s->nranks));
+  if (Result r = from_call(braid_all_gather(mine, all.data(), kFields, BRAID_UINT64, comm, nullptr),
                            "Reducer::create: comparing the model across ranks");
       !r) {
     return r;
   }
   for (int q = 1; q < s->nranks; ++q) {
-    const uint64_t* other = &all[4 * static_cast<size_t>(q)];
+    const uint64_t* other = &all[kFields * static_cast<size_t>(q)];
+    if (std::memcmp(other, all.data(), 4 * sizeof(uint64_t)) == 0 && other[4] != all[4]) {
+      return fail(BRAID_ERR_MISMATCH, "Reducer::create: rank " + std::to_string(q) +
+                                          "'s Options (bucket_bytes, first_bucket_bytes, "
+                                          "allow_unused_parameters) differ from rank 0's");
+    }
     if (std::memcmp(other, all.data(), sizeof mine) != 0) {
       const bool params_differ = other[0] != all[0] || other[1] != all[1];
       return fail(BRAID_ERR_MISMATCH,
@@ -283,6 +312,8 @@ Result Reducer::create(braid_comm_t comm, std::vector<Parameter> parameters, std
   s->bucket_of.assign(n, 0);
   s->offset_of.assign(n, 0);
   s->ready.assign(n, false);
+  s->given.assign(n, false);
+  s->used_last.assign(n, true);
   s->accumulated.assign(n, false);
   std::vector<std::pair<braid_dtype_t, size_t>> open;  // dtype -> bucket index
   for (size_t k = n; k-- > 0;) {
@@ -310,7 +341,8 @@ Result Reducer::create(braid_comm_t comm, std::vector<Parameter> parameters, std
     b.info.bytes += s->bytes(k);
   }
   for (State::Bucket& b : s->buckets) {
-    const size_t alloc = (b.info.bytes + braid_dtype_size(b.info.dtype) + 63) / 64 * 64;  // and the mark
+    b.marks = 1 + (options.allow_unused_parameters ? b.info.parameters.size() : 0);
+    const size_t alloc = (b.info.bytes + b.marks * braid_dtype_size(b.info.dtype) + 63) / 64 * 64;
     b.storage.reset(static_cast<unsigned char*>(std::aligned_alloc(64, alloc)));
     if (!b.storage) {
       return fail(BRAID_ERR_SYSTEM,
@@ -323,13 +355,13 @@ Result Reducer::create(braid_comm_t comm, std::vector<Parameter> parameters, std
   // Start every replica from rank 0's values: parameters packed per bucket.
   for (size_t k = 0; k < s->buckets.size(); ++k) {
     State::Bucket& b = s->buckets[k];
-    for (size_t i : b.info.parameters) std::memcpy(s->slot(i), s->params[i].data, s->bytes(i));
+    for (size_t i : b.info.parameters) copy_bytes(s->slot(i), s->params[i].data, s->bytes(i));
     if (Result r = s->broadcast(b.storage.get(), b.count, b.info.dtype,
                                 "the parameters of bucket " + std::to_string(k));
         !r) {
       return r;
     }
-    for (size_t i : b.info.parameters) std::memcpy(s->params[i].data, s->slot(i), s->bytes(i));
+    for (size_t i : b.info.parameters) copy_bytes(s->params[i].data, s->slot(i), s->bytes(i));
     std::memset(b.storage.get(), 0, b.info.bytes);  // gradients kept in the bucket start at zero
   }
   out->reset(new Reducer(std::move(s)));
@@ -370,7 +402,8 @@ Result Reducer::mark_ready(size_t i) {
     s.accumulated[i] = true;
     return {};
   }
-  if (s.params[i].grad != nullptr) std::memcpy(s.slot(i), s.params[i].grad, s.bytes(i));
+  s.given[i] = true;
+  if (s.params[i].grad != nullptr) copy_bytes(s.slot(i), s.params[i].grad, s.bytes(i));
   --s.buckets[s.bucket_of[i]].pending;
   return s.start_ready_buckets();
 }
@@ -401,10 +434,12 @@ Result Reducer::finish() {
     // Unused in this step: zeros, or what it accumulated under no_sync (as
     // torch's DDP sends a gradient that is defined). A slot (grad ==
     // nullptr) holds that already.
-    if (!s.accumulated[i])
-      std::memset(s.slot(i), 0, s.bytes(i));  // all-zero bits are zero in every floating dtype
-    else if (s.params[i].grad != nullptr)
-      std::memcpy(s.slot(i), s.params[i].grad, s.bytes(i));
+    if (!s.accumulated[i]) {
+      if (s.bytes(i) > 0)
+        std::memset(s.slot(i), 0, s.bytes(i));  // all-zero bits are zero in every floating dtype
+    } else if (s.params[i].grad != nullptr) {
+      copy_bytes(s.slot(i), s.params[i].grad, s.bytes(i));
+    }
     s.ready[i] = true;
     --s.buckets[s.bucket_of[i]].pending;
   }
@@ -416,8 +451,12 @@ Result Reducer::finish() {
                       " dropped this step (abandon_step, a failed finish() or a Reducer destroyed mid-step "
                       "there); its gradients are not averages: zero them and go on, or stop");
   } else if (result.ok()) {
+    for (const State::Bucket& b : s.buckets)
+      for (size_t j = 1; j < b.marks; ++j)
+        s.used_last[b.info.parameters[j - 1]] = marked(b.info.dtype, s.mark(b, j));
     for (size_t i = 0; i < s.params.size(); ++i) {
-      if (s.params[i].grad != nullptr) std::memcpy(s.params[i].grad, s.slot(i), s.bytes(i));
+      // A gradient no rank gave is left as it was, as torch's DDP leaves it.
+      if (s.params[i].grad != nullptr && s.used_last[i]) copy_bytes(s.params[i].grad, s.slot(i), s.bytes(i));
     }
   } else {
     result.message = "finish: " + result.message;
@@ -487,6 +526,11 @@ size_t Reducer::buckets_started() const {
 std::vector<size_t> Reducer::last_start_order() const {
   std::lock_guard<std::mutex> lock(state_->mu);
   return state_->last_order;
+}
+
+bool Reducer::used_in_last_step(size_t i) const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return i < state_->used_last.size() && state_->used_last[i];
 }
 
 size_t Reducer::num_parameters() const {

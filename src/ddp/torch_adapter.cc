@@ -51,15 +51,21 @@ struct ModuleDdp::Hook : torch::autograd::FunctionPostHook {
 std::unique_ptr<ModuleDdp> wrap(torch::nn::Module& module, braid_comm_t comm, const Options& options) {
   std::unique_ptr<ModuleDdp> ddp(new ModuleDdp());
   std::vector<Parameter> params;
+  std::vector<Buffer> buffers;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
     const torch::Tensor& p = item.value();
-    if (!p.requires_grad()) continue;
     const braid_dtype_t dt = checked_dtype("parameter '" + item.key() + "'", p);
+    if (!p.requires_grad()) {
+      // Frozen: no gradient, but every replica starts from rank 0's values
+      // (torch's DDP broadcasts every parameter), so it goes as a buffer.
+      buffers.push_back({item.key(), p.data_ptr(), static_cast<size_t>(p.numel()), dt});
+      ddp->buffers_.push_back(p);
+      continue;
+    }
     // grad == nullptr: the gradient lives in the bucket; param.grad becomes a view of it.
     params.push_back({item.key(), p.data_ptr(), nullptr, static_cast<size_t>(p.numel()), dt});
     ddp->params_.push_back(p);
   }
-  std::vector<Buffer> buffers;
   for (const auto& item : module.named_buffers(/*recurse=*/true)) {
     const torch::Tensor& b = item.value();
     const braid_dtype_t dt = checked_dtype("buffer '" + item.key() + "'", b);
@@ -76,9 +82,10 @@ std::unique_ptr<ModuleDdp> wrap(torch::nn::Module& module, braid_comm_t comm, co
   }
   for (size_t i = 0; i < ddp->params_.size(); ++i) {
     torch::Tensor& p = ddp->params_[i];
+    // param.grad becomes the view once a gradient arrives (on_gradient):
+    // until then it stays as it is (None), as with torch's DDP.
     ddp->grad_views_.push_back(
         torch::from_blob(ddp->reducer_->grad(i), p.sizes(), p.options().requires_grad(false)));
-    p.mutable_grad() = ddp->grad_views_.back();
     ddp->accumulators_.push_back(torch::autograd::impl::grad_accumulator(p));
     ddp->hook_keys_.push_back(
         ddp->accumulators_.back()->add_post_hook(std::make_unique<ModuleDdp::Hook>(ddp.get(), i)));
@@ -127,12 +134,14 @@ void ModuleDdp::end_of_backward() {
   end_queued_ = false;
   const bool synchronised = reducer_->step_synchronised();
   if (Result r = reducer_->finish(); !r) throw_result(r);
-  // Unused parameters (allowed by the options) got their average too. After
-  // a no_sync pass their slots hold an earlier step's average: such a grad
-  // stays undefined, as torch leaves it.
+  // Parameters unused here (allowed by the options) that another rank used
+  // get the average. One no rank used keeps its grad, None included, as
+  // torch's DDP leaves it; after a no_sync pass the slots hold an earlier
+  // step's average, and undefined grads stay so too.
   if (!synchronised) return;
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (!params_[i].grad().defined()) params_[i].mutable_grad() = grad_views_[i];
+    if (!params_[i].grad().defined() && reducer_->used_in_last_step(i))
+      params_[i].mutable_grad() = grad_views_[i];
   }
 }
 
