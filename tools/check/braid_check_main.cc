@@ -274,6 +274,14 @@ int run_rank(braid_comm_t comm, int rank, int nranks, const CheckOptions& opts) 
   if (rank == 0) print_header(opts, nranks);
   CheckReport rep = braid::check::run_check_matrix(comm, opts);
   if (rank == 0) print_summary(rep, nranks);
+  if (rep.ok() && rep.total_checks == 0) {
+    // A selection that matches nothing (a typo in CI, say) must not pass.
+    if (rank == 0)
+      std::printf(
+          "braid-check: no check matches the selection (avg needs a floating dtype, band/bor/bxor an "
+          "integer one, roots must be below the number of ranks) -- FAILED\n");
+    return 1;
+  }
   return rep.ok() ? 0 : 1;
 }
 

@@ -262,6 +262,11 @@ enum class Mode {
   kProdExact,  // float prod: +-1, +-2, +-0.5, at most four 2s and four 0.5s per index
   kMinMax,     // float min/max: finite normal non-zero random values
   kRandom,     // float sum/avg: uniform [-1, 1) rounded to the dtype; tolerance
+  // float sum/avg and prod: per index two ranks give full-precision values,
+  // 2^-4 <= |v| < 2^4, the others 0 (sum) or 1 (prod), so the result is one
+  // correctly rounded operation (two for avg), compared bit for bit.
+  kRoundSum,
+  kRoundProd,
 };
 
 const char* mode_name(Mode m) {
@@ -280,6 +285,9 @@ const char* mode_name(Mode m) {
       return "finite";
     case Mode::kRandom:
       return "random";
+    case Mode::kRoundSum:
+    case Mode::kRoundProd:
+      return "rounding";
   }
   return "?";
 }
@@ -345,6 +353,8 @@ class Gen {
       case Mode::kSumExact:
       case Mode::kAvgExact:
       case Mode::kProdExact:
+      case Mode::kRoundSum:
+      case Mode::kRoundProd:
         return double_to_bits(dt_, exact_value(rank, idx));
       case Mode::kRandom: {
         double u = static_cast<double>(hash(rank, idx) >> 11) * 0x1p-52 - 1.0;
@@ -356,7 +366,8 @@ class Gen {
 
   // The value of a float element (exact modes without a round trip through the dtype).
   double value(int rank, uint64_t idx) const {
-    if (mode_ == Mode::kSumExact || mode_ == Mode::kAvgExact || mode_ == Mode::kProdExact)
+    if (mode_ != Mode::kBits && mode_ != Mode::kIntWrap && mode_ != Mode::kIntOdd && mode_ != Mode::kMinMax &&
+        mode_ != Mode::kRandom)
       return exact_value(rank, idx);
     return bits_to_double(dt_, bits(rank, idx));
   }
@@ -384,6 +395,23 @@ class Gen {
           d = rank % 2 == 0 ? c : -c;
         }
         return static_cast<double>(q + d);
+      }
+      case Mode::kRoundSum:
+      case Mode::kRoundProd: {
+        // The two ranks of this index (one where there is one rank).
+        const uint64_t un = static_cast<uint64_t>(n_);
+        const uint64_t first = below(hash(n_, idx), un);
+        const uint64_t second =
+            n_ > 1 ? (first + 1 + below(hash(n_, idx ^ 0x5bd1e995u), un - 1)) % un : first;
+        const uint64_t r = static_cast<uint64_t>(rank);
+        if (r != first && r != second) return mode_ == Mode::kRoundSum ? 0.0 : 1.0;
+        const int mbits = dt_ == BRAID_FLOAT16    ? 10
+                          : dt_ == BRAID_BFLOAT16 ? 7
+                          : dt_ == BRAID_FLOAT32  ? 23
+                                                  : 52;
+        const double frac = std::ldexp(static_cast<double>(h & ((uint64_t{1} << mbits) - 1)), -mbits);
+        const double v = std::ldexp(1.0 + frac, static_cast<int>(h >> 61) - 4);
+        return (h >> 60) & 1 ? -v : v;
       }
       case Mode::kProdExact: {
         uint64_t slot =
@@ -475,6 +503,19 @@ Expect reduce_ref(const Gen& g, braid_redop_t op, uint64_t idx) {
     return e;
   }
   // SUM / AVG
+  if (g.mode() == Mode::kRoundSum) {
+    // Two nonzero terms, whose sum double holds exactly below float64 (and
+    // rounds correctly in float64): the dtype's rounding of it. AVG divides
+    // that rounded sum (one more rounding); float16 AVG divides each input
+    // first (braid.h). Rounding through float or double first agrees: each
+    // is one operation, and the wider type has twice the precision and more.
+    auto rounded = [dt](double x) { return bits_to_double(dt, double_to_bits(dt, x)); };
+    double s = 0;
+    const bool scaled = op == BRAID_AVG && dt == BRAID_FLOAT16;
+    for (int r = 0; r < n; ++r) s += scaled ? rounded(g.value(r, idx) / n) : g.value(r, idx);
+    e.bits = double_to_bits(dt, op == BRAID_AVG && !scaled ? rounded(s) / n : s);
+    return e;
+  }
   double s = 0, sabs = 0;
   for (int r = 0; r < n; ++r) {
     double v = g.value(r, idx);
@@ -1318,6 +1359,8 @@ void Runner::run_group(Collective c, braid_dtype_t dt, size_t count) {
     std::vector<Mode> modes = {primary_mode(c, dt, op)};
     if (is_reducing(c) && is_float(dt) && o_.random_floats && (op == BRAID_SUM || op == BRAID_AVG))
       modes.push_back(Mode::kRandom);
+    if (is_reducing(c) && is_float(dt) && (op == BRAID_SUM || op == BRAID_AVG || op == BRAID_PROD))
+      modes.push_back(op == BRAID_PROD ? Mode::kRoundProd : Mode::kRoundSum);
     for (Mode mode : modes) {
       bool skip = o_.max_buffer_bytes > 0 && biggest > o_.max_buffer_bytes;
       std::unique_ptr<Block> blk;
