@@ -560,6 +560,42 @@ TEST_P(Transports, MessagesBetweenTwoRanksMatchInOrder) {
   });
 }
 
+// Tags are checked, not matched: receives in the senders' tag order get
+// their messages; a receive whose matching send has another tag fails with
+// BRAID_ERR_MISMATCH naming both tags (small, and large enough to be read
+// in place), where it took the other message's bytes before.
+TEST_P(Transports, PointToPointTagsAreCheckedInPostOrder) {
+  for (size_t len : {size_t{64}, size_t{4} << 20}) {
+    run_ranks(2, transport_env(GetParam()), [len](braid_comm_t comm, int rank, int) {
+      std::vector<uint8_t> a(len, rank == 0 ? 1 : 0), b(len, rank == 0 ? 2 : 0);
+      braid_request_t reqs[2];
+      if (rank == 0) {
+        BRAID_ASSERT_OK(braid_isend_tagged(a.data(), len, BRAID_UINT8, 1, 1, comm, nullptr, &reqs[0]));
+        BRAID_ASSERT_OK(braid_isend_tagged(b.data(), len, BRAID_UINT8, 1, 2, comm, nullptr, &reqs[1]));
+        BRAID_ASSERT_OK(braid_wait_all(2, reqs));
+        int source = -1;
+        BRAID_ASSERT_OK(braid_recv_any_tagged(a.data(), len, BRAID_UINT8, &source, 7, comm, nullptr));
+        EXPECT_EQ(source, 1);
+        // This one's receiver expects tag 4: the send may fail or not
+        // (its bytes may have left), the receive must.
+        braid_send_tagged(b.data(), len, BRAID_UINT8, 1, 3, comm, nullptr);
+      } else {
+        BRAID_ASSERT_OK(braid_irecv_tagged(a.data(), len, BRAID_UINT8, 0, 1, comm, nullptr, &reqs[0]));
+        BRAID_ASSERT_OK(braid_recv_tagged(b.data(), len, BRAID_UINT8, 0, 2, comm, nullptr));
+        BRAID_ASSERT_OK(braid_wait(&reqs[0]));
+        for (size_t i = 0; i < len; ++i) ASSERT_TRUE(a[i] == 1 && b[i] == 2) << i;
+        BRAID_ASSERT_OK(braid_send_tagged(a.data(), len, BRAID_UINT8, 0, 7, comm, nullptr));
+        std::fill(b.begin(), b.end(), 0);
+        EXPECT_EQ(braid_recv_tagged(b.data(), len, BRAID_UINT8, 0, 4, comm, nullptr), BRAID_ERR_MISMATCH);
+        const std::string m = braid_get_last_error();
+        EXPECT_NE(m.find("with tag 4"), std::string::npos) << m;
+        EXPECT_NE(m.find("with tag 3"), std::string::npos) << m;
+        for (size_t i = 0; i < len; ++i) ASSERT_EQ(b[i], 0) << "a mismatched message wrote byte " << i;
+      }
+    });
+  }
+}
+
 // Packed shm slots: a sender far ahead of its receiver, with sizes that pack
 // several to a slot, close a packed slot early (a large message after small
 // ones) and fill it exactly. First, rounds of two 9000-byte messages and ten

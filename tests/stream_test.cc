@@ -87,6 +87,56 @@ TEST(StreamOrdered, AllReduceRunsWhenTheStreamGetsThereAndReturnsAtOnce) {
   });
 }
 
+// An input the algorithm reads through a copy is copied when the stream
+// gets there, not at the call: host memory whose input overlaps its output
+// other than in place (all_reduce one element over, all_to_all in place),
+// and a float16 AVG (its divided copy). The stream's earlier "kernel" writes
+// the inputs. Before, the copies were made at the call and held the stale
+// values.
+TEST(StreamOrdered, InputsCopiedForTheAlgorithmAreReadInStreamOrder) {
+  run_ranks(2, {}, [](braid_comm_t comm, int rank, int nranks) {
+    const FakeCuda& cu = fake_cuda();
+    void* s = cu.stream_create();
+    const size_t count = 5000;
+    Buffer<float> x(false, count * nranks + 1, -7.0f);
+    Fill fill{&x, rank};
+    cu.stream_hold(s, 1);
+    ASSERT_EQ(cu.launch_host_func(s, &Fill::run, &fill), 0);
+    BRAID_ASSERT_OK(braid_all_reduce(x.data(), x.data() + 1, count, BRAID_FLOAT32, BRAID_SUM, comm, s));
+    cu.stream_hold(s, 0);
+    cu.stream_synchronize(s);
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(x[i + 1], sum_of(i, nranks)) << "shifted all_reduce " << i;
+    cu.stream_hold(s, 1);
+    ASSERT_EQ(cu.launch_host_func(s, &Fill::run, &fill), 0);
+    BRAID_ASSERT_OK(braid_all_to_all(x.data(), x.data(), count, BRAID_FLOAT32, comm, s));
+    cu.stream_hold(s, 0);
+    cu.stream_synchronize(s);
+    for (int p = 0; p < nranks; ++p)
+      for (size_t i = 0; i < count; ++i) {
+        const size_t at = static_cast<size_t>(rank) * count + i;  // p's block for this rank
+        ASSERT_EQ(x[p * count + i], static_cast<float>((p + 1) * (at % 13 + 1)))
+            << "all_to_all " << p << " " << i;
+      }
+    // float16 AVG: 0x4000 (2.0) written by the stream, -7 (0xC700) before.
+    struct Twos {
+      Buffer<uint16_t>* h;
+      static void run(void* p) {
+        auto* t = static_cast<Twos*>(p);
+        for (size_t i = 0; i < t->h->size(); ++i) (*t->h)[i] = 0x4000;
+      }
+    };
+    Buffer<uint16_t> h(false, count, 0xC700), avg(false, count, 0);
+    Twos twos{&h};
+    cu.stream_hold(s, 1);
+    ASSERT_EQ(cu.launch_host_func(s, &Twos::run, &twos), 0);
+    BRAID_ASSERT_OK(braid_all_reduce(h.data(), avg.data(), count, BRAID_FLOAT16, BRAID_AVG, comm, s));
+    cu.stream_hold(s, 0);
+    cu.stream_synchronize(s);
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(avg[i], 0x4000) << "float16 avg " << i;
+    cu.stream_destroy(s);
+  });
+}
+
 TEST(StreamOrdered, EveryCollectiveGivesExactResults) {
   run_ranks(3, {}, [](braid_comm_t comm, int rank, int n) {
     const FakeCuda& cu = fake_cuda();

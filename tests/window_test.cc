@@ -327,6 +327,14 @@ TEST(RegisteredMemory, FreeWaitsForDeregistrationAndDeregistrationsMustMatch) {
     EXPECT_NE(std::string(braid_get_last_error()).find("different"), std::string::npos)
         << braid_get_last_error();
     EXPECT_EQ(braid_mem_free(b), BRAID_ERR_INVALID_USAGE);
+    // Rank 1 names a buffer never registered: both ranks get the mismatch
+    // (rank 1 got "not registered" alone before), rank 1's saying why.
+    int other = 0;
+    EXPECT_EQ(braid_comm_deregister(comm, rank == 0 ? a : &other), BRAID_ERR_MISMATCH);
+    if (rank == 1) {
+      EXPECT_NE(std::string(braid_get_last_error()).find("not registered"), std::string::npos)
+          << braid_get_last_error();
+    }
     BRAID_EXPECT_OK(braid_comm_deregister(comm, a));
     BRAID_EXPECT_OK(braid_comm_deregister(comm, b));
     BRAID_EXPECT_OK(braid_mem_free(a));

@@ -32,12 +32,12 @@ struct CallTag {
   uint8_t kind = 0;                 // OpKind
   uint8_t dtype = 0xff, op = 0xff;  // 0xff where the call has none
   uint8_t path = 0;                 // kHostPath, kDevicePath (device memory through CUDA IPC) or kReadPath
-  uint8_t reserved[4] = {};
+  uint32_t user_tag = 0;            // point-to-point: the caller's tag (braid_send_tagged)
   // kReadPath: a send whose receiver reads the data from the sender's memory.
   static constexpr uint8_t kHostPath = 0, kDevicePath = 1, kReadPath = 2;
   bool operator==(const CallTag& o) const {
     return count == o.count && seq == o.seq && root == o.root && kind == o.kind && dtype == o.dtype &&
-           op == o.op && path == o.path;
+           op == o.op && path == o.path && user_tag == o.user_tag;
   }
 };
 static_assert(sizeof(CallTag) == 24, "CallTag travels in slot and frame headers");

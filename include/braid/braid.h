@@ -233,7 +233,11 @@ braid_result_t braid_request_set_callback(braid_request_t request, braid_callbac
  * Between braid_group_start and braid_group_end (per thread, nestable),
  * operations are queued, not started; group_end starts them together and
  * waits for the blocking ones. A ring exchange where every rank sends and
- * receives at once does not deadlock inside a group. */
+ * receives at once does not deadlock inside a group. The operations of one
+ * group must not read what another of them writes (as with NCCL, their
+ * order inside the group is not promised): stream-ordered ones read their
+ * inputs before any of them ran where device memory is staged through the
+ * host. */
 braid_result_t braid_group_start(void);
 braid_result_t braid_group_end(void);
 
@@ -259,6 +263,23 @@ braid_result_t braid_recv_any(void* buf, size_t count, braid_dtype_t dtype, int*
                               braid_stream_t stream);
 braid_result_t braid_irecv_any(void* buf, size_t count, braid_dtype_t dtype, int* source, braid_comm_t comm,
                                braid_stream_t stream, braid_request_t* request);
+/* The same with a tag (the calls above use tag 0). Tags are checked, not
+ * matched: messages still match in post order, as NCCL's do (MPI's tags pick
+ * the message). A receive whose matching send has another tag fails with
+ * BRAID_ERR_MISMATCH naming both, and the communicator is broken, as after
+ * any mismatched call, instead of taking the other message's bytes. */
+braid_result_t braid_send_tagged(const void* buf, size_t count, braid_dtype_t dtype, int peer, uint32_t tag,
+                                 braid_comm_t comm, braid_stream_t stream);
+braid_result_t braid_recv_tagged(void* buf, size_t count, braid_dtype_t dtype, int peer, uint32_t tag,
+                                 braid_comm_t comm, braid_stream_t stream);
+braid_result_t braid_isend_tagged(const void* buf, size_t count, braid_dtype_t dtype, int peer, uint32_t tag,
+                                  braid_comm_t comm, braid_stream_t stream, braid_request_t* request);
+braid_result_t braid_irecv_tagged(void* buf, size_t count, braid_dtype_t dtype, int peer, uint32_t tag,
+                                  braid_comm_t comm, braid_stream_t stream, braid_request_t* request);
+braid_result_t braid_recv_any_tagged(void* buf, size_t count, braid_dtype_t dtype, int* source, uint32_t tag,
+                                     braid_comm_t comm, braid_stream_t stream);
+braid_result_t braid_irecv_any_tagged(void* buf, size_t count, braid_dtype_t dtype, int* source, uint32_t tag,
+                                      braid_comm_t comm, braid_stream_t stream, braid_request_t* request);
 
 /* ---- collectives ----
  * Counts are per rank as in NCCL: all_gather / gather take sendcount (recvbuf

@@ -114,6 +114,13 @@ def test_pending_recv_does_not_block_collectives():
     assert_all_ok(launch("pending_recv", 3))
 
 
+def test_threads_futures_barrier_and_tags_behave_as_with_gloo():
+    results = launch("threads_futures_tags", 2, timeout=90)
+    assert_all_ok(results)
+    for r in results:
+        assert "threads, futures, barrier and tags ok" in r.output, r
+
+
 def run_mpirun(nprocs, args):
     """`mpirun -np nprocs python args...` on loopback, with only Open MPI's
     OMPI_COMM_WORLD_* to say who is who (MASTER_ADDR / MASTER_PORT exported);

@@ -494,6 +494,80 @@ def pending_recv():
     print(f"rank {rank}: pending recv ok", flush=True)
 
 
+def threads_futures_tags():
+    """What a review found against gloo's behaviour, on 2 ranks:
+    - a blocking collective on one thread does not keep another thread's
+      send from starting (the peer receives it before it joins the collective);
+    - a Future callback may wait on another work's Future (torch's PowerSGD
+      hook does);
+    - a barrier completes the async collectives before it (result copied out,
+      work completed);
+    - send/recv tags travel and are checked: in order they deliver, and a
+      receive for another tag fails naming both, where it took the other
+      message's bytes."""
+    import threading
+
+    rank, world = init(timeout_s=20)
+    assert world == 2
+    peer = 1 - rank
+    # Another thread's send while this one blocks in a collective.
+    big = torch.full((1 << 18,), 1.0)
+    if rank == 0:
+        sender = threading.Thread(target=lambda: (time.sleep(0.3), dist.send(big, 1)))
+        sender.start()
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        sender.join()
+    else:
+        got = torch.zeros(1 << 18)
+        dist.recv(got, 0)
+        expect_equal(got, big, "send from a second thread")
+        t = torch.ones(2)
+        dist.all_reduce(t)
+    expect_equal(t, torch.full((2,), 2.0), "all_reduce beside a second thread's send")
+    # A Future callback that waits on another work's Future.
+    for n in (4, 1 << 18):
+        a, b = torch.full((n,), rank + 1.0), torch.full((n,), rank + 1.0)
+        if rank == 1:
+            time.sleep(0.2)  # rank 0's inner op cannot finish at once
+        fut = dist.all_reduce(a, async_op=True).get_future().then(
+            lambda _: dist.all_reduce(b, async_op=True).get_future().wait()[0])
+        expect_equal(fut.wait(), torch.full((n,), 3.0), f"Future waited on inside a callback, {n} elements")
+    # A barrier completes the collectives before it.
+    for k in range(20):
+        base = torch.zeros(6, 4)
+        col = base[:, 1]  # non-contiguous: the result is copied back
+        col.fill_(rank + 1.0 + k)
+        work = dist.all_reduce(col, async_op=True)
+        dist.barrier()
+        if not work.is_completed():
+            raise AssertionError(f"round {k}: the all_reduce before the barrier is not completed after it")
+        expect_equal(base[:, 1], torch.full((6,), 3.0 + 2 * k), f"round {k}: result after the barrier")
+    # Tags: in order they deliver; a receive for another tag fails.
+    x, y = torch.full((4,), 1.0), torch.full((4,), 2.0)
+    if rank == 0:
+        dist.send(x, 1, tag=1)
+        dist.send(y, 1, tag=2)
+    else:
+        gx, gy = torch.zeros(4), torch.zeros(4)
+        dist.recv(gx, 0, tag=1)
+        dist.recv(gy, 0, tag=2)
+        expect_equal(torch.stack([gx, gy]), torch.stack([x, y]), "tagged messages in order")
+    tags = dist.new_group([0, 1])  # a mismatch breaks its communicator only
+    if rank == 0:
+        try:
+            dist.send(x, 1, group=tags, tag=3)
+        except Exception:  # noqa: BLE001 - the receiver's failure may reach the sender
+            pass
+    else:
+        gx = torch.zeros(4)
+        expect_raises(lambda: dist.recv(gx, 0, group=tags, tag=4), "with tag 4", "with tag 3")
+        expect_equal(gx, torch.zeros(4), "a receive for another tag left its buffer alone")
+    dist.barrier()
+    print(f"rank {rank}: threads, futures, barrier and tags ok", flush=True)
+    os._exit(0)  # the broken group is not torn down
+
+
 def coalescing():
     """torch's coalescing (batch_isend_irecv, _coalescing_manager with a
     device) makes one braid group of the ops inside: a ring in both
@@ -780,7 +854,7 @@ SCENARIOS = {
     for f in (
         collectives, bad_input, dead_peer, hung_peer, absent_from_barrier, wait_after_abort, ddp_train, sharded_train, torchrun_env,
         elastic_restart, init_methods,
-        pending_recv, coalescing, coalescing_edges, cuda_collectives, cuda_ddp_train,
+        pending_recv, threads_futures_tags, coalescing, coalescing_edges, cuda_collectives, cuda_ddp_train,
     )
 }
 

@@ -29,6 +29,7 @@ struct CollArgs {
   // rdispls, in elements), owned by the op.
   const size_t* layout = nullptr;
   int* source = nullptr;  // receive from any source: where the sender's rank goes
+  uint32_t tag = 0;       // point-to-point: checked against the matching call's
 };
 
 // A float16 AVG divides each rank's input by the number of ranks before the

@@ -894,23 +894,57 @@ BRAID_API braid_result_t braid_group_end(void) {
     return submit(c);                                       \
   } while (0)
 
+namespace {
+
+// A point-to-point call, tagged (tag 0: the untagged forms).
+braid_result_t submit_p2p(OpKind kind, const void* sendbuf, void* recvbuf, size_t count, braid_dtype_t dtype,
+                          int peer, int* source, uint32_t tag, braid_comm_t comm, braid_stream_t stream,
+                          braid_request_t* request) {
+  CollArgs a{sendbuf, recvbuf, count, dtype, BRAID_SUM, 0, peer};
+  a.source = source;
+  a.tag = tag;
+  return submit(Call{kind, a, comm, stream, request});
+}
+
+}  // namespace
+
 BRAID_API braid_result_t braid_send(const void* buf, size_t count, braid_dtype_t dtype, int peer,
                                     braid_comm_t comm, braid_stream_t stream) {
-  BRAID_CALL(OpKind::kSend, nullptr, buf, nullptr, count, dtype, BRAID_SUM, 0, peer);
+  return submit_p2p(OpKind::kSend, buf, nullptr, count, dtype, peer, nullptr, 0, comm, stream, nullptr);
 }
 BRAID_API braid_result_t braid_recv(void* buf, size_t count, braid_dtype_t dtype, int peer, braid_comm_t comm,
                                     braid_stream_t stream) {
-  BRAID_CALL(OpKind::kRecv, nullptr, nullptr, buf, count, dtype, BRAID_SUM, 0, peer);
+  return submit_p2p(OpKind::kRecv, nullptr, buf, count, dtype, peer, nullptr, 0, comm, stream, nullptr);
 }
 BRAID_API braid_result_t braid_isend(const void* buf, size_t count, braid_dtype_t dtype, int peer,
                                      braid_comm_t comm, braid_stream_t stream, braid_request_t* request) {
   if (request_arg(request) != BRAID_SUCCESS) return BRAID_ERR_INVALID_ARGUMENT;
-  BRAID_CALL(OpKind::kSend, request, buf, nullptr, count, dtype, BRAID_SUM, 0, peer);
+  return submit_p2p(OpKind::kSend, buf, nullptr, count, dtype, peer, nullptr, 0, comm, stream, request);
 }
 BRAID_API braid_result_t braid_irecv(void* buf, size_t count, braid_dtype_t dtype, int peer,
                                      braid_comm_t comm, braid_stream_t stream, braid_request_t* request) {
   if (request_arg(request) != BRAID_SUCCESS) return BRAID_ERR_INVALID_ARGUMENT;
-  BRAID_CALL(OpKind::kRecv, request, nullptr, buf, count, dtype, BRAID_SUM, 0, peer);
+  return submit_p2p(OpKind::kRecv, nullptr, buf, count, dtype, peer, nullptr, 0, comm, stream, request);
+}
+BRAID_API braid_result_t braid_send_tagged(const void* buf, size_t count, braid_dtype_t dtype, int peer,
+                                           uint32_t tag, braid_comm_t comm, braid_stream_t stream) {
+  return submit_p2p(OpKind::kSend, buf, nullptr, count, dtype, peer, nullptr, tag, comm, stream, nullptr);
+}
+BRAID_API braid_result_t braid_recv_tagged(void* buf, size_t count, braid_dtype_t dtype, int peer,
+                                           uint32_t tag, braid_comm_t comm, braid_stream_t stream) {
+  return submit_p2p(OpKind::kRecv, nullptr, buf, count, dtype, peer, nullptr, tag, comm, stream, nullptr);
+}
+BRAID_API braid_result_t braid_isend_tagged(const void* buf, size_t count, braid_dtype_t dtype, int peer,
+                                            uint32_t tag, braid_comm_t comm, braid_stream_t stream,
+                                            braid_request_t* request) {
+  if (request_arg(request) != BRAID_SUCCESS) return BRAID_ERR_INVALID_ARGUMENT;
+  return submit_p2p(OpKind::kSend, buf, nullptr, count, dtype, peer, nullptr, tag, comm, stream, request);
+}
+BRAID_API braid_result_t braid_irecv_tagged(void* buf, size_t count, braid_dtype_t dtype, int peer,
+                                            uint32_t tag, braid_comm_t comm, braid_stream_t stream,
+                                            braid_request_t* request) {
+  if (request_arg(request) != BRAID_SUCCESS) return BRAID_ERR_INVALID_ARGUMENT;
+  return submit_p2p(OpKind::kRecv, nullptr, buf, count, dtype, peer, nullptr, tag, comm, stream, request);
 }
 
 BRAID_API braid_result_t braid_all_reduce(const void* sendbuf, void* recvbuf, size_t count,
@@ -956,17 +990,22 @@ BRAID_API braid_result_t braid_barrier(braid_comm_t comm, braid_stream_t stream)
 
 BRAID_API braid_result_t braid_recv_any(void* buf, size_t count, braid_dtype_t dtype, int* source,
                                         braid_comm_t comm, braid_stream_t stream) {
-  CollArgs a{nullptr, buf, count, dtype, BRAID_SUM, 0, -1};
-  a.source = source;
-  return submit(Call{OpKind::kRecvAny, a, comm, stream, nullptr});
+  return submit_p2p(OpKind::kRecvAny, nullptr, buf, count, dtype, -1, source, 0, comm, stream, nullptr);
 }
-
 BRAID_API braid_result_t braid_irecv_any(void* buf, size_t count, braid_dtype_t dtype, int* source,
                                          braid_comm_t comm, braid_stream_t stream, braid_request_t* request) {
   if (request_arg(request) != BRAID_SUCCESS) return BRAID_ERR_INVALID_ARGUMENT;
-  CollArgs a{nullptr, buf, count, dtype, BRAID_SUM, 0, -1};
-  a.source = source;
-  return submit(Call{OpKind::kRecvAny, a, comm, stream, request});
+  return submit_p2p(OpKind::kRecvAny, nullptr, buf, count, dtype, -1, source, 0, comm, stream, request);
+}
+BRAID_API braid_result_t braid_recv_any_tagged(void* buf, size_t count, braid_dtype_t dtype, int* source,
+                                               uint32_t tag, braid_comm_t comm, braid_stream_t stream) {
+  return submit_p2p(OpKind::kRecvAny, nullptr, buf, count, dtype, -1, source, tag, comm, stream, nullptr);
+}
+BRAID_API braid_result_t braid_irecv_any_tagged(void* buf, size_t count, braid_dtype_t dtype, int* source,
+                                                uint32_t tag, braid_comm_t comm, braid_stream_t stream,
+                                                braid_request_t* request) {
+  if (request_arg(request) != BRAID_SUCCESS) return BRAID_ERR_INVALID_ARGUMENT;
+  return submit_p2p(OpKind::kRecvAny, nullptr, buf, count, dtype, -1, source, tag, comm, stream, request);
 }
 
 namespace {

@@ -780,6 +780,7 @@ namespace {
 void fill_call_tag(CallTag& t, OpKind kind, uint64_t seq, const CollArgs& a) {
   if (kind == OpKind::kSend || kind == OpKind::kRecv || kind == OpKind::kRecvAny) {
     t.kind = static_cast<uint8_t>(OpKind::kSend);
+    t.user_tag = a.tag;
     return;
   }
   t.kind = static_cast<uint8_t>(kind);
@@ -868,11 +869,15 @@ Regions regions_of(OpKind kind, const CollArgs& a, int rank, int nranks) {
   return g;
 }
 
-// A float16 AVG's input divided into `copy`, then the algorithm that sums
-// the copy (avg_scales_inputs).
-Task divided_input_first(const void* in, char* copy, size_t count, braid_dtype_t dtype, int nranks,
-                         Task then) {
-  kernels::divide(dtype, in, copy, count, nranks);
+// The input copied into `copy` as the op starts (divided by `divisor` unless
+// it is 0: a float16 AVG's, see avg_scales_inputs), then the algorithm that
+// reads the copy.
+Task input_copied_first(const void* in, char* copy, size_t bytes, braid_dtype_t dtype, int divisor,
+                        Task then) {
+  if (divisor != 0)
+    kernels::divide(dtype, in, copy, bytes / dtype_size(dtype), divisor);
+  else
+    std::memcpy(copy, in, bytes);
   co_await std::move(then);
 }
 
@@ -964,25 +969,28 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
   Regions g;
   if (keep_args_or_skip(kind, *op, a, rank_, nranks_, &g)) return checked(std::move(op));
   const size_t in_bytes = g.in_bytes, out_bytes = g.out_bytes;
+  // The algorithm reads a copy of the input, made when the op starts (a
+  // stream op's input is written by the stream's earlier work, or staged,
+  // only by then): where the input overlaps the output other than in place,
+  // and for a float16 AVG, whose copy is divided by the number of ranks.
+  const void* copied_input = nullptr;
+  bool divided = false;
   if (g.uses_input && g.uses_output) {
     const char* in = static_cast<const char*>(a.sendbuf);
     const char* out = static_cast<const char*>(a.recvbuf);
     bool overlap = in < out + out_bytes && out < in + in_bytes;
-    if (overlap && reinterpret_cast<uintptr_t>(in) != g.canonical_in) {
-      op->input_copy.assign(in, in + in_bytes);
-      a.sendbuf = op->input_copy.data();
-    }
+    if (overlap && reinterpret_cast<uintptr_t>(in) != g.canonical_in) copied_input = a.sendbuf;
   }
-  // A float16 AVG's algorithm sums a copy of the input divided by the number
-  // of ranks, made when the op starts (a stream op's input is staged by then).
-  const void* unscaled_input = nullptr;
   const bool reducing =
       kind == OpKind::kAllReduce || kind == OpKind::kReduce || kind == OpKind::kReduceScatter;
   if (reducing && avg_scales_inputs(a) && in_bytes > 0) {
-    unscaled_input = a.sendbuf;
+    copied_input = a.sendbuf;
+    divided = true;
+    a.op = BRAID_SUM;
+  }
+  if (copied_input != nullptr) {
     op->input_copy.resize(in_bytes);
     a.sendbuf = op->input_copy.data();
-    a.op = BRAID_SUM;
   }
   switch (kind) {
     case OpKind::kAllReduce:
@@ -1073,9 +1081,9 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
       break;
   }
   offer_windows(kind, *op, a);
-  if (unscaled_input != nullptr)
-    op->task = divided_input_first(unscaled_input, op->input_copy.data(), in_bytes / esize, a.dtype, nranks_,
-                                   std::move(op->task));
+  if (copied_input != nullptr)
+    op->task = input_copied_first(copied_input, op->input_copy.data(), in_bytes, a.dtype,
+                                  divided ? nranks_ : 0, std::move(op->task));
   return checked(std::move(op));
 }
 
@@ -1205,8 +1213,11 @@ Status Communicator::deregister_window(void* buf) {
   op->task = window_disconnect(coll_channel_, found ? found->id : kNoWindow, &why);
   engine_->post(op);
   BRAID_RETURN_IF_ERROR(engine_->wait(*op));
+  // Ranks that disagree all hear of it first, this one too if its own
+  // buffer was not registered.
+  if (!why.empty())
+    return Status(BRAID_ERR_MISMATCH, found ? why : why + " (here: " + unknown.message() + ")");
   if (!found) return unknown;
-  if (!why.empty()) return Status(BRAID_ERR_MISMATCH, why);
   // The window goes once no call holds it (none does once this op ran:
   // earlier calls on the lane are done), which frees the peers' mappings
   // and lets braid_mem_free take the memory.

@@ -52,8 +52,11 @@ const char* op_kind_name(OpKind kind) {
 
 std::string describe_call(const CallTag& t) {
   const auto kind = static_cast<OpKind>(t.kind);
-  if (kind == OpKind::kSend)
-    return t.path == CallTag::kReadPath ? "send/recv (a buffer offered to be read in place)" : "send/recv";
+  if (kind == OpKind::kSend) {
+    std::string s = "send/recv";
+    if (t.user_tag != 0) s += " with tag " + std::to_string(t.user_tag);
+    return t.path == CallTag::kReadPath ? s + " (a buffer offered to be read in place)" : s;
+  }
   if (t.kind == kCallCheckTag) return "the call check of #" + std::to_string(t.seq) + " (BRAID_CHECK_CALLS)";
   if (t.kind == kIpcConnectTag) return "the CUDA IPC setup #" + std::to_string(t.seq);
   if (t.kind == kIpcDisconnectTag) return "the CUDA IPC teardown #" + std::to_string(t.seq);

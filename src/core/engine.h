@@ -77,7 +77,7 @@ class Op {
   int lane_peer = -1;
   bool async = false;
   Task task;
-  std::vector<char> input_copy;  // the input, when it overlapped the output badly
+  std::vector<char> input_copy;  // what the algorithm reads as input: see Communicator::make_op
   std::vector<char> work;        // temporary buffers the algorithm owns
   std::vector<size_t> layout;    // all_to_allv counts and displacements
   Status failure;                // set by an algorithm that found a protocol error

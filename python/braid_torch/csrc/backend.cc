@@ -179,9 +179,9 @@ at::Tensor reduction_buffer(const at::Tensor& t, const Reduction& r) {
   return staged(t);
 }
 
-// Starts braid_NAME inside a StartFn: the blocking form when torch will wait
-// at once (asyncOp=false: no progress-thread handoff, as fast as the C API),
-// else the i-form, whose request joins `reqs`.
+// Starts braid_NAME inside a StartFn: the blocking form for a stream-ordered
+// work (it returns once enqueued), else the i-form, whose request joins
+// `reqs`.
 #define BRAID_START(name, op, ...)                                                     \
   do {                                                                                 \
     braid_request_t r_ = nullptr;                                                      \
@@ -499,7 +499,10 @@ void BraidWork::abort() {
 
 // ---- CompletionQueue ----
 
-CompletionQueue::CompletionQueue() : thread_([this] { loop(); }) {}
+CompletionQueue::CompletionQueue() {
+  std::lock_guard<std::mutex> lock(mu_);
+  threads_.emplace_back([this] { loop(); });
+}
 
 namespace {
 // Set on a queue's own thread when the queue was destroyed there: loop()
@@ -508,10 +511,24 @@ thread_local bool t_queue_destroyed = false;
 }  // namespace
 
 CompletionQueue::~CompletionQueue() {
-  if (thread_.get_id() == std::this_thread::get_id()) {
-    // The last reference to the process group was dropped on this queue's
-    // own thread (a future's callback held it), which cannot join itself:
-    // it finishes what is queued here and leaves.
+  // The others finish what is queued and leave. The last reference to the
+  // process group may be dropped on a queue thread (a future's callback held
+  // it): that one cannot join itself, and leaves once it returns here.
+  std::thread self;
+  std::vector<std::thread> others;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    for (std::thread& t : threads_) {
+      if (t.get_id() == std::this_thread::get_id())
+        self = std::move(t);
+      else
+        others.push_back(std::move(t));
+    }
+  }
+  cv_.notify_all();
+  for (std::thread& t : others) t.join();
+  if (self.joinable()) {
     std::deque<c10::intrusive_ptr<BraidWork>> left;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -519,21 +536,23 @@ CompletionQueue::~CompletionQueue() {
     }
     for (auto& work : left) work->finalize();
     t_queue_destroyed = true;
-    thread_.detach();
-    return;
+    self.detach();
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();
+}
+
+void CompletionQueue::add_worker_if_needed() {
+  // Completing a work runs its Future's callbacks, which may wait for
+  // another work's Future (torch's PowerSGD hook does): that one must not
+  // queue behind it. Whatever is queued has an idle thread or a new one.
+  if (!queue_.empty() && idle_ == 0 && !stop_ && threads_.size() < kMaxWorkers)
+    threads_.emplace_back([this] { loop(); });
 }
 
 void CompletionQueue::push(c10::intrusive_ptr<BraidWork> work) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(std::move(work));
+    add_worker_if_needed();
   }
   cv_.notify_one();
 }
@@ -549,10 +568,13 @@ void CompletionQueue::on_request_done(void* user, braid_result_t result, const c
 void CompletionQueue::loop() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
+    ++idle_;
     cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    --idle_;
     if (queue_.empty()) return;  // stop, and everything delivered
     auto work = std::move(queue_.front());
     queue_.pop_front();
+    add_worker_if_needed();
     lock.unlock();
     work->finalize();
     work.reset();  // may destroy this queue (see the destructor)
@@ -681,18 +703,19 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::launch(const c10::intrusive_ptr<Bra
   c10::OptionalDeviceGuard device_guard;
   if (work->stream != nullptr) device_guard.reset_device(work->device());
   std::vector<braid_request_t> requests;
+  // A host-ordered call torch waits for at once (asyncOp=false) is posted
+  // under the lock, in this rank's order, but waited for after it: another
+  // thread's send must get posted meanwhile (its receiver may be what this
+  // collective waits for). This thread drives braid while it waits.
+  const bool wait_here = blocking && work->stream == nullptr;
   {
-    // Blocking calls run under the lock too: they are this rank's next
-    // operations in order, and braid drives them on this thread.
     std::lock_guard<std::mutex> lock(launch_mu_);
     // Inside torch's coalescing the calls join the open braid group and
-    // start at endCoalescing: a host-ordered one must return a request then,
-    // not block here (braid would only wait for it at the group's end).
+    // start at endCoalescing: their requests are kept until then.
     const bool deferred = coalescing_thread_.load() == std::this_thread::get_id();
-    if (deferred && work->stream == nullptr) blocking = false;
     if (grouped) braid_group_start();
     try {
-      start(requests, blocking);
+      start(requests, work->stream != nullptr);
     } catch (...) {
       if (grouped) braid_group_end();
       for (braid_request_t r : requests) braid_request_free(r);
@@ -719,7 +742,27 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::launch(const c10::intrusive_ptr<Bra
       return work;
     }
   }
-  work->track(std::move(requests), completions_);  // none when blocking: completes at once
+  if (wait_here) {
+    for (braid_request_t& r : requests) {
+      const braid_result_t code = braid_wait(&r);
+      if (code != BRAID_SUCCESS) work->record_error(code, braid_get_last_error());
+    }
+    work->finalize();
+    return work;
+  }
+  work->track(std::move(requests), completions_);
+  const c10d::OpType type = work->retrieveOpType();
+  if (!work->isCompleted() && !c10d::isP2POp(type) && type != c10d::OpType::BARRIER) {
+    std::lock_guard<std::mutex> lock(inflight_mu_);
+    if (inflight_.size() >= 64)  // the finished ones go
+      inflight_.erase(std::remove_if(inflight_.begin(), inflight_.end(),
+                                     [](const c10::weak_intrusive_ptr<BraidWork>& w) {
+                                       auto p = w.lock();
+                                       return !p || p->isCompleted();
+                                     }),
+                      inflight_.end());
+    inflight_.emplace_back(work);
+  }
   return work;
 }
 
@@ -1363,18 +1406,22 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::alltoall(std::vector<at::Tensor>& o
       false, !opts.asyncOp);
 }
 
-c10::intrusive_ptr<c10d::Work> BraidBackend::send(std::vector<at::Tensor>& tensors, int dst_rank, int) {
+// Tags travel with the messages and are checked against the receive's (a
+// receive posted for another tag fails, naming both): braid matches
+// messages in post order, as NCCL does, where gloo matches by tag.
+c10::intrusive_ptr<c10d::Work> BraidBackend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
   CoalescingGuard guard(this);
   check_single(tensors, "send");
   at::Tensor buf = staged(tensors[0]);
   auto work = make_work(c10d::OpType::SEND, "send", {tensors[0]}, buf.device());
   work->keep_alive = {buf};
   return launch(work, [&](std::vector<braid_request_t>& reqs, bool blocking) {
-    BRAID_START(send, "send", buf.data_ptr(), nbytes(buf), BRAID_UINT8, dst_rank, comm_, work->stream);
+    BRAID_START(send_tagged, "send", buf.data_ptr(), nbytes(buf), BRAID_UINT8, dst_rank,
+                static_cast<uint32_t>(tag), comm_, work->stream);
   });
 }
 
-c10::intrusive_ptr<c10d::Work> BraidBackend::recv(std::vector<at::Tensor>& tensors, int src_rank, int) {
+c10::intrusive_ptr<c10d::Work> BraidBackend::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
   CoalescingGuard guard(this);
   check_single(tensors, "recv");
   at::Tensor t = tensors[0], buf = staged(t);
@@ -1383,11 +1430,12 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::recv(std::vector<at::Tensor>& tenso
   work->source_rank_ = src_rank;
   if (!buf.is_same(t)) work->on_success = [t, buf]() mutable { t.copy_(buf); };
   return launch(work, [&](std::vector<braid_request_t>& reqs, bool blocking) {
-    BRAID_START(recv, "recv", buf.data_ptr(), nbytes(buf), BRAID_UINT8, src_rank, comm_, work->stream);
+    BRAID_START(recv_tagged, "recv", buf.data_ptr(), nbytes(buf), BRAID_UINT8, src_rank,
+                static_cast<uint32_t>(tag), comm_, work->stream);
   });
 }
 
-c10::intrusive_ptr<c10d::Work> BraidBackend::recvAnysource(std::vector<at::Tensor>& tensors, int) {
+c10::intrusive_ptr<c10d::Work> BraidBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   CoalescingGuard guard(this);
   check_single(tensors, "recv (any source)");
   // Its source is known only once it ran, which a stream-ordered work does
@@ -1400,14 +1448,34 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::recvAnysource(std::vector<at::Tenso
   if (!buf.is_same(t)) work->on_success = [t, buf]() mutable { t.copy_(buf); };
   BraidWork* w = work.get();  // braid writes the sender's rank once it is known
   return launch(work, [&](std::vector<braid_request_t>& reqs, bool blocking) {
-    BRAID_START(recv_any, "recv (any source)", buf.data_ptr(), nbytes(buf), BRAID_UINT8, &w->source_rank_,
-                comm_, work->stream);
+    BRAID_START(recv_any_tagged, "recv (any source)", buf.data_ptr(), nbytes(buf), BRAID_UINT8,
+                &w->source_rank_, static_cast<uint32_t>(tag), comm_, work->stream);
   });
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::barrier(const c10d::BarrierOptions& opts) {
   CoalescingGuard guard(this);
   auto work = make_work(c10d::OpType::BARRIER, "barrier", {});
+  // Collectives before it are done in braid once it is (one order on every
+  // rank); their works complete too before the barrier's does, as gloo's do,
+  // so a result read after barrier() is there. Their own errors stay theirs.
+  std::vector<c10::weak_intrusive_ptr<BraidWork>> before;
+  {
+    std::lock_guard<std::mutex> lock(inflight_mu_);
+    before.swap(inflight_);
+  }
+  if (!before.empty()) {
+    work->on_success = [before = std::move(before)] {
+      for (const auto& w : before) {
+        if (auto p = w.lock()) {
+          try {
+            p->wait();
+          } catch (const std::exception&) {
+          }
+        }
+      }
+    };
+  }
   return launch(
       work,
       [&](std::vector<braid_request_t>& reqs, bool blocking) {
@@ -1417,6 +1485,11 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::barrier(const c10d::BarrierOptions&
 }
 
 namespace {
+// monitored_barrier's messages carry a tag of their own: a user's send or
+// receive left in flight across it fails with a mismatch naming the tags
+// instead of taking the barrier's byte.
+constexpr uint32_t kBarrierTag = 0x6d626172;  // "mbar"
+
 void release_barrier_bytes(void* user, braid_result_t, const char*) {
   delete static_cast<std::shared_ptr<std::vector<uint8_t>>*>(user);
 }
@@ -1434,8 +1507,8 @@ void BraidBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_
   // Every rank checks in with rank 0, which names the ranks that did not
   // arrive in time; then rank 0 releases everyone.
   if (rank_ != 0) {
-    check(braid_send(&token, 1, BRAID_UINT8, 0, comm_, nullptr), "monitored_barrier");
-    check(braid_recv(&token, 1, BRAID_UINT8, 0, comm_, nullptr), "monitored_barrier");
+    check(braid_send_tagged(&token, 1, BRAID_UINT8, 0, kBarrierTag, comm_, nullptr), "monitored_barrier");
+    check(braid_recv_tagged(&token, 1, BRAID_UINT8, 0, kBarrierTag, comm_, nullptr), "monitored_barrier");
     return;
   }
   auto arrived = std::make_shared<std::vector<uint8_t>>(size_, 0);
@@ -1454,7 +1527,8 @@ void BraidBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_
     }
   };
   for (int p = 1; p < size_; ++p) {
-    braid_result_t code = braid_irecv(&(*arrived)[p], 1, BRAID_UINT8, p, comm_, nullptr, &reqs[p]);
+    braid_result_t code =
+        braid_irecv_tagged(&(*arrived)[p], 1, BRAID_UINT8, p, kBarrierTag, comm_, nullptr, &reqs[p]);
     if (code != BRAID_SUCCESS) {
       abandon();
       fail_call("monitored_barrier", code);
@@ -1487,7 +1561,7 @@ void BraidBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_
                                           std::to_string(limit.count()) + " ms");
   }
   for (int p = 1; p < size_; ++p)
-    check(braid_send(&token, 1, BRAID_UINT8, p, comm_, nullptr), "monitored_barrier");
+    check(braid_send_tagged(&token, 1, BRAID_UINT8, p, kBarrierTag, comm_, nullptr), "monitored_barrier");
 }
 
 }  // namespace braid_torch

@@ -115,7 +115,8 @@ class CoalescedWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
-// Runs Work completion (and so Future callbacks) off braid's threads.
+// Runs Work completion (and so Future callbacks) off braid's threads, on
+// one thread, and more while callbacks hold them (up to kMaxWorkers).
 class CompletionQueue {
  public:
   CompletionQueue();
@@ -124,12 +125,15 @@ class CompletionQueue {
   static void on_request_done(void* user, braid_result_t result, const char* message);
 
  private:
+  static constexpr size_t kMaxWorkers = 64;
   void loop();
+  void add_worker_if_needed();  // under mu_
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<c10::intrusive_ptr<BraidWork>> queue_;
   bool stop_ = false;
-  std::thread thread_;
+  int idle_ = 0;  // threads waiting for work
+  std::vector<std::thread> threads_;
 };
 
 class BraidBackend : public c10d::Backend {
@@ -265,6 +269,10 @@ class BraidBackend : public c10d::Backend {
   std::vector<Deferred> coalesced_;
   // Shared with the callbacks still to come (see CallbackSlot).
   std::shared_ptr<CompletionQueue> completions_ = std::make_shared<CompletionQueue>();
+  // Host collectives that may still be completing on the queue: a barrier
+  // completes them (copy-out, Future) before it does, as gloo's does.
+  std::mutex inflight_mu_;
+  std::vector<c10::weak_intrusive_ptr<BraidWork>> inflight_;
   // A monitored_barrier failed: its receives from the missing ranks are
   // still posted, so the group ends by abort, not by destroy (which would
   // wait for them until the timeout).
