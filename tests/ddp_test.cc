@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <braid/ddp.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -405,6 +406,27 @@ TEST(Ddp, EmptyParametersTrainAndOptionsMustAgree) {
     r = Reducer::create(comm, {{"w", w.data(), g.data(), 4, BRAID_FLOAT32}}, {}, options, &ddp);
     EXPECT_EQ(r.code, BRAID_ERR_MISMATCH) << r.message;
     EXPECT_NE(r.message.find("rank 1's Options (bucket_bytes"), std::string::npos) << r.message;
+  });
+}
+
+// Arguments one rank refuses fail create on every rank at once: its peers
+// waited in the model comparison until their deadline before.
+TEST(Ddp, ArgumentsOneRankRefusesFailEveryRank) {
+  braid::test::run_ranks(2, {{"BRAID_TIMEOUT", "30"}}, [&](braid_comm_t comm, int rank, int) {
+    std::vector<float> w(4), g(4);
+    std::unique_ptr<Reducer> ddp;
+    const auto start = std::chrono::steady_clock::now();
+    auto r = Reducer::create(comm, {{"w", rank == 1 ? nullptr : w.data(), g.data(), 4, BRAID_FLOAT32}}, {},
+                             {}, &ddp);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+    EXPECT_EQ(r.code, BRAID_ERR_INVALID_ARGUMENT) << r.message;
+    EXPECT_NE(r.message.find(rank == 1 ? "has data == nullptr" : "rank 1 refused its arguments"),
+              std::string::npos)
+        << r.message;
+    EXPECT_EQ(ddp, nullptr);
+    // The communicator is fine: the next create works.
+    r = Reducer::create(comm, {{"w", w.data(), g.data(), 4, BRAID_FLOAT32}}, {}, {}, &ddp);
+    EXPECT_TRUE(r.ok()) << r.message;
   });
 }
 

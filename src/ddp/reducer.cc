@@ -232,14 +232,11 @@ struct Reducer::State {
   }
 };
 
-Result Reducer::create(braid_comm_t comm, std::vector<Parameter> parameters, std::vector<Buffer> buffers,
-                       const Options& options, std::unique_ptr<Reducer>* out) {
-  if (out == nullptr) return fail(BRAID_ERR_INVALID_ARGUMENT, "Reducer::create: out is null");
-  out->reset();
-  auto s = std::make_unique<State>();
-  s->comm = comm;
-  if (Result r = from_call(braid_comm_rank(comm, &s->rank), "Reducer::create: comm"); !r) return r;
-  if (Result r = from_call(braid_comm_size(comm, &s->nranks), "Reducer::create: comm"); !r) return r;
+namespace {
+
+// What Reducer::create refuses before any rank talks to another.
+Result check_arguments(const std::vector<Parameter>& parameters, const std::vector<Buffer>& buffers,
+                       const Options& options) {
   if (options.bucket_bytes == 0 || options.first_bucket_bytes == 0) {
     return fail(BRAID_ERR_INVALID_ARGUMENT,
                 "Reducer::create: bucket_bytes and first_bucket_bytes must be > 0");
@@ -269,13 +266,29 @@ Result Reducer::create(braid_comm_t comm, std::vector<Parameter> parameters, std
     if (b.count > 0 && b.data == nullptr)
       return fail(BRAID_ERR_INVALID_ARGUMENT, who + " has data == nullptr");
   }
+  return {};
+}
+
+}  // namespace
+
+Result Reducer::create(braid_comm_t comm, std::vector<Parameter> parameters, std::vector<Buffer> buffers,
+                       const Options& options, std::unique_ptr<Reducer>* out) {
+  if (out == nullptr) return fail(BRAID_ERR_INVALID_ARGUMENT, "Reducer::create: out is null");
+  out->reset();
+  auto s = std::make_unique<State>();
+  s->comm = comm;
+  if (Result r = from_call(braid_comm_rank(comm, &s->rank), "Reducer::create: comm"); !r) return r;
+  if (Result r = from_call(braid_comm_size(comm, &s->nranks), "Reducer::create: comm"); !r) return r;
+  const Result local = check_arguments(parameters, buffers, options);
 
   // Every rank must register the same model: compare shapes before any
   // bucket all_reduce could pair up mismatched data.
   // The options too: they decide the buckets, so the all_reduces' sizes.
-  constexpr size_t kFields = 5;
-  uint64_t mine[kFields] = {parameters.size(), 14695981039346656037ull, buffers.size(),
-                            14695981039346656037ull, 14695981039346656037ull};
+  // And whether each rank took its own arguments: one that refused them
+  // returns at once, and its peers would wait here until their deadline.
+  constexpr size_t kFields = 6;
+  uint64_t mine[kFields] = {parameters.size(),       14695981039346656037ull, buffers.size(),
+                            14695981039346656037ull, 14695981039346656037ull, local.ok() ? 0u : 1u};
   for (const Parameter& p : parameters) mix(&mine[1], (uint64_t{p.count} << 8) | p.dtype);
   for (const Buffer& b : buffers) mix(&mine[3], (uint64_t{b.count} << 8) | b.dtype);
   for (uint64_t v : {uint64_t{options.bucket_bytes}, uint64_t{options.first_bucket_bytes},
@@ -286,6 +299,12 @@ Result Reducer::create(braid_comm_t comm, std::vector<Parameter> parameters, std
                            "Reducer::create: comparing the model across ranks");
       !r) {
     return r;
+  }
+  if (!local.ok()) return local;
+  for (int q = 0; q < s->nranks; ++q) {
+    if (all[kFields * static_cast<size_t>(q) + 5] != 0)
+      return fail(BRAID_ERR_INVALID_ARGUMENT, "Reducer::create: rank " + std::to_string(q) +
+                                                  " refused its arguments (its error names them)");
   }
   for (int q = 1; q < s->nranks; ++q) {
     const uint64_t* other = &all[kFields * static_cast<size_t>(q)];
