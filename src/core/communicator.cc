@@ -989,8 +989,8 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
     a.op = BRAID_SUM;
   }
   if (copied_input != nullptr) {
-    op->input_copy.resize(in_bytes);
-    a.sendbuf = op->input_copy.data();
+    op->input_copy.reset(new char[in_bytes]);  // not zeroed: written whole as the op starts
+    a.sendbuf = op->input_copy.get();
   }
   switch (kind) {
     case OpKind::kAllReduce:
@@ -1082,7 +1082,7 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
   }
   offer_windows(kind, *op, a);
   if (copied_input != nullptr)
-    op->task = input_copied_first(copied_input, op->input_copy.data(), in_bytes, a.dtype,
+    op->task = input_copied_first(copied_input, op->input_copy.get(), in_bytes, a.dtype,
                                   divided ? nranks_ : 0, std::move(op->task));
   return checked(std::move(op));
 }

@@ -77,10 +77,10 @@ class Op {
   int lane_peer = -1;
   bool async = false;
   Task task;
-  std::vector<char> input_copy;  // what the algorithm reads as input: see Communicator::make_op
-  std::vector<char> work;        // temporary buffers the algorithm owns
-  std::vector<size_t> layout;    // all_to_allv counts and displacements
-  Status failure;                // set by an algorithm that found a protocol error
+  std::unique_ptr<char[]> input_copy;  // what the algorithm reads as input: see Communicator::make_op
+  std::vector<char> work;              // temporary buffers the algorithm owns
+  std::vector<size_t> layout;          // all_to_allv counts and displacements
+  Status failure;                      // set by an algorithm that found a protocol error
   // Called when the op completes, failed or not: a stream-ordered op lets
   // its stream go on (transports/cuda/stream_staging.h), so that no stream
   // waits forever, and gives up its staging block.

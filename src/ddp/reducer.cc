@@ -185,7 +185,7 @@ struct Reducer::State {
     dropping = true;
     for (size_t i = 0; i < params.size(); ++i) {
       if (ready[i]) continue;
-      if (bytes(i) > 0) std::memset(slot(i), 0, bytes(i));
+      std::memset(slot(i), 0, bytes(i));
       ready[i] = true;
       --buckets[bucket_of[i]].pending;
     }
@@ -453,12 +453,10 @@ Result Reducer::finish() {
     // Unused in this step: zeros, or what it accumulated under no_sync (as
     // torch's DDP sends a gradient that is defined). A slot (grad ==
     // nullptr) holds that already.
-    if (!s.accumulated[i]) {
-      if (s.bytes(i) > 0)
-        std::memset(s.slot(i), 0, s.bytes(i));  // all-zero bits are zero in every floating dtype
-    } else if (s.params[i].grad != nullptr) {
+    if (!s.accumulated[i])
+      std::memset(s.slot(i), 0, s.bytes(i));  // all-zero bits are zero in every floating dtype
+    else if (s.params[i].grad != nullptr)
       copy_bytes(s.slot(i), s.params[i].grad, s.bytes(i));
-    }
     s.ready[i] = true;
     --s.buckets[s.bucket_of[i]].pending;
   }

@@ -204,23 +204,23 @@ double tiny_value(braid_dtype_t dt) {
   }
 }
 
-// Random bits -> a finite, normal, non-zero float of the dtype.
-uint64_t sanitize_float(braid_dtype_t dt, uint64_t b) {
-  int ebits = 0, mbits = 0;
+// Stored mantissa bits of a float dtype (the exponent has the rest but the sign).
+int mantissa_bits(braid_dtype_t dt) {
   switch (dt) {
     case BRAID_FLOAT16:
-      ebits = 5, mbits = 10;
-      break;
+      return 10;
     case BRAID_BFLOAT16:
-      ebits = 8, mbits = 7;
-      break;
+      return 7;
     case BRAID_FLOAT32:
-      ebits = 8, mbits = 23;
-      break;
+      return 23;
     default:
-      ebits = 11, mbits = 52;
-      break;
+      return 52;
   }
+}
+
+// Random bits -> a finite, normal, non-zero float of the dtype.
+uint64_t sanitize_float(braid_dtype_t dt, uint64_t b) {
+  const int mbits = mantissa_bits(dt), ebits = static_cast<int>(8 * esize(dt)) - 1 - mbits;
   uint64_t emask = ((uint64_t{1} << ebits) - 1) << mbits;
   uint64_t e = b & emask;
   if (e == emask) b &= ~(uint64_t{1} << (mbits + ebits - 1));  // Inf/NaN -> exponent 0111..1
@@ -405,10 +405,7 @@ class Gen {
             n_ > 1 ? (first + 1 + below(hash(n_, idx ^ 0x5bd1e995u), un - 1)) % un : first;
         const uint64_t r = static_cast<uint64_t>(rank);
         if (r != first && r != second) return mode_ == Mode::kRoundSum ? 0.0 : 1.0;
-        const int mbits = dt_ == BRAID_FLOAT16    ? 10
-                          : dt_ == BRAID_BFLOAT16 ? 7
-                          : dt_ == BRAID_FLOAT32  ? 23
-                                                  : 52;
+        const int mbits = mantissa_bits(dt_);
         const double frac = std::ldexp(static_cast<double>(h & ((uint64_t{1} << mbits) - 1)), -mbits);
         const double v = std::ldexp(1.0 + frac, static_cast<int>(h >> 61) - 4);
         return (h >> 60) & 1 ? -v : v;
@@ -502,7 +499,8 @@ Expect reduce_ref(const Gen& g, braid_redop_t op, uint64_t idx) {
     e.bits = double_to_bits(dt, p);
     return e;
   }
-  // SUM / AVG
+  // SUM / AVG. braid.h: a float16 AVG divides each input by n before the sum.
+  const bool scaled = op == BRAID_AVG && dt == BRAID_FLOAT16;
   if (g.mode() == Mode::kRoundSum) {
     // Two nonzero terms, whose sum double holds exactly below float64 (and
     // rounds correctly in float64): the dtype's rounding of it. AVG divides
@@ -511,7 +509,6 @@ Expect reduce_ref(const Gen& g, braid_redop_t op, uint64_t idx) {
     // is one operation, and the wider type has twice the precision and more.
     auto rounded = [dt](double x) { return bits_to_double(dt, double_to_bits(dt, x)); };
     double s = 0;
-    const bool scaled = op == BRAID_AVG && dt == BRAID_FLOAT16;
     for (int r = 0; r < n; ++r) s += scaled ? rounded(g.value(r, idx) / n) : g.value(r, idx);
     e.bits = double_to_bits(dt, op == BRAID_AVG && !scaled ? rounded(s) / n : s);
     return e;
@@ -523,10 +520,8 @@ Expect reduce_ref(const Gen& g, braid_redop_t op, uint64_t idx) {
     sabs += std::fabs(v);
   }
   double res = op == BRAID_AVG ? s / n : s;
-  // braid.h: a float16 AVG divides each input by n before the sum. Exact
-  // inputs stay exact where n is a power of two (k / 2^m fits float16 for the
-  // exact mode's |k| <= 2048); otherwise each scaled input rounds.
-  const bool scaled = op == BRAID_AVG && dt == BRAID_FLOAT16;
+  // Scaled exact inputs stay exact where n is a power of two (k / 2^m fits
+  // float16 for the exact mode's |k| <= 2048); otherwise each one rounds.
   if (!g.tolerant() && !(scaled && (n & (n - 1)) != 0)) {
     e.bits = double_to_bits(dt, res);  // exact by construction
     return e;
