@@ -82,6 +82,7 @@ TEST(Api, InitRejectsBadArguments) {
 }
 
 TEST(Api, BadEnvironmentNamesTheVariable) {
+  const std::string long_host_id(200, 'h');
   struct Case {
     const char* name;
     const char* value;
@@ -96,6 +97,8 @@ TEST(Api, BadEnvironmentNamesTheVariable) {
       {"BRAID_CUDA_P2P_LEVEL", "NV2",
        "BRAID_CUDA_P2P_LEVEL='NV2' is invalid: expected LOC, NVL, PIX, PXB, PHB, NODE or SYS"},
       {"BRAID_CPU_ISA", "sse9", "BRAID_CPU_ISA='sse9' is invalid: expected default, avx2 or avx512"},
+      // Cut to what ranks exchange, two hosts' ids would become one.
+      {"BRAID_HOST_ID", long_host_id.c_str(), "expected at most 191 bytes (it has 200)"},
   };
   for (const Case& c : cases) {
     const char* outer = std::getenv(c.name);  // as the run was started (sanitize.sh sets some)

@@ -887,6 +887,68 @@ TEST(Resources, SharedMemoryFailureFallsBackToTcp) {
   ASSERT_TRUE(r.ok()) << r.describe();
 }
 
+// A rank killed while the shared memory segments are being set up (its
+// segment made, not yet mapped by every peer) leaves nothing in /dev/shm:
+// the survivors' init fails naming it, and they unlink every segment of the
+// host group, the dead rank's too, which it can no longer do itself.
+TEST(Resources, ARankKilledDuringShmSetupLeavesNoSegment) {
+  struct Shared {
+    char prefix[64];
+    std::atomic<int> killed;
+  };
+  auto* shared = static_cast<Shared*>(
+      mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(shared, MAP_FAILED);
+  new (shared) Shared{};
+  launcher::LaunchOptions o;
+  o.nranks = 3;
+  o.make_comm = false;
+  o.timeout_s = 60;
+  o.env = {{"BRAID_DEBUG", "NONE"}, {"BRAID_TRANSPORT", "shm"}, {"BRAID_TIMEOUT", "30"}};
+  auto r = launcher::fork_ranks(o, [&](braid_comm_t, int rank, int n, const braid_unique_id_t& id) {
+    UniqueId decoded;
+    if (!UniqueId::decode(&id, &decoded)) return 3;
+    const std::string prefix = "/dev/shm/braid-" + token_hex(decoded.token, 8) + "-";
+    if (rank == 1) {
+      std::snprintf(shared->prefix, sizeof(shared->prefix), "%s", prefix.c_str());
+      // Dies the moment its own segment exists, before its peers are done with it.
+      std::thread([mine = prefix + "1", shared] {
+        while (access(mine.c_str(), F_OK) != 0) std::this_thread::sleep_for(std::chrono::microseconds(20));
+        shared->killed.store(1);
+        raise(SIGKILL);
+      }).detach();
+    }
+    braid_comm_t comm = nullptr;
+    const braid_result_t res = braid_comm_init_rank(&comm, n, id, rank);
+    if (res == BRAID_SUCCESS) {
+      braid_comm_destroy(comm);
+      return 4;  // rank 1 died during init: nobody's init may succeed
+    }
+    // Each survivor names the ring neighbour it lost: rank 1, or a survivor
+    // that gave up because of rank 1.
+    const char* err = braid_get_last_error();
+    if (res != BRAID_ERR_REMOTE || !(contains(err, "to rank 1") || contains(err, "from rank 1") ||
+                                     contains(err, "from rank 2") || contains(err, "to rank 0"))) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, braid_get_last_error());
+      return 5;
+    }
+    return 0;
+  });
+  ASSERT_EQ(shared->killed.load(), 1) << r.describe();
+  ASSERT_EQ(r.ranks.size(), 3u);
+  EXPECT_EQ(r.ranks[1].signal, SIGKILL);
+  for (int rank : {0, 2}) {
+    EXPECT_FALSE(r.ranks[rank].timed_out) << "rank " << rank << " hung";
+    EXPECT_EQ(r.ranks[rank].exit_code, 0) << "rank " << rank << ": " << r.describe();
+  }
+  for (int rank = 0; rank < 3; ++rank) {
+    const std::string name = shared->prefix + std::to_string(rank);
+    EXPECT_NE(access(name.c_str(), F_OK), 0) << name << " was left behind";
+    unlink(name.c_str());
+  }
+  munmap(shared, sizeof(Shared));
+}
+
 // The rendezvous port taken by another process: the error names the address,
 // the cause and the variable that moves it.
 TEST(Resources, PortInUseNamesTheFix) {

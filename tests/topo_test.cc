@@ -289,6 +289,30 @@ TEST(Discover, Synthetic) {
   EXPECT_TRUE(gpu_matrix(t).empty());
 }
 
+// A memory-only node (HBM, CXL) beside each package's DRAM node shares the
+// package's locality but owns none of its CPUs: its cores are counted once,
+// in the DRAM node, and the tree shows it without CPUs, under its package.
+TEST(Discover, MemoryOnlyNodesHaveNoCores) {
+  const HostTopology t = load("synthetic:pack:2 [numa(memory=1GB)] [numa(memory=2GB)] core:2 pu:1");
+  ASSERT_EQ(t.numa_nodes.size(), 4u);
+  int cores = 0, memory_only = 0;
+  for (const NumaNodeInfo& n : t.numa_nodes) {
+    cores += n.cores;
+    if (n.cores == 0) {
+      ++memory_only;
+      EXPECT_EQ(n.pus, 0);
+      EXPECT_EQ(n.memory_bytes, 2000000000u);  // "2GB" in hwloc's synthetic syntax
+    }
+    EXPECT_GE(n.package, 0);
+  }
+  EXPECT_EQ(cores, 4);
+  EXPECT_EQ(memory_only, 2);
+  for (const CoreInfo& c : t.cores) EXPECT_EQ(t.numa_nodes[c.numa].package, c.package);
+  const std::string tree = describe_tree(t);
+  EXPECT_NE(tree.find("no CPUs (memory only)"), std::string::npos) << tree;
+  EXPECT_EQ(tree.find("Not local to one package"), std::string::npos) << tree;
+}
+
 // A machine with two packages and no NUMA nodes of its own (hwloc makes one
 // for the whole machine, which spans both): each package's L3s still show
 // in the tree, under their package.

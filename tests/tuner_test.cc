@@ -145,6 +145,37 @@ TEST(Tuner, ModelPrefersFewStepsSmallAndFewBytesLarge) {
   EXPECT_LT(single.predict_us(Coll::kAllReduce, Algo::kHierarchical, 64 << 20), 0);
 }
 
+// A count that does not divide among a host's ranks leaves elements the
+// hierarchical schedule reduces with a flat ring afterwards: where that
+// ring's steps outweigh hier's lead, another algorithm is picked; where
+// the buffer is large, hier still wins; a forced hier stays.
+TEST(Tuner, HierarchicalLeftoverElementsArePriced) {
+  Tuner t(hosts(2, 2), AlgoChoice{});
+  size_t divides = 0;  // the smallest size of 4-byte elements where hier is picked
+  for (size_t b = 4; b <= (64u << 20) && divides == 0; b *= 2)
+    if (t.pick(Coll::kAllReduce, b) == Algo::kHierarchical) divides = b;
+  ASSERT_NE(divides, 0u) << "hier never picked on 2 hosts x 2 ranks";
+  const size_t count = divides / 4;
+  EXPECT_EQ(t.pick_all_reduce(count, 4), Algo::kHierarchical);
+  // One element more: the leftover ring costs 2(n-1) network steps.
+  const double tail = t.predict_us(Coll::kAllReduce, Algo::kRing, 4);
+  const double hier = t.predict_us(Coll::kAllReduce, Algo::kHierarchical, (count + 1) * 4) + tail;
+  Algo best = Algo::kHierarchical;
+  for (Algo a : algos_of(Coll::kAllReduce)) {
+    const double us = t.predict_us(Coll::kAllReduce, a, (count + 1) * 4);
+    if (a != Algo::kHierarchical && a != Algo::kDirect && us >= 0 && us < hier) best = a;
+  }
+  ASSERT_NE(best, Algo::kHierarchical)
+      << "expected another algorithm to beat hier plus its leftover at " << (count + 1) * 4 << " bytes";
+  EXPECT_NE(t.pick_all_reduce(count + 1, 4), Algo::kHierarchical);
+  EXPECT_EQ(t.pick_all_reduce((64u << 20) / 4 + 1, 4), Algo::kHierarchical);
+  // Divisible counts agree with pick().
+  EXPECT_EQ(t.pick_all_reduce((64u << 20) / 4, 4), t.pick(Coll::kAllReduce, 64u << 20));
+  AlgoChoice forced;
+  ASSERT_TRUE(parse_algo_spec("all_reduce:hier", &forced).is_ok());
+  EXPECT_EQ(Tuner(hosts(2, 2), forced).pick_all_reduce(count + 1, 4), Algo::kHierarchical);
+}
+
 TEST(Tuner, RecursiveDoublingKeepsToSmallBuffersAcrossHosts) {
   // 2 ranks on 2 hosts: rd reduces only after the whole exchange, and ran
   // 2-4x slower than the ring from 2 MiB; small, its one step wins.

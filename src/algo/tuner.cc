@@ -584,13 +584,30 @@ Algo Tuner::choose(Coll c, size_t bytes) const {
   if (shape_.nranks <= 1) return Algo::kRing;
   const Algo forced = forced_[c];
   if (forced != Algo::kAuto && can_run(c, forced, bytes)) return forced;
+  return cheapest(c, bytes, 0);
+}
+
+Algo Tuner::pick_all_reduce(size_t count, size_t elem_bytes) const {
+  const size_t bytes = count * elem_bytes;
+  const Algo a = pick(Coll::kAllReduce, bytes);
+  const size_t L = static_cast<size_t>(std::max(1, shape_.ranks_per_host));
+  if (a != Algo::kHierarchical || forced_[Coll::kAllReduce] == Algo::kHierarchical || count % L == 0)
+    return a;
+  // 2 hosts x 2 ranks, 65540 bytes: hierarchical took 104 us, recursive
+  // doubling 70 (65536 bytes: 63 and 62).
+  return cheapest(Coll::kAllReduce, bytes,
+                  predict_us(Coll::kAllReduce, Algo::kRing, (count % L) * elem_bytes));
+}
+
+Algo Tuner::cheapest(Coll c, size_t bytes, double hier_extra_us) const {
   Algo best = Algo::kRing;
   double best_us = std::numeric_limits<double>::infinity();
   for (Algo a : algos_of(c)) {
     // The measured thresholds bound the model where it is least accurate.
     if (a == Algo::kDirect && !direct_within_bound(c, bytes)) continue;
     if (a == Algo::kPeerRead && bytes < peer_read_min(c)) continue;
-    const double t = predict_us(c, a, bytes);
+    double t = predict_us(c, a, bytes);
+    if (t >= 0 && a == Algo::kHierarchical) t += hier_extra_us;
     if (t >= 0 && t < best_us) {
       best_us = t;
       best = a;

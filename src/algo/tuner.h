@@ -85,6 +85,11 @@ class Tuner {
   // and reduce; the whole output of all_gather; the whole input of
   // reduce_scatter).
   Algo pick(Coll c, size_t bytes) const;
+  // pick() for an all_reduce of `count` elements of `elem_bytes`: where the
+  // count does not divide among a host's ranks, the hierarchical schedule
+  // reduces the leftover elements with a flat ring after the rest, a cost
+  // the per-size table (built at powers of two, which divide) leaves out.
+  Algo pick_all_reduce(size_t count, size_t elem_bytes) const;
   // The model's choice, evaluated afresh (pick() looks it up per power of two).
   Algo choose(Coll c, size_t bytes) const;
   // Whether `a` can run this call on this job (forced choices that cannot
@@ -114,6 +119,9 @@ class Tuner {
   LinkCost intra() const;
   LinkCost inter() const;
   LinkCost flat() const { return shape_.nhosts > 1 ? inter() : intra(); }
+  // The cheapest algorithm that can run, the hierarchical one's prediction
+  // raised by `hier_extra_us`.
+  Algo cheapest(Coll c, size_t bytes, double hier_extra_us) const;
   // The cores the job's ranks share (the ranks, when each has its own).
   double cores() const;
   // How much more a byte costs each rank for sharing its core with more

@@ -506,23 +506,29 @@ Status Bootstrap::all_gather(const void* mine, size_t bytes, std::vector<uint8_t
   out->assign(bytes * nranks_, 0);
   if (bytes) std::memcpy(out->data() + bytes * rank_, mine, bytes);
   // Ring: at step s pass on the block that originated s ranks back.
+  // Errors name the neighbour: a rank that died closes its sockets, and a
+  // rank that failed for another reason closes them too, so the survivors'
+  // messages point along the ring to where it broke.
+  const int next = (rank_ + 1) % nranks_, prev = (rank_ + nranks_ - 1) % nranks_;
+  const auto to_next = [&] { return "bootstrap all_gather, sending to rank " + std::to_string(next); };
+  const auto from_prev = [&] { return "bootstrap all_gather, receiving from rank " + std::to_string(prev); };
   for (int s = 0; s < nranks_ - 1; ++s) {
     int send_block = (rank_ - s + nranks_) % nranks_;
     int recv_block = (rank_ - s - 1 + nranks_) % nranks_;
     uint64_t len = bytes, peer_len = 0;
-    BRAID_RETURN_IF_ERROR(
-        send_all(ring_next_fd_, &len, sizeof(len), deadline).with_context("bootstrap all_gather"));
+    BRAID_RETURN_IF_ERROR(send_all(ring_next_fd_, &len, sizeof(len), deadline).with_context(to_next()));
     if (bytes)
-      BRAID_RETURN_IF_ERROR(send_all(ring_next_fd_, out->data() + bytes * send_block, bytes, deadline));
-    BRAID_RETURN_IF_ERROR(recv_all(ring_prev_fd_, &peer_len, sizeof(peer_len), deadline)
-                              .with_context("bootstrap all_gather from rank " +
-                                            std::to_string((rank_ + nranks_ - 1) % nranks_)));
+      BRAID_RETURN_IF_ERROR(
+          send_all(ring_next_fd_, out->data() + bytes * send_block, bytes, deadline).with_context(to_next()));
+    BRAID_RETURN_IF_ERROR(
+        recv_all(ring_prev_fd_, &peer_len, sizeof(peer_len), deadline).with_context(from_prev()));
     if (peer_len != bytes)
       return Status(BRAID_ERR_MISMATCH, "bootstrap all_gather: rank " + std::to_string(rank_) +
                                             " contributes " + std::to_string(bytes) +
                                             " bytes, its ring neighbour " + std::to_string(peer_len));
     if (bytes)
-      BRAID_RETURN_IF_ERROR(recv_all(ring_prev_fd_, out->data() + bytes * recv_block, bytes, deadline));
+      BRAID_RETURN_IF_ERROR(recv_all(ring_prev_fd_, out->data() + bytes * recv_block, bytes, deadline)
+                                .with_context(from_prev()));
   }
   return Status::ok();
 }

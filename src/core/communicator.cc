@@ -31,7 +31,7 @@ namespace braid {
 // What each rank tells the others at init. Settings that shape the wire
 // protocol or the choice of algorithm must agree on every rank.
 struct PeerInfo {
-  char host[192];
+  char host[kMaxHostIdBytes + 1];
   int32_t pid;
   int32_t transport;
   uint64_t shm_slot_bytes;
@@ -994,7 +994,8 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
   }
   switch (kind) {
     case OpKind::kAllReduce:
-      op->task = all_reduce_task(op.get(), a, pick(Coll::kAllReduce, a.count * esize));
+      op->task = all_reduce_task(op.get(), a,
+                                 forced != Algo::kAuto ? forced : tuner_.pick_all_reduce(a.count, esize));
       break;
     case OpKind::kBroadcast:
     case OpKind::kReduce: {

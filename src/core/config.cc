@@ -126,9 +126,13 @@ Status Config::from_env(Config* out) {
   if (const char* v = env("BRAID_CPU_ISA"); v && !kernels::valid_isa_cap(v))
     return bad("BRAID_CPU_ISA", v, "default, avx2 or avx512");
   if (const char* v = env("BRAID_SOCKET_IFNAME")) c.socket_ifname = v;
-  if (const char* v = env("BRAID_HOST_ID"))
+  if (const char* v = env("BRAID_HOST_ID")) {
     c.host_id = v;
-  else
+    if (c.host_id.size() > kMaxHostIdBytes)
+      return bad("BRAID_HOST_ID", v,
+                 "at most " + std::to_string(kMaxHostIdBytes) + " bytes (it has " +
+                     std::to_string(c.host_id.size()) + ")");
+  } else
     c.host_id = default_host_id();
   BRAID_RETURN_IF_ERROR(env_size("BRAID_SHM_SLOT_BYTES", 4096, 64u << 20, &c.shm_slot_bytes, &present));
   long slots = c.shm_slots;

@@ -63,6 +63,9 @@ Status env_double(const char* name, double min, double max, double* value, bool*
 Status env_size(const char* name, size_t min, size_t max, size_t* value, bool* present);
 
 std::string default_host_id();
+// The longest host id ranks exchange (BRAID_HOST_ID is refused beyond it:
+// cut short, two hosts' ids could become one).
+constexpr size_t kMaxHostIdBytes = 191;
 // The machine itself (hostname and boot), whatever namespaces a process is in.
 std::string machine_id();
 

@@ -372,7 +372,7 @@ Status recv_all(int fd, void* buf, size_t len, Deadline deadline) {
       len -= static_cast<size_t>(n);
       continue;
     }
-    if (n == 0) return Status::remote("connection closed by the other side");
+    if (n == 0) return Status::remote("connection closed by the other side (it exited or gave up)");
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
       BRAID_RETURN_IF_ERROR(wait_fd(fd, POLLIN, deadline, "receiving"));
       continue;

@@ -129,9 +129,7 @@ void discover_cpus(hwloc_topology_t t, HostTopology* out) {
     n.os_index = obj->os_index == HWLOC_UNKNOWN_INDEX ? -1 : static_cast<int>(obj->os_index);
     n.package = package_containing(t, obj->cpuset);
     n.memory_bytes = obj->attr->numanode.local_memory;
-    n.cores = count_inside(t, obj->cpuset, HWLOC_OBJ_CORE);
-    n.pus = count_inside(t, obj->cpuset, HWLOC_OBJ_PU);
-    out->numa_nodes.push_back(n);
+    out->numa_nodes.push_back(n);  // cores and PUs counted below, from the cores' side
   }
   // Some platforms report no cores; a PU then stands for one.
   hwloc_obj_type_t core_type =
@@ -143,6 +141,15 @@ void discover_cpus(hwloc_topology_t t, HostTopology* out) {
     c.numa = numa_containing(t, obj->cpuset);
     c.pus = count_inside(t, obj->cpuset, HWLOC_OBJ_PU);
     out->cores.push_back(c);
+  }
+  // A NUMA node's cpuset is its locality: a memory-only node (HBM, CXL)
+  // beside a package's DRAM node has the package's CPUs there too. Each
+  // core counts for the first node that covers it, so a memory-only node
+  // has none (and stays under the package it is local to).
+  for (const CoreInfo& c : out->cores) {
+    if (c.numa < 0 || static_cast<size_t>(c.numa) >= out->numa_nodes.size()) continue;
+    out->numa_nodes[static_cast<size_t>(c.numa)].cores += 1;
+    out->numa_nodes[static_cast<size_t>(c.numa)].pus += c.pus;
   }
   out->pus = hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_PU);
   while ((obj = hwloc_get_next_obj_by_type(t, HWLOC_OBJ_L3CACHE, obj)) != nullptr) {
@@ -798,7 +805,7 @@ void append_numa(const HostTopology& t, int n, const std::string& indent, std::s
   const NumaNodeInfo& node = t.numa_nodes[n];
   *out += indent + "NUMA " + std::to_string(n) + " (os " + std::to_string(node.os_index) +
           "): " + human_bytes(node.memory_bytes) + ", " +
-          (node.pus == 0 ? std::string("no CPUs")
+          (node.pus == 0 ? std::string("no CPUs (memory only)")
                          : plural(node.cores, "core", "cores") + ", " + plural(node.pus, "PU", "PUs")) +
           "\n";
   append_caches(t, n, node.package, indent + "  ", out);

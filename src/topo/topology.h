@@ -29,7 +29,8 @@ struct PackageInfo {
 
 struct NumaNodeInfo {
   int os_index = -1;  // the kernel's node number (numactl, /sys/devices/system/node)
-  int package = -1;   // -1 when it spans packages or has no CPUs (HBM, CXL memory)
+  int package = -1;   // -1 when it spans packages
+  // Memory-only nodes (HBM, CXL beside a package's DRAM node) have no cores.
   uint64_t memory_bytes = 0;
   int cores = 0;
   int pus = 0;

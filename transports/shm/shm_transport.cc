@@ -413,6 +413,17 @@ Status ShmTransport::setup(Bootstrap& bootstrap, const std::vector<int>& host_gr
       if (!name.empty()) shm_unlink(name.c_str());
     }
   } unlink_mine;
+  // A peer killed between making its segment and our return cannot unlink
+  // it: on failure every rank unlinks the whole host group's names (those
+  // already gone or never made give ENOENT, which is fine).
+  struct UnlinkGroupOnFailure {
+    std::vector<std::string> names;
+    ~UnlinkGroupOnFailure() {
+      for (const std::string& n : names) shm_unlink(n.c_str());
+    }
+  } unlink_group;
+  for (int peer : host_group)
+    if (npeers > 0 && peer != me) unlink_group.names.push_back(segment_name(bootstrap.token(), peer));
   Status st;
   if (npeers > 0) {
     auto m = std::make_unique<Mapping>();
@@ -496,6 +507,7 @@ Status ShmTransport::setup(Bootstrap& bootstrap, const std::vector<int>& host_gr
       t->conn_channel_.push_back(c);
     }
   }
+  unlink_group.names.clear();
   *out = std::move(t);
   return Status::ok();
 }
