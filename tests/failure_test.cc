@@ -1123,6 +1123,126 @@ TEST(Bootstrap, ADuplicateConnectionIsClosedNotLeaked) {
   EXPECT_EQ(open_fds(), before) << "descriptors leaked";
 }
 
+// Bootstraps of `n` ranks in this process, each listening on loopback.
+struct LocalTable {
+  explicit LocalTable(int n) : listen_fd(n, -1), table(n) {
+    SockAddr any;
+    EXPECT_TRUE(SockAddr::parse("127.0.0.1", 0, &any));
+    for (int r = 0; r < n; ++r) EXPECT_TRUE(listen_on(any, 16, &listen_fd[r], &table[r]));
+    token[0] = 9;
+  }
+  // from_table on each rank in `ranks` at once, each on its own thread.
+  std::vector<Status> join(const std::vector<int>& ranks, double seconds,
+                           std::vector<std::unique_ptr<Bootstrap>>* out) {
+    out->resize(table.size());
+    std::vector<Status> st(table.size());
+    const Deadline deadline = Deadline::after_seconds(seconds);
+    std::vector<std::thread> threads;
+    for (int r : ranks)
+      threads.emplace_back([&, r] {
+        st[r] = Bootstrap::from_table(r, token, listen_fd[r], table[r], table, deadline, &(*out)[r]);
+      });
+    for (auto& t : threads) t.join();
+    return st;
+  }
+  std::vector<int> listen_fd;
+  std::vector<SockAddr> table;
+  JobToken token{};
+};
+
+// Connections that never send a hello wait side by side with the ranks'
+// own: three silent strangers at rank 1's port cost its peers nothing (each
+// held rank 1's accept for the 5 s handshake time, one after another).
+TEST(Bootstrap, SilentStrangersAtARankDoNotHoldUpItsPeers) {
+  LocalTable t(3);
+  std::vector<int> strangers;
+  for (int k = 0; k < 3; ++k) {
+    int fd = -1;
+    ASSERT_TRUE(connect_to(t.table[1], Deadline::after_seconds(5), &fd));
+    strangers.push_back(fd);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::unique_ptr<Bootstrap>> b;
+  const std::vector<Status> st = t.join({0, 1, 2}, 30, &b);
+  for (int r = 0; r < 3; ++r) ASSERT_TRUE(st[r]) << "rank " << r << ": " << st[r].message();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));
+  std::vector<uint8_t> all;
+  std::vector<std::thread> threads;
+  std::vector<Status> gathered(3);
+  for (int r = 0; r < 3; ++r)
+    threads.emplace_back([&, r] {
+      std::vector<uint8_t> out;
+      const uint8_t mine = static_cast<uint8_t>(10 + r);
+      gathered[r] = b[r]->all_gather(&mine, 1, &out, Deadline::after_seconds(20));
+      if (gathered[r] && out != std::vector<uint8_t>{10, 11, 12})
+        gathered[r] = Status::internal("wrong bytes");
+    });
+  for (auto& th : threads) th.join();
+  for (int r = 0; r < 3; ++r) EXPECT_TRUE(gathered[r]) << gathered[r].message();
+  for (int fd : strangers) close(fd);
+}
+
+// A rank in the table that is gone (its listener closed, as when it died
+// after the root answered) fails its peers at once, naming it, instead of
+// at the deadline: a connect it refuses is final, and a rank waiting for it
+// to connect finds its listener refusing a probe.
+TEST(Bootstrap, ARankGoneAfterTheTableFailsItsPeersAtOnce) {
+  LocalTable t(3);
+  close(t.listen_fd[2]);
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::unique_ptr<Bootstrap>> b;
+  const std::vector<Status> st = t.join({0, 1}, 60, &b);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  // Rank 1 connects to rank 2, which refuses; rank 0, waiting for rank 2 to
+  // connect, sees rank 1 give up first or rank 2's listener refuse.
+  EXPECT_EQ(st[1].code(), BRAID_ERR_REMOTE) << st[1].message();
+  EXPECT_TRUE(contains(st[1].message().c_str(), "rank 1 connecting to rank 2")) << st[1].message();
+  EXPECT_TRUE(contains(st[1].message().c_str(), "Connection refused")) << st[1].message();
+  EXPECT_EQ(st[0].code(), BRAID_ERR_REMOTE) << st[0].message();
+  EXPECT_TRUE(contains(st[0].message().c_str(), "waiting for rank 2 to connect: ")) << st[0].message();
+
+  // Rank 0 waits for rank 2, not a ring neighbour of it, which then goes:
+  // the probe of its listener tells.
+  LocalTable four(4);
+  std::vector<std::unique_ptr<Bootstrap>> b4;
+  const std::vector<Status> st4 = four.join({0, 1, 2, 3}, 30, &b4);
+  for (int r = 0; r < 4; ++r) ASSERT_TRUE(st4[r]) << "rank " << r << ": " << st4[r].message();
+  b4[2].reset();
+  int fd = -1;
+  const auto waited_from = std::chrono::steady_clock::now();
+  const Status waited = b4[0]->accept_from_peer(2, 600, Deadline::after_seconds(60), &fd);
+  EXPECT_LT(std::chrono::steady_clock::now() - waited_from, std::chrono::seconds(10));
+  EXPECT_EQ(waited.code(), BRAID_ERR_REMOTE) << waited.message();
+  EXPECT_TRUE(contains(waited.message().c_str(), "waiting for rank 2 to connect: its listener at 127.0.0.1:"))
+      << waited.message();
+  EXPECT_TRUE(contains(waited.message().c_str(), "refuses connections")) << waited.message();
+}
+
+// A rank waiting for a peer's connection learns of a failure elsewhere in
+// the job from its ring neighbours: one that gives up closes its ring
+// connections, and the waiter fails naming it, though the peer it waits
+// for is alive.
+TEST(Bootstrap, ARingNeighbourThatGivesUpFailsAWaitingRank) {
+  LocalTable t(3);
+  std::vector<std::unique_ptr<Bootstrap>> b;
+  const std::vector<Status> st = t.join({0, 1, 2}, 30, &b);
+  for (int r = 0; r < 3; ++r) ASSERT_TRUE(st[r]) << "rank " << r << ": " << st[r].message();
+  const auto start = std::chrono::steady_clock::now();
+  Status waited;
+  std::thread waiter([&] {
+    int fd = -1;
+    waited = b[0]->accept_from_peer(2, 600, Deadline::after_seconds(60), &fd);
+    if (waited) close(fd);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  b[1].reset();  // rank 1 gives up
+  waiter.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_EQ(waited.code(), BRAID_ERR_REMOTE) << waited.message();
+  EXPECT_TRUE(contains(waited.message().c_str(), "rank 1, a bootstrap ring neighbour, closed its connection"))
+      << waited.message();
+}
+
 // The parsers behind the listeners (also fuzzed: tests/fuzz) accept this
 // job's hellos and say what is wrong with anything else.
 // The address a rank listens on without BRAID_SOCKET_IFNAME: a running,

@@ -192,6 +192,16 @@ void write_raw(int fd, const void* data, size_t bytes) {
   ASSERT_EQ(write(fd, data, bytes), static_cast<ssize_t>(bytes)) << std::strerror(errno);
 }
 
+// An abort frame as a failing rank sends it, cut after `text_bytes` of its text.
+void write_abort_frame(int fd, uint32_t code, const std::string& why, size_t text_bytes) {
+  const uint32_t abort_header[2] = {0x41444242u, static_cast<uint32_t>(4 + why.size())};
+  const CallTag none;
+  write_raw(fd, abort_header, sizeof(abort_header));
+  write_raw(fd, &none, sizeof(none));
+  write_raw(fd, &code, sizeof(code));
+  write_raw(fd, why.data(), text_bytes);
+}
+
 // A connection reading one socket of a pair whose other end (sv[0]) the
 // test writes raw frames into.
 std::unique_ptr<Connection> raw_connection(int slots, int sv[2]) {
@@ -339,13 +349,7 @@ TEST(TcpConnection, AbortWaitsForTheMessagesSentBeforeIt) {
   write_raw(a[0], &tag, sizeof(tag));
   write_raw(a[0], payload.data(), 50);
   const std::string why = "rank 1 ran out of memory";
-  const uint32_t abort_header[2] = {0x41444242u, static_cast<uint32_t>(4 + why.size())};
-  const CallTag none;
-  const uint32_t code = BRAID_ERR_SYSTEM;
-  write_raw(b[0], abort_header, sizeof(abort_header));
-  write_raw(b[0], &none, sizeof(none));
-  write_raw(b[0], &code, sizeof(code));
-  write_raw(b[0], why.data(), why.size());
+  write_abort_frame(b[0], BRAID_ERR_SYSTEM, why, why.size());
   std::vector<uint8_t> dst(100, 0);
   EXPECT_EQ(conn->recv_into(dst.data(), dst.size(), tag), Connection::Received::kNotYet);
   EXPECT_TRUE(conn->check_peer(true).is_ok()) << "the abort came before frame 0 was consumed";
@@ -359,6 +363,32 @@ TEST(TcpConnection, AbortWaitsForTheMessagesSentBeforeIt) {
   EXPECT_EQ(conn->peer_failure().code(), BRAID_ERR_SYSTEM);
   close(a[0]);
   close(b[0]);
+}
+
+// A peer's failure text is printed as it is reported: bytes that are not
+// printable ASCII (an escape sequence, a line break, a NUL) become '?'. An
+// abort frame cut short is the peer's failure too, with its cause lost.
+TEST(TcpConnection, APeersAbortTextIsMadePrintable) {
+  for (bool truncated : {false, true}) {
+    int a[2];
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, a), 0);
+    ASSERT_TRUE(set_nonblocking(a[1], true).is_ok());
+    Config config;
+    auto conn = TcpTransport::adopt({a[1]}, 0, "raw", config);
+    const std::string why("bad\x1b[31m\nline\0nul", 17);
+    write_abort_frame(a[0], BRAID_ERR_SYSTEM, why, truncated ? 5 : why.size());
+    Status st;
+    for (int i = 0; i < 100 && st.is_ok(); ++i) st = conn->check_peer(true);
+    if (truncated) {
+      EXPECT_EQ(st.code(), BRAID_ERR_REMOTE) << st.message();
+      EXPECT_NE(st.message().find("failed and sent a truncated abort frame"), std::string::npos)
+          << st.message();
+    } else {
+      EXPECT_EQ(st.code(), BRAID_ERR_SYSTEM) << st.message();
+      EXPECT_NE(st.message().find("failed: bad?[31m?line?nul"), std::string::npos) << st.message();
+    }
+    close(a[0]);
+  }
 }
 
 // A socket whose next message has no free slot is not polled for reading:

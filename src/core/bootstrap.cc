@@ -2,10 +2,12 @@
 
 #include <poll.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -51,10 +53,6 @@ struct PeerHello {
 
 static_assert(sizeof(RootHello) == kRootHelloBytes && sizeof(PeerHello) == kPeerHelloBytes,
               "hello layouts are wire formats");
-
-Deadline earliest(Deadline a, Deadline b) {
-  return a.at() < b.at() ? a : b;
-}
 
 // The root: one job's rendezvous, then exit.
 class RendezvousRoot {
@@ -295,10 +293,7 @@ Status parse_refusal_header(const uint8_t* in, size_t n, bool* refused, size_t* 
 }
 
 std::string refusal_reason(const uint8_t* in, size_t n) {
-  std::string why(reinterpret_cast<const char*>(in), std::min<size_t>(n, kMaxRefusalBytes));
-  for (char& ch : why)
-    if (ch < 0x20 || ch > 0x7e) ch = '?';
-  return why;
+  return printable_text(reinterpret_cast<const char*>(in), std::min<size_t>(n, kMaxRefusalBytes));
 }
 
 void UniqueId::encode(void* out128) const {
@@ -360,6 +355,7 @@ Bootstrap::~Bootstrap() {
   close_fd(&ring_prev_fd_);
   close_fd(&listen_fd_);
   for (auto& [key, fd] : parked_) close(fd);
+  for (Handshake& h : handshakes_) close(h.fd);
 }
 
 Status Bootstrap::join(const UniqueId& id, int rank, int nranks, const std::string& ifname, Deadline deadline,
@@ -452,7 +448,7 @@ Status Bootstrap::connect_ring(Deadline deadline) {
 
 Status Bootstrap::connect_to_peer(int peer, uint32_t tag, Deadline deadline, int* fd_out) {
   int fd = -1;
-  Status st = connect_to(peers_[peer], deadline, &fd);
+  Status st = connect_to(peers_[peer], deadline, &fd, /*retry_refused=*/false);
   if (!st)
     return st.with_context("rank " + std::to_string(rank_) + " connecting to rank " + std::to_string(peer));
   PeerHello h{kMagic, kKindPeerHello, {}, static_cast<uint32_t>(rank_), tag};
@@ -467,37 +463,128 @@ Status Bootstrap::connect_to_peer(int peer, uint32_t tag, Deadline deadline, int
   return Status::ok();
 }
 
+bool Bootstrap::advance_handshake(size_t i, bool readable) {
+  Handshake& h = handshakes_[i];
+  const char* dropped = nullptr;
+  if (readable) {
+    ssize_t n = recv(h.fd, h.hello.data() + h.got, h.hello.size() - h.got, MSG_DONTWAIT);
+    if (n > 0) h.got += static_cast<size_t>(n);
+    // A connection closed before any byte is a peer's liveness probe (or a
+    // port scan): nothing to report.
+    if (n == 0) dropped = h.got == 0 ? "" : "closed before finishing its hello";
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) dropped = std::strerror(errno);
+  }
+  if (dropped == nullptr && h.got == h.hello.size()) {
+    int from = -1;
+    uint32_t their_tag = 0;
+    Status st = parse_peer_hello(h.hello.data(), h.hello.size(), token_, nranks_, &from, &their_tag);
+    if (!st) {
+      BRAID_WARN("BOOTSTRAP", rank_, "dropped a connection with a bad handshake: %s", st.message().c_str());
+      close(h.fd);
+    } else if (Status blocking = set_nonblocking(h.fd, false); !blocking) {
+      BRAID_WARN("BOOTSTRAP", rank_, "dropped rank %d's connection: %s", from, blocking.message().c_str());
+      close(h.fd);
+    } else if (!parked_.try_emplace({from, their_tag}, h.fd).second) {
+      // A rank connects once per tag, so a second hello for a (rank, tag)
+      // that already waits is not one this rank will take: it is closed,
+      // and the first connection's descriptor is kept.
+      BRAID_WARN("BOOTSTRAP", rank_, "dropped a second connection from rank %d for tag %u", from, their_tag);
+      close(h.fd);
+    }
+    handshakes_.erase(handshakes_.begin() + static_cast<long>(i));
+    return true;
+  }
+  if (dropped == nullptr && h.deadline.expired()) dropped = "no complete hello within the handshake time";
+  if (dropped == nullptr) return false;
+  if (*dropped != '\0')
+    BRAID_WARN("BOOTSTRAP", rank_, "dropped a connection with a bad or missing handshake: %s", dropped);
+  close(h.fd);
+  handshakes_.erase(handshakes_.begin() + static_cast<long>(i));
+  return true;
+}
+
 Status Bootstrap::accept_from_peer(int peer, uint32_t tag, Deadline deadline, int* fd_out) {
   std::lock_guard<std::mutex> lock(mu_);
+  const auto waiting = [&] {
+    return "rank " + std::to_string(rank_) + " waiting for rank " + std::to_string(peer) + " to connect";
+  };
+  // Whether the peer still listens: a connect it refuses means it is gone.
+  // The first after a short wait (the peer may just be slow), then each second.
+  struct Probe {
+    int fd = -1;
+    Deadline next = Deadline::after_seconds(0.2);
+    ~Probe() {
+      if (fd >= 0) close(fd);
+    }
+  } probe;
+  auto gone = [&] {
+    return Status::remote(waiting() + ": its listener at " + peers_[peer].str() +
+                          " refuses connections (it exited or gave up; its own error says why)");
+  };
   for (;;) {
-    auto it = parked_.find({peer, tag});
-    if (it != parked_.end()) {
+    if (auto it = parked_.find({peer, tag}); it != parked_.end()) {
       *fd_out = it->second;
       parked_.erase(it);
       return Status::ok();
     }
-    int fd = -1;
-    Status st = accept_one(listen_fd_, deadline, &fd);
-    if (!st)
-      return st.with_context("rank " + std::to_string(rank_) + " waiting for rank " + std::to_string(peer) +
-                             " to connect");
-    uint8_t hello[kPeerHelloBytes];
-    st = recv_all(fd, hello, sizeof(hello), earliest(deadline, Deadline::after_seconds(kHandshakeSeconds)));
-    int from = -1;
-    uint32_t their_tag = 0;
-    if (st) st = parse_peer_hello(hello, sizeof(hello), token_, nranks_, &from, &their_tag);
-    if (!st) {
-      BRAID_WARN("BOOTSTRAP", rank_, "dropped a connection with a bad or missing handshake: %s",
-                 st.message().c_str());
-      close(fd);
-      continue;
+    if (deadline.expired()) return Status::timeout(waiting() + ": timed out");
+    if (probe.next.expired()) {
+      if (probe.fd >= 0) close(probe.fd);  // unanswered: try afresh
+      probe.fd = socket(peers_[peer].family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+      if (probe.fd >= 0 && connect(probe.fd, peers_[peer].sa(), peers_[peer].len) != 0 &&
+          errno != EINPROGRESS) {
+        const bool refused = errno == ECONNREFUSED;
+        close(probe.fd);
+        probe.fd = -1;
+        if (refused) return gone();
+      }
+      probe.next = Deadline::after_seconds(1.0);
     }
-    // A rank connects once per tag, so a second hello for a (rank, tag) that
-    // already waits is not one this rank will take: it is closed, and the
-    // first connection's descriptor is kept (overwriting it leaked it).
-    if (!parked_.try_emplace({from, their_tag}, fd).second) {
-      BRAID_WARN("BOOTSTRAP", rank_, "dropped a second connection from rank %d for tag %u", from, their_tag);
-      close(fd);
+    std::vector<pollfd> fds;
+    fds.push_back({listen_fd_, POLLIN, 0});
+    // A ring neighbour that failed (or died) closes its end: its error
+    // reaches the rest of the job along the ring.
+    const int ring[2] = {ring_prev_fd_, ring_next_fd_};
+    for (int fd : ring) fds.push_back({fd, POLLRDHUP, 0});  // fd -1: ignored by poll
+    fds.push_back({probe.fd, POLLOUT, 0});
+    const size_t first_handshake = fds.size();
+    for (const Handshake& h : handshakes_) fds.push_back({h.fd, POLLIN, 0});
+    const int rc = poll(fds.data(), fds.size(), deadline.remaining_ms(100));
+    if (rc < 0 && errno != EINTR) return Status::system("poll", errno).with_context(waiting());
+    // In order of arrival: of two hellos for one (rank, tag), the first is kept.
+    std::vector<bool> readable(handshakes_.size(), false);
+    for (size_t i = 0; rc > 0 && i < readable.size(); ++i)
+      readable[i] = (fds[first_handshake + i].revents & (POLLIN | POLLHUP | POLLERR)) != 0;
+    for (size_t i = 0, k = 0; k < readable.size(); ++k)
+      if (!advance_handshake(i, readable[k])) ++i;
+    if (rc <= 0) continue;
+    for (int k = 0; k < 2; ++k) {
+      if (ring[k] >= 0 && (fds[1 + k].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+        const int neighbour = k == 0 ? (rank_ + nranks_ - 1) % nranks_ : (rank_ + 1) % nranks_;
+        return Status::remote(waiting() + ": rank " + std::to_string(neighbour) +
+                              ", a bootstrap ring neighbour, closed its connection (it exited or failed; "
+                              "its own error says why)");
+      }
+    }
+    if (probe.fd >= 0 && fds[3].revents != 0) {
+      int err = 0;
+      socklen_t len = sizeof(err);
+      getsockopt(probe.fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      close(probe.fd);
+      probe.fd = -1;
+      if (err == ECONNREFUSED) return gone();
+    }
+    if (fds[0].revents & POLLIN) {
+      for (;;) {
+        int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd >= 0) {
+          set_nodelay(fd);
+          handshakes_.push_back({fd, Deadline::after_seconds(kHandshakeSeconds), {}, 0});
+          continue;
+        }
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) break;
+        return Status::system("accept", errno).with_context(waiting());
+      }
     }
   }
 }

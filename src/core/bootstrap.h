@@ -107,6 +107,10 @@ class Bootstrap {
   // accept_from_peer with the same tag. The connector sends a hello with the
   // job token and does not wait for an answer, so rings of connects cannot
   // deadlock; the acceptor drops (and logs) connections without the token.
+  // Every rank listens before the root's table names it, so a refused
+  // connect means the peer is gone: an error at once, not a retry. The
+  // acceptor fails early too where the peer is gone (its listener refuses
+  // a probe) or a ring neighbour closed its connection (it failed).
   Status connect_to_peer(int peer, uint32_t tag, Deadline deadline, int* fd);
   Status accept_from_peer(int peer, uint32_t tag, Deadline deadline, int* fd);
 
@@ -124,6 +128,18 @@ class Bootstrap {
   int ring_prev_fd_ = -1;
   // Connections accepted while waiting for another (peer, tag).
   std::map<std::pair<int, uint32_t>, int> parked_;
+  // Accepted connections whose hello is still arriving: read side by side,
+  // so a silent stranger cannot hold up the ranks behind it.
+  struct Handshake {
+    int fd;
+    Deadline deadline;
+    std::array<uint8_t, kPeerHelloBytes> hello;
+    size_t got;
+  };
+  std::vector<Handshake> handshakes_;
+  // Reads what arrived on handshakes_[i]; parks or drops it once complete,
+  // dropped, or out of time. Returns whether it left the list.
+  bool advance_handshake(size_t i, bool readable);
   std::mutex mu_;
 };
 

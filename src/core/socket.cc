@@ -287,7 +287,7 @@ Status wait_fd(int fd, short events, Deadline deadline, const char* what) {
 
 }  // namespace
 
-Status connect_to(const SockAddr& addr, Deadline deadline, int* fd_out) {
+Status connect_to(const SockAddr& addr, Deadline deadline, int* fd_out, bool retry_refused) {
   int delay_ms = 1;
   for (;;) {
     int fd = socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -314,6 +314,9 @@ Status connect_to(const SockAddr& addr, Deadline deadline, int* fd_out) {
       return Status::ok();
     }
     close(fd);
+    if (err == ECONNREFUSED && !retry_refused)
+      return Status::remote("connecting to " + addr.str() + ": " + std::strerror(err) +
+                            " (nothing listens there any more: the process exited or gave up)");
     // The listener may not be up yet (init_env races rank 0): retry until the deadline.
     if ((err == ECONNREFUSED || err == ETIMEDOUT || err == ECONNRESET) && !deadline.expired()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
@@ -323,25 +326,6 @@ Status connect_to(const SockAddr& addr, Deadline deadline, int* fd_out) {
     if (deadline.expired())
       return Status::timeout("timed out connecting to " + addr.str() + ": " + std::strerror(err));
     return Status::system("connecting to " + addr.str(), err);
-  }
-}
-
-Status accept_one(int listen_fd, Deadline deadline, int* fd_out) {
-  for (;;) {
-    int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd >= 0) {
-      set_nodelay(fd);
-      Status st = set_nonblocking(fd, false);
-      if (!st) {
-        close(fd);
-        return st;
-      }
-      *fd_out = fd;
-      return Status::ok();
-    }
-    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
-      return Status::system("accept", errno);
-    BRAID_RETURN_IF_ERROR(wait_fd(listen_fd, POLLIN, deadline, "waiting for a connection"));
   }
 }
 

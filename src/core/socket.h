@@ -51,9 +51,9 @@ Status local_address_toward(const SockAddr& remote, SockAddr* out);
 // A listening, non-blocking socket bound to `addr` (port 0 = any); *bound gets the real port.
 Status listen_on(const SockAddr& addr, int backlog, int* fd, SockAddr* bound);
 // Connects with retries on refusal until the deadline; returns a blocking-mode fd with TCP_NODELAY.
-Status connect_to(const SockAddr& addr, Deadline deadline, int* fd);
-// Accepts one connection, waiting until the deadline.
-Status accept_one(int listen_fd, Deadline deadline, int* fd);
+// `retry_refused` false: a refused connection fails at once (the listener
+// is known to have been up, so whoever held it is gone).
+Status connect_to(const SockAddr& addr, Deadline deadline, int* fd, bool retry_refused = true);
 
 Status send_all(int fd, const void* buf, size_t len, Deadline deadline);
 Status recv_all(int fd, void* buf, size_t len, Deadline deadline);

@@ -36,4 +36,11 @@ Status Status::with_context(const std::string& context) const {
   return Status(code(), context + ": " + message());
 }
 
+std::string printable_text(const char* data, size_t n) {
+  std::string text(data, n);
+  for (char& ch : text)
+    if (ch < 0x20 || ch > 0x7e) ch = '?';
+  return text;
+}
+
 }  // namespace braid

@@ -43,6 +43,11 @@ class Status {
   std::shared_ptr<const Rep> rep_;
 };
 
+// Text another process sent (a peer's failure reason), fit to print: each
+// byte outside printable ASCII becomes '?', so no escape sequence, line
+// break or NUL reaches a log or an error message.
+std::string printable_text(const char* data, size_t n);
+
 #define BRAID_RETURN_IF_ERROR(expr)           \
   do {                                        \
     ::braid::Status _braid_st = (expr);       \

@@ -282,11 +282,11 @@ class ShmConnection : public Connection {
     if (uint32_t code = theirs_->failed.load(std::memory_order_acquire); code != 0) {
       char reason[sizeof(theirs_->reason)];
       std::memcpy(reason, theirs_->reason, sizeof(reason));
-      reason[sizeof(reason) - 1] = '\0';
       // Report the peer's own code: a mismatch it found is a mismatch here too.
-      return Status(static_cast<braid_result_t>(code), "rank " + std::to_string(peer_) + " (pid " +
-                                                           std::to_string(peer_pid_) +
-                                                           ", this host) failed: " + reason);
+      if (code > BRAID_ERR_IN_PROGRESS) code = BRAID_ERR_REMOTE;
+      return Status(static_cast<braid_result_t>(code),
+                    "rank " + std::to_string(peer_) + " (pid " + std::to_string(peer_pid_) +
+                        ", this host) failed: " + printable_text(reason, strnlen(reason, sizeof(reason))));
     }
     return Status::ok();
   }

@@ -529,14 +529,15 @@ class TcpConnection : public Connection {
     const size_t got = s.ahead_at < s.ahead_end ? static_cast<size_t>(take(s, body.data(), body.size())) : 0;
     Status st = recv_all(s.fd, body.data() + got, body.size() - got, Deadline::after_seconds(1));
     if (!st) {
-      error_ = st.with_context(peer_ + " sent a truncated abort frame");
+      // The peer failed either way; its cause is lost, not late.
+      error_ = Status::remote(peer_ + " failed and sent a truncated abort frame (" + st.message() + ")");
       return error_;
     }
     uint32_t code = 0;
     std::memcpy(&code, body.data(), 4);
     if (code == 0 || code > BRAID_ERR_IN_PROGRESS) code = BRAID_ERR_REMOTE;
     peer_failure_ = Status(static_cast<braid_result_t>(code),
-                           peer_ + " failed: " + std::string(body.data() + 4, body.size() - 4));
+                           peer_ + " failed: " + printable_text(body.data() + 4, body.size() - 4));
     abort_at_ = s.next_read;
     s.eof = true;  // nothing valid follows an abort frame
     s.header_got = 0;
