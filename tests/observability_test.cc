@@ -175,6 +175,29 @@ TEST(Observability, InfoLogAtInitParsesAndSummarises) {
   EXPECT_TRUE(any_line(lines, 3, "INIT", "transports: tcp to ranks 0-1; shm to ranks 2"));
 }
 
+// Under BRAID_TRANSPORT=tcp the ranks of one host talk over tcp too: the
+// tuner prices every link as tcp, so the hierarchical schedules (whose gain
+// is shared memory inside a host) are not picked.
+TEST(Observability, UnderTcpTheTunerPricesEveryLinkAsTcp) {
+  const ScratchDir scratch("tcp");
+  braid::launcher::LaunchOptions o;
+  o.nranks = 4;
+  o.env = {{"BRAID_DEBUG", "INFO"},
+           {"BRAID_DEBUG_SUBSYS", "TUNE,INIT"},
+           {"BRAID_DEBUG_FILE", scratch.path + "/log-%p.txt"},
+           {"BRAID_TRANSPORT", "tcp"}};
+  o.per_rank_setup = two_hosts;
+  auto result =
+      braid::launcher::fork_ranks(o, [](braid_comm_t, int, int, const braid_unique_id_t&) { return 0; });
+  ASSERT_TRUE(result.ok()) << result.describe();
+  const auto lines = parse_logs(scratch.path);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_TRUE(any_line(lines, r, "TUNE", "all_reduce: ")) << r;
+    EXPECT_FALSE(any_line(lines, r, "TUNE", "hier")) << r;
+  }
+  EXPECT_TRUE(any_line(lines, 0, "INIT", "transports: tcp to ranks 1-3"));
+}
+
 // Streaming or plain stores for mid-size shm slot copies: the first two
 // ranks of a host time both at init and every rank of the host logs the
 // same choice with the times, which the choice must follow.

@@ -531,6 +531,25 @@ TEST(Tool, TextAndBadFlags) {
   EXPECT_EQ(run("BRAID_CUDA_P2P_LEVEL=NV2 '" BRAID_TOPO_BINARY "' 2> /dev/null"), 1);
 }
 
+// Under BRAID_TRANSPORT=tcp every pair shows tcp, no hierarchical schedule
+// is built, and the tuner prices every link as tcp (it never picks hier).
+TEST(Tool, TcpOnlyShowsTcpEverywhere) {
+  const std::string out = temp_path("tcp.txt");
+  for (const char* transport : {"auto", "tcp"}) {
+    const std::string cmd = std::string("BRAID_TRANSPORT=") + transport +
+                            " '" BRAID_TOPO_BINARY "' --hosts 2 --ranks-per-host 2 > " + out;
+    ASSERT_EQ(run(cmd), 0) << cmd;
+    std::ifstream in(out);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const bool tcp = transport[1] == 'c';
+    EXPECT_EQ(text.find("R0  self  shm   tcp   tcp") != std::string::npos, !tcp) << text;
+    EXPECT_EQ(text.find("R0  self  tcp   tcp   tcp") != std::string::npos, tcp) << text;
+    EXPECT_EQ(text.find("hierarchical: inside each host") != std::string::npos, !tcp) << text;
+    EXPECT_EQ(text.find("<= hier") != std::string::npos, !tcp) << text;
+  }
+  std::remove(out.c_str());
+}
+
 // The GPU pairs whose ranks would read each other's memory: GPU 0's row of
 // the DGX (NVLink to GPUs 1-4, none to 5-7 across the sockets), by default
 // and under BRAID_CUDA_P2P_LEVEL=LOC.

@@ -78,7 +78,8 @@ TEST(AlgoSpec, BadSpecsNameTheProblem) {
         Case{"all_reduce:zigzag", "all_reduce has no algorithm 'zigzag'"},
         Case{"all_gather:tree", "all_gather has no algorithm 'tree' (choose direct, ring, peer_read, hier)"},
         Case{"allreduce:ring", "unknown collective 'allreduce'"},
-        Case{"all_reduce:ring;tree", "'tree' is not collective:algorithm"}}) {
+        Case{"all_reduce:ring;tree", "'tree' is not collective:algorithm"},
+        Case{"all_reduce:ring;ALL_REDUCE:tree", "all_reduce is named twice"}}) {
     AlgoChoice c;
     Status st = parse_algo_spec(k.spec, &c);
     ASSERT_FALSE(st.is_ok()) << k.spec;
@@ -94,6 +95,9 @@ TEST(AlgoSpec, NamesInAnyCase) {
   EXPECT_EQ(c[Coll::kAllReduce], Algo::kRing);
   ASSERT_TRUE(parse_algo_spec("all_reduce:Tree", &c).is_ok());
   EXPECT_EQ(c[Coll::kAllReduce], Algo::kTree);
+  ASSERT_TRUE(parse_algo_spec("All_Reduce:rd;BROADCAST:ring", &c).is_ok());
+  EXPECT_EQ(c[Coll::kAllReduce], Algo::kRecursiveDoubling);
+  EXPECT_EQ(c[Coll::kBroadcast], Algo::kRing);
 }
 
 // A lone rank copies its input: the ring, whose copy needs no work buffer

@@ -156,6 +156,7 @@ void simulate(Report* r) {
   shape.direct_max_bytes = config.direct_max_bytes;
   shape.peer_read_min_bytes = config.peer_read_min_bytes;
   shape.copy_peer_read_min_bytes = config.copy_peer_read_min_bytes;
+  if (config.transport == braid::TransportChoice::kTcp) shape.without_shared_memory();
   r->tuner = braid::Tuner(shape, config.algo);
 }
 
@@ -305,6 +306,7 @@ void print_rank_section(const Report& r) {
 
 void print_transport_section(const Report& r) {
   if (r.ranks.empty()) return;
+  const bool tcp_only = r.config.transport == braid::TransportChoice::kTcp;
   const size_t n = r.ranks.size();
   std::vector<std::vector<std::string>> rows(1 + n);
   rows[0].push_back("");
@@ -312,9 +314,11 @@ void print_transport_section(const Report& r) {
   for (size_t i = 0; i < n; ++i) {
     rows[1 + i].push_back("R" + std::to_string(i));
     for (size_t j = 0; j < n; ++j)
-      rows[1 + i].push_back(i == j ? "self" : r.ranks[i].host_hash == r.ranks[j].host_hash ? "shm" : "tcp");
+      rows[1 + i].push_back(i == j                                                      ? "self"
+                            : r.ranks[i].host_hash == r.ranks[j].host_hash && !tcp_only ? "shm"
+                                                                                        : "tcp");
   }
-  std::printf("\nTransport per pair (BRAID_TRANSPORT=auto):\n");
+  std::printf("\nTransport per pair (BRAID_TRANSPORT=%s):\n", tcp_only ? "tcp" : "auto or shm");
   print_columns(rows);
 }
 
@@ -338,7 +342,8 @@ void print_schedule_section(const Report& r) {
     std::printf("}");
   }
   std::printf("\n");
-  if (r.hosts > 1 && r.ranks_per_host > 1) {
+  // Under BRAID_TRANSPORT=tcp the job builds no hierarchical schedule.
+  if (r.hosts > 1 && r.ranks_per_host > 1 && r.config.transport != braid::TransportChoice::kTcp) {
     std::printf("  hierarchical: inside each host");
     for (int h = 0; h < r.hosts; ++h) {
       std::vector<int> g(r.order.begin() + h * r.ranks_per_host,
@@ -358,7 +363,8 @@ void print_schedule_section(const Report& r) {
 void print_tuner_section(const Report& r) {
   if (r.ranks.empty()) return;
   const braid::JobShape& sh = r.tuner.shape();
-  std::printf("\nTuner (%d ranks, %d host(s)%s): where each algorithm takes over\n", sh.nranks, sh.nhosts,
+  std::printf("\nTuner (%d ranks, %d host(s)%s%s): where each algorithm takes over\n", sh.nranks, sh.nhosts,
+              r.config.transport == braid::TransportChoice::kTcp ? " as BRAID_TRANSPORT=tcp counts them" : "",
               sh.oversubscribed ? ", more ranks than cores" : "");
   for (const std::string& line : r.tuner.describe()) std::printf("  %s\n", line.c_str());
   if (sh.peer_reads)

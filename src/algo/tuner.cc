@@ -191,6 +191,7 @@ Status parse_algo_spec(const std::string& spec, AlgoChoice* out) {
     if (!used) return bad_spec(spec, "no collective has algorithm '" + whole + "'");
     return Status::ok();
   }
+  std::array<bool, kNumTunedColls> named{};
   size_t pos = 0;
   while (pos <= whole.size()) {
     size_t end = whole.find_first_of(";,", pos);
@@ -200,7 +201,9 @@ Status parse_algo_spec(const std::string& spec, AlgoChoice* out) {
     if (entry.empty()) continue;
     const size_t colon = entry.find(':');
     if (colon == std::string::npos) return bad_spec(spec, "'" + entry + "' is not collective:algorithm");
-    const std::string cname = trim(entry.substr(0, colon)), aname = trim(entry.substr(colon + 1));
+    std::string cname = trim(entry.substr(0, colon));
+    const std::string aname = trim(entry.substr(colon + 1));
+    for (char& ch : cname) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     const Coll* c =
         std::find_if(std::begin(kColls), std::end(kColls), [&](Coll x) { return cname == coll_name(x); });
     if (c == std::end(kColls))
@@ -210,6 +213,9 @@ Status parse_algo_spec(const std::string& spec, AlgoChoice* out) {
     if (!find_algo(aname, &a) || (a != Algo::kAuto && !has_algo(*c, a)))
       return bad_spec(spec, std::string(coll_name(*c)) + " has no algorithm '" + aname + "' (choose " +
                                 algo_list(*c) + ")");
+    // Which of two would hold is a guess the user should not have to make.
+    if (named[static_cast<int>(*c)]) return bad_spec(spec, std::string(coll_name(*c)) + " is named twice");
+    named[static_cast<int>(*c)] = true;
     out->forced[static_cast<int>(*c)] = a;
   }
   return Status::ok();

@@ -64,6 +64,16 @@ struct JobShape {
   // collective's peer reads: alone where each rank has a core and from that
   // size up, else with the model's fixed rates too (Tuner::predict_us).
   std::array<double, kNumTunedColls> peer_read_vs_ring{};
+
+  // The ranks of one host talk over tcp (BRAID_TRANSPORT=tcp, or shm could
+  // not be set up): to the cost model a host is the ranks that share
+  // memory, so each rank is one, every link is priced as tcp, and the
+  // hierarchical schedules (whose gain is shm inside a host) do not run.
+  void without_shared_memory() {
+    nhosts = nranks;
+    ranks_per_host = 1;
+    peer_reads = host_peer_reads = false;
+  }
 };
 
 // The buffer the init probe times `c` with: 1 MiB, but 4 MiB for a

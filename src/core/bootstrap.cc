@@ -590,6 +590,16 @@ Status Bootstrap::accept_from_peer(int peer, uint32_t tag, Deadline deadline, in
 }
 
 Status Bootstrap::all_gather(const void* mine, size_t bytes, std::vector<uint8_t>* out, Deadline deadline) {
+  // A ring exchange that failed part way leaves bytes in flight: a later
+  // one would read them as its own.
+  if (!broken_.is_ok()) return broken_;
+  Status st = ring_all_gather(mine, bytes, out, deadline);
+  if (!st) broken_ = Status(st.code(), "the bootstrap ring failed earlier: " + st.message());
+  return st;
+}
+
+Status Bootstrap::ring_all_gather(const void* mine, size_t bytes, std::vector<uint8_t>* out,
+                                  Deadline deadline) {
   out->assign(bytes * nranks_, 0);
   if (bytes) std::memcpy(out->data() + bytes * rank_, mine, bytes);
   // Ring: at step s pass on the block that originated s ranks back.

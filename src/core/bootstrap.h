@@ -117,6 +117,7 @@ class Bootstrap {
  private:
   Bootstrap() = default;
   Status connect_ring(Deadline deadline);
+  Status ring_all_gather(const void* mine, size_t bytes, std::vector<uint8_t>* out, Deadline deadline);
 
   int rank_ = 0;
   int nranks_ = 1;
@@ -137,6 +138,7 @@ class Bootstrap {
     size_t got;
   };
   std::vector<Handshake> handshakes_;
+  Status broken_;  // why an all_gather failed; every later one fails so
   // Reads what arrived on handshakes_[i]; parks or drops it once complete,
   // dropped, or out of time. Returns whether it left the list.
   bool advance_handshake(size_t i, bool readable);

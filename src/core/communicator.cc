@@ -190,6 +190,7 @@ Status Communicator::setup_transports() {
     host_group.insert(host_group.begin(), rank_);
   std::sort(host_group.begin(), host_group.end());
 
+  host_ranks_share_memory_ = config_.transport != TransportChoice::kTcp;
   bool shm_unavailable = false;
   Status shm_st =
       ShmTransport::setup(*bootstrap_, host_group, kNumChannels, config_, &shm_, &shm_unavailable);
@@ -201,6 +202,7 @@ Status Communicator::setup_transports() {
       if (r != rank_) tcp_peers.push_back(r);
     std::sort(tcp_peers.begin(), tcp_peers.end());
     host_group = {rank_};
+    host_ranks_share_memory_ = false;
     shm_st = ShmTransport::setup(*bootstrap_, host_group, kNumChannels, config_, &shm_, &shm_unavailable);
   }
   BRAID_RETURN_IF_ERROR(shm_st);
@@ -588,6 +590,7 @@ void Communicator::build_schedules(const std::vector<PeerInfo>& infos) {
   shape.ranks_per_host = static_cast<int>(members[0].size());
   for (int h = 0; h < nhosts; ++h)
     if (members[h].size() != members[0].size()) shape.ranks_per_host = 0;
+  if (!host_ranks_share_memory_) shape.without_shared_memory();
   // Oversubscribed: some machine runs more of this job's ranks than it has
   // cores (simulated hosts on one machine count together).
   for (int r = 0; r < nranks_; ++r) {
@@ -602,7 +605,7 @@ void Communicator::build_schedules(const std::vector<PeerInfo>& infos) {
   shape.direct_max_bytes = config_.direct_max_bytes;
   shape.peer_read_min_bytes = config_.peer_read_min_bytes;
   shape.copy_peer_read_min_bytes = config_.copy_peer_read_min_bytes;
-  if (nhosts > 1 && shape.ranks_per_host > 1) {
+  if (shape.nhosts > 1 && shape.ranks_per_host > 1) {
     const auto& mine = members[host_index_[rank_]];
     std::vector<int> across;
     for (const auto& m : members) across.push_back(m[local_index_[rank_]]);

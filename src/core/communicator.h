@@ -140,6 +140,9 @@ class Communicator {
   std::mutex staging_mu_;
   StagingPool* staging_ = nullptr;  // made by the first stream-ordered call; ended by shut_down
   bool one_machine_ = false;        // every rank on this host and machine
+  // Ranks of one host talk over shm (not under BRAID_TRANSPORT=tcp, nor
+  // where shm could not be set up): the same on every rank.
+  bool host_ranks_share_memory_ = true;
   enum class IpcState { kUntried, kUsable, kUnusable };
   std::mutex ipc_mu_;
   IpcState ipc_state_ = IpcState::kUntried;
