@@ -11,6 +11,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -1245,6 +1246,58 @@ TEST(Bootstrap, ARingNeighbourThatGivesUpFailsAWaitingRank) {
   EXPECT_EQ(waited.code(), BRAID_ERR_REMOTE) << waited.message();
   EXPECT_TRUE(contains(waited.message().c_str(), "rank 1, a bootstrap ring neighbour, closed its connection"))
       << waited.message();
+}
+
+// The rendezvous root out of descriptors while silent strangers hold them
+// (a flood of connections that send no hello) stops accepting until their
+// handshake time drops them, and the job still forms; it gave up at once
+// before, failing every rank.
+TEST(Bootstrap, ARootOutOfDescriptorsWaitsForStrangersToGo) {
+  struct Shared {
+    std::atomic<int> ready;
+    uint8_t addr[SockAddr::kWireBytes];
+  };
+  auto* shared = static_cast<Shared*>(
+      mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(static_cast<void*>(shared), MAP_FAILED);
+  new (shared) Shared{};
+  const JobToken token = random_token();
+  const pid_t root = fork();
+  if (root == 0) {
+    // The root's process: room for 8 more descriptors.
+    SockAddr any, bound;
+    if (!SockAddr::parse("127.0.0.1", 0, &any) || !start_rendezvous_root(any, token, 30, &bound)) _exit(1);
+    const int lowest_free = dup(0);
+    close(lowest_free);
+    rlimit lim{};
+    getrlimit(RLIMIT_NOFILE, &lim);
+    lim.rlim_cur = static_cast<rlim_t>(lowest_free + 8);
+    if (setrlimit(RLIMIT_NOFILE, &lim) != 0) _exit(2);
+    bound.to_wire(shared->addr);
+    shared->ready.store(1);
+    sleep(30);
+    _exit(0);
+  }
+  ASSERT_GT(root, 0);
+  while (shared->ready.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  UniqueId id;
+  ASSERT_TRUE(SockAddr::from_wire(shared->addr, &id.root));
+  id.token = token;
+  std::vector<int> strangers(10, -1);
+  for (int& fd : strangers) ASSERT_TRUE(connect_to(id.root, Deadline::after_seconds(5), &fd));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_ptr<Bootstrap> b[2];
+  Status st[2];
+  std::thread other([&] { st[1] = Bootstrap::join(id, 1, 2, "", Deadline::after_seconds(30), &b[1]); });
+  st[0] = Bootstrap::join(id, 0, 2, "", Deadline::after_seconds(30), &b[0]);
+  other.join();
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(st[r]) << "rank " << r << ": " << st[r].message();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
+  for (int fd : strangers) close(fd);
+  kill(root, SIGKILL);
+  waitpid(root, nullptr, 0);
+  munmap(shared, sizeof(Shared));
 }
 
 // A bootstrap all_gather that failed part way (here rank 0 timed out while

@@ -76,6 +76,8 @@ class RendezvousRoot {
   JobToken token_;
   double timeout_s_;
   std::vector<Client> pending_;
+  bool out_of_descriptors_ = false;  // accept failed for want of descriptors
+  size_t pending_when_out_ = 0;      // connections in their handshake then
   int nranks_ = -1;
   std::vector<int> rank_fd_;
   std::vector<SockAddr> rank_addr_;
@@ -131,22 +133,31 @@ void RendezvousRoot::run() {
       break;
     }
     std::vector<pollfd> fds;
-    fds.push_back({listen_fd_, POLLIN, 0});
+    // Out of descriptors with connections still in their handshake (a flood
+    // of silent strangers, say), accepting waits until one of them goes.
+    const bool accepting = !out_of_descriptors_ || pending_.size() < pending_when_out_;
+    fds.push_back({accepting ? listen_fd_ : -1, POLLIN, 0});
     for (auto& c : pending_) fds.push_back({c.fd, POLLIN, 0});
     int rc = poll(fds.data(), fds.size(), job_deadline.remaining_ms(100));
     if (rc < 0 && errno != EINTR) break;
     if (fds[0].revents & POLLIN) {
       int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd >= 0) {
+        out_of_descriptors_ = false;
         pending_.push_back({fd, Deadline::after_seconds(kHandshakeSeconds), {}, 0});
       } else if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
         // The connection stays queued and the socket readable: retrying
-        // would spin until the timeout. The root holds one socket per
-        // joined rank until all have joined.
-        gave_up = Status::system("the rendezvous root could not accept a connection after " +
-                                     std::to_string(joined_) + " ranks joined",
-                                 errno);
-        break;
+        // at once would spin. Connections in their handshake finish it or
+        // are dropped within the handshake time, freeing descriptors; with
+        // none, only joined ranks hold them (one each, until all joined).
+        if (pending_.empty()) {
+          gave_up = Status::system("the rendezvous root could not accept a connection after " +
+                                       std::to_string(joined_) + " ranks joined",
+                                   errno);
+          break;
+        }
+        out_of_descriptors_ = true;
+        pending_when_out_ = pending_.size();
       }
     }
     for (size_t i = pending_.size(); i-- > 0;) {
