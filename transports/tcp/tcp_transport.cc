@@ -494,20 +494,24 @@ class TcpConnection : public Connection {
 
   // After a write met the peer's reset: its abort frame, with the cause, may
   // sit behind frames no receive slot is free for. The connection is over,
-  // so this reads past them (their payloads are dropped) to find it.
+  // so this reads past them (their payloads are dropped) to find it. A
+  // stream it read from is over too: the frame it stopped in (or the next)
+  // must not be delivered with bytes missing.
   void salvage_abort_cause() {
     char sink[4096];
     for (Stream& s : streams_) {
-      while (peer_failure_.is_ok() && !s.eof && s.direct == nullptr) {
+      if (s.eof || s.direct != nullptr) continue;
+      bool read_some = false, give_up = false;
+      while (peer_failure_.is_ok() && !s.eof && !give_up) {
         ssize_t r;
         if (s.header_got < sizeof(FrameHeader)) {
           r = take(s, reinterpret_cast<char*>(&s.header) + s.header_got, sizeof(FrameHeader) - s.header_got);
           if (r > 0 && (s.header_got += static_cast<size_t>(r)) == sizeof(FrameHeader)) {
             if (s.header.magic == kAbortMagic && s.header.bytes >= 4 && s.header.bytes <= kMaxAbortBytes) {
-              (void)read_abort_frame(s);
+              (void)read_abort_frame(s);  // ends the stream
               return;
             }
-            if (s.header.magic != kFrameMagic || s.header.bytes > slot_bytes_) return;  // nothing to find
+            give_up = s.header.magic != kFrameMagic || s.header.bytes > slot_bytes_;  // nothing to find
             s.payload_got = 0;
             if (s.header.bytes == 0) s.header_got = 0;
           }
@@ -518,7 +522,10 @@ class TcpConnection : public Connection {
         }
         if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) s.eof = true;
         if (r <= 0) break;
+        read_some = true;
       }
+      if (read_some) s.eof = true;
+      if (give_up) return;
     }
   }
 
