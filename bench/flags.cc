@@ -55,11 +55,14 @@ bool take_sweep_flag(int c, const char* arg, Sweep* s, std::string* why) {
   };
   switch (c) {
     case 'b':
-      if (!parse_size(arg, &s->min_bytes)) return bad("invalid size '" + std::string(arg) + "'");
+    case 'e': {
+      size_t* bytes = c == 'b' ? &s->min_bytes : &s->max_bytes;
+      if (!parse_size(arg, bytes)) return bad("invalid size '" + std::string(arg) + "'");
+      // Buffers are this plus guard bytes, rounded up to pages: far below
+      // where that would wrap.
+      if (*bytes > kMaxSweepBytes) return bad("'" + std::string(arg) + "' is above the largest size, 1024G");
       return true;
-    case 'e':
-      if (!parse_size(arg, &s->max_bytes)) return bad("invalid size '" + std::string(arg) + "'");
-      return true;
+    }
     case 'f': {
       long v = 0;
       if (!parse_long(arg, 2, 1 << 20, &v)) return bad("the step factor must be an integer >= 2");
@@ -68,7 +71,7 @@ bool take_sweep_flag(int c, const char* arg, Sweep* s, std::string* why) {
       return true;
     }
     case 'i':
-      if (!parse_size(arg, &s->step_bytes) || s->step_bytes == 0)
+      if (!parse_size(arg, &s->step_bytes) || s->step_bytes == 0 || s->step_bytes > kMaxSweepBytes)
         return bad("invalid step size '" + std::string(arg) + "' (must be > 0)");
       s->saw_bytes = true;
       return true;

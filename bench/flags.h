@@ -10,6 +10,9 @@ namespace braid_bench {
 
 // The size sweep and timing flags every benchmark takes, spelt as in
 // nccl-tests (-b -e -f -i -n -w -c). A benchmark's options derive from it.
+// The largest -b, -e or -i: 1 TiB.
+constexpr size_t kMaxSweepBytes = size_t{1} << 40;
+
 struct Sweep {
   size_t min_bytes = 8;
   size_t max_bytes = size_t{64} << 20;

@@ -825,6 +825,23 @@ double measure_mpi(const Context& ctx, braid_dtype_t dtype, braid_redop_t op, in
 // ---------------------------------------------------------------------------
 // Output (rank 0 only)
 
+// Appends printf-style text to `out`, however long.
+void append_format(std::string* out, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+void append_format(std::string* out, const char* fmt, ...) {
+  va_list ap, again;
+  va_start(ap, fmt);
+  va_copy(again, ap);
+  const int n = std::vsnprintf(nullptr, 0, fmt, ap);
+  va_end(ap);
+  if (n > 0) {
+    const size_t at = out->size();
+    out->resize(at + static_cast<size_t>(n) + 1);
+    std::vsnprintf(out->data() + at, static_cast<size_t>(n) + 1, fmt, again);
+    out->resize(at + static_cast<size_t>(n));
+  }
+  va_end(again);
+}
+
 // Prints a formatted line without trailing blanks.
 void print_line(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 void print_line(const char* fmt, ...) {
@@ -917,7 +934,7 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
   Options opt;
   std::string error;
   ParseResult parsed = parse_args(argc, argv, desc, &opt, &error);
-  if (parsed == ParseResult::kRun && opt.root >= nranks) {
+  if (parsed == ParseResult::kRun && desc.rooted && opt.root >= nranks) {  // rootless: ignored, as -h says
     parsed = ParseResult::kError;
     error = "-r: root " + std::to_string(opt.root) + " is not a rank (nranks " + std::to_string(nranks) + ")";
   }
@@ -1087,9 +1104,9 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
           const size_t size =
               std::max(span_elems(desc.send_span, count, nranks), span_elems(desc.recv_span, count, nranks)) *
               ti.size;
-          char line[512];
-          int len = std::snprintf(line, sizeof line, "%12zu  %12zu  %8s  %6s  %6d", size, count, ti.name,
-                                  desc.reduces ? kOpNames[op] : "none", root);
+          std::string line;
+          append_format(&line, "%12zu  %12zu  %8s  %6s  %6d", size, count, ti.name,
+                        desc.reduces ? kOpNames[op] : "none", root);
           long long row_oob = 0;
           if (!variant_comms.empty()) {
             // Each round starts with a different column, so none always
@@ -1110,12 +1127,11 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
             }
             totals.variant_busbw_sum.resize(n);
             for (size_t i = 0; i < n; ++i) {
-              len += std::snprintf(line + len, sizeof line - len, "  %12s", format_time(best[i]).c_str());
+              append_format(&line, "  %12s", format_time(best[i]).c_str());
               totals.variant_busbw_sum[i] += algbw_of(size, best[i]) * desc.busbw_factor(nranks);
             }
             ++totals.variant_rows;
-            if (variants_ratio(opt) != nullptr)
-              len += std::snprintf(line + len, sizeof line - len, "  %16.3f", best[1] / best[0]);
+            if (variants_ratio(opt) != nullptr) append_format(&line, "  %16.3f", best[1] / best[0]);
           }
           if (variant_comms.empty()) {
             // Measured out of place, MPI, in place, in turns (--rounds),
@@ -1161,9 +1177,9 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
                             format_time(best_us[in_place]).c_str(), algbw, busbw, wrong.c_str());
               braid_cols[in_place] = cols;
             }
-            len += std::snprintf(line + len, sizeof line - len, "%s", braid_cols[0].c_str());
+            append_format(&line, "%s", braid_cols[0].c_str());
             if (opt.compare_mpi && mpi_us < 0) {
-              len += std::snprintf(line + len, sizeof line - len, "  %7s  %6s  %7s", "N/A", "N/A", "N/A");
+              append_format(&line, "  %7s  %6s  %7s", "N/A", "N/A", "N/A");
             } else if (opt.compare_mpi) {
               const double mpi_busbw = algbw_of(size, mpi_us) * desc.busbw_factor(nranks);
               const double busbw = busbw_of[desc.mpi_in_place && desc.in_place];
@@ -1173,13 +1189,12 @@ int perf_main(int argc, char** argv, const CollDesc& desc) {
                 totals.log_ratio_sum += std::log(busbw / mpi_busbw);
                 ++totals.ratio_n;
               }
-              len += std::snprintf(line + len, sizeof line - len, "  %s  %6.2f  %7s",
-                                   format_time(mpi_us).c_str(), mpi_busbw, ratio.c_str());
+              append_format(&line, "  %s  %6.2f  %7s", format_time(mpi_us).c_str(), mpi_busbw, ratio.c_str());
             }
-            len += std::snprintf(line + len, sizeof line - len, "%s", braid_cols[1].c_str());
+            append_format(&line, "%s", braid_cols[1].c_str());
           }
           if (rank == 0) {
-            std::printf("%s\n", line);
+            std::printf("%s\n", line.c_str());
             if (row_oob > 0)
               std::printf("#  ^ %lld bytes past the end of the buffers were overwritten\n", row_oob);
             std::fflush(stdout);

@@ -8,12 +8,16 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <unistd.h>
 
+#include "src/core/config.h"
 #include "tests/rank_test.h"
 
 namespace {
@@ -113,6 +117,43 @@ TEST(Api, BadEnvironmentNamesTheVariable) {
     else
       unsetenv(c.name);
   }
+}
+
+// A BRAID_* variable braid does not read, close to one it does, gets a
+// warning naming the likely one; others (a build script's, say) do not.
+TEST(Api, MisspeltVariablesAreNamed) {
+  const char* env[] = {"BRAID_TIMOUT=5", "BRAID_BUILD_JOBS=2",  "BRAID_TIMEOUT=1",
+                       "PATH=/bin",      "BRAID_TRANSPOTR=tcp", "BRAID_=x",
+                       nullptr};
+  const std::vector<std::string> w = braid::misspelt_variables(env);
+  ASSERT_EQ(w.size(), 2u);
+  EXPECT_EQ(w[0],
+            "environment variable BRAID_TIMOUT is not a braid setting (did you mean BRAID_TIMEOUT?); it is "
+            "ignored");
+  EXPECT_NE(w[1].find("BRAID_TRANSPOTR is not a braid setting (did you mean BRAID_TRANSPORT?)"),
+            std::string::npos);
+}
+
+// The list the warning compares against holds every BRAID_* variable the
+// library's sources name (a new one left out would be reported as a typo).
+TEST(Api, KnownVariablesCoverTheSources) {
+  const auto& known = braid::known_variables();
+  const std::regex literal("\"(BRAID_[A-Z0-9_]+)\"");
+  size_t files = 0;
+  for (const char* dir : {"src", "transports", "kernels"}) {
+    for (const auto& entry :
+         std::filesystem::recursive_directory_iterator(std::string(BRAID_SOURCE_DIR) + "/" + dir)) {
+      const std::string ext = entry.path().extension();
+      if (ext != ".cc" && ext != ".h" && ext != ".cu") continue;
+      ++files;
+      std::ifstream in(entry.path());
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      for (std::sregex_iterator m(text.begin(), text.end(), literal), end; m != end; ++m)
+        EXPECT_NE(std::find(known.begin(), known.end(), (*m)[1].str()), known.end())
+            << (*m)[1] << " in " << entry.path() << " is not in known_variables()";
+    }
+  }
+  EXPECT_GT(files, 20u);
 }
 
 TEST(Api, InitEnvNeedsItsVariables) {

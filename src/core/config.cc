@@ -1,13 +1,16 @@
 #include "src/core/config.h"
 
-#include <unistd.h>
+#include <unistd.h>  // environ
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 
 #include "kernels/cpu/reduce_kernels.h"
+#include "src/core/logging.h"
 
 namespace braid {
 namespace {
@@ -109,7 +112,93 @@ std::string default_host_id() {
   return n > 0 ? machine_id() + ":" + std::string(ns, static_cast<size_t>(n)) : machine_id();
 }
 
+const std::vector<std::string>& known_variables() {
+  static const std::vector<std::string> names = {
+      "BRAID_ALGO",
+      "BRAID_CHECK_CALLS",
+      "BRAID_CPU_ISA",
+      "BRAID_CUDA_CHUNK_BYTES",
+      "BRAID_CUDA_IPC",
+      "BRAID_CUDA_KERNELS",
+      "BRAID_CUDA_P2P_LEVEL",
+      "BRAID_DEBUG",
+      "BRAID_DEBUG_FILE",
+      "BRAID_DEBUG_SUBSYS",
+      "BRAID_DIRECT_MAX_BYTES",
+      "BRAID_DUMP_SIGNAL",
+      "BRAID_HOST_ID",
+      "BRAID_JOB_TOKEN",
+      "BRAID_PEER_READ_MIN_BYTES",
+      "BRAID_ROOT_PORT",
+      "BRAID_SHM_PEER_READS",
+      "BRAID_SHM_SLOTS",
+      "BRAID_SHM_SLOT_BYTES",
+      "BRAID_SHM_STREAM_MAX_BYTES",
+      "BRAID_SHM_STREAM_MIN_BYTES",
+      "BRAID_SOCKET_IFNAME",
+      "BRAID_SPIN_US",
+      "BRAID_TCP_BUFFER_BYTES",
+      "BRAID_TCP_READ_AHEAD",
+      "BRAID_TCP_SLOTS",
+      "BRAID_TCP_SLOT_BYTES",
+      "BRAID_TCP_SOCKETS",
+      "BRAID_TIMEOUT",
+      "BRAID_TOPO_FILE",
+      "BRAID_TOPO_NUMA",
+      "BRAID_TRACE_FILE",
+      "BRAID_TRACE_MAX_EVENTS",
+      "BRAID_TRACE_MIN_WAIT_US",
+      "BRAID_TRANSPORT",
+      "BRAID_TUNE_PROBE",
+      "BRAID_WINDOW_MIN_BYTES",
+  };
+  return names;
+}
+
+namespace {
+
+// Levenshtein distance, stopping early once it passes `limit`.
+size_t edit_distance(const std::string& a, const std::string& b, size_t limit) {
+  if (a.size() > b.size() + limit || b.size() > a.size() + limit) return limit + 1;
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0], best = ++row[0];
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+      best = std::min(best, row[j]);
+    }
+    if (best > limit) return limit + 1;
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::vector<std::string> misspelt_variables(const char* const* env) {
+  std::vector<std::string> out;
+  const auto& known = known_variables();
+  for (; env != nullptr && *env != nullptr; ++env) {
+    const std::string entry = *env;
+    const std::string name = entry.substr(0, entry.find('='));
+    if (name.rfind("BRAID_", 0) != 0 || std::find(known.begin(), known.end(), name) != known.end()) continue;
+    for (const std::string& k : known) {
+      if (edit_distance(name, k, 2) > 2) continue;
+      out.push_back("environment variable " + name + " is not a braid setting (did you mean " + k +
+                    "?); it is ignored");
+      break;
+    }
+  }
+  return out;
+}
+
 Status Config::from_env(Config* out) {
+  static std::once_flag warned;
+  std::call_once(warned, [] {
+    for (const std::string& w : misspelt_variables(environ)) BRAID_WARN("INIT", -1, "%s", w.c_str());
+  });
   Config c;
   bool present = false;
   BRAID_RETURN_IF_ERROR(env_double("BRAID_TIMEOUT", 1e-3, 1e9, &c.timeout_s, &present));

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "src/algo/tuner.h"
 #include "src/core/status.h"
@@ -63,6 +64,12 @@ Status env_double(const char* name, double min, double max, double* value, bool*
 Status env_size(const char* name, size_t min, size_t max, size_t* value, bool* present);
 
 std::string default_host_id();
+// Every BRAID_* environment variable the library reads.
+const std::vector<std::string>& known_variables();
+// One warning per BRAID_* variable of `env` (NAME=value strings, as in
+// environ) that braid does not read but that is two edits or fewer from one
+// it does: a misspelt setting would otherwise be ignored without a word.
+std::vector<std::string> misspelt_variables(const char* const* env);
 // The longest host id ranks exchange (BRAID_HOST_ID is refused beyond it:
 // cut short, two hosts' ids could become one).
 constexpr size_t kMaxHostIdBytes = 191;

@@ -40,10 +40,13 @@
 #include <thread>
 #include <vector>
 
+#include "bench/flags.h"
 #include "tools/check/collective_check.h"
 #include "tools/launcher/fork_ranks.h"
 
 namespace {
+
+constexpr size_t kMaxCount = size_t{1} << 30;  // --sizes: elements per buffer
 
 using braid::check::CheckOptions;
 using braid::check::CheckReport;
@@ -65,7 +68,7 @@ void usage(FILE* f) {
       "  --seed S              input seed (default 1)\n"
       "  --no-in-place --no-out-of-place --no-blocking --no-nonblocking --no-random\n"
       "                        leave out a dimension of the matrix\n"
-      "  --max-bytes B         skip checks whose largest buffer exceeds B bytes (default 1G)\n"
+      "  --max-bytes B         skip checks whose largest buffer exceeds B bytes (default 1G; 0: no limit)\n"
       "  --register B          cut every buffer from a B-byte arena per rank, allocated with\n"
       "                        braid_mem_alloc and registered on the communicator\n"
       "  --timeout S           per-operation deadline (braid_comm_set_timeout)\n"
@@ -86,25 +89,6 @@ std::vector<std::string> split(std::string_view s) {
     i = j + 1;
   }
   return out;
-}
-
-bool parse_size(const std::string& s, size_t* out) {
-  if (s.empty()) return false;
-  char* end = nullptr;
-  errno = 0;
-  unsigned long long v = std::strtoull(s.c_str(), &end, 10);
-  if (errno != 0 || end == s.c_str()) return false;
-  std::string_view rest(end);
-  if (rest == "K" || rest == "k")
-    v <<= 10;
-  else if (rest == "M" || rest == "m")
-    v <<= 20;
-  else if (rest == "G" || rest == "g")
-    v <<= 30;
-  else if (!rest.empty())
-    return false;
-  *out = static_cast<size_t>(v);
-  return true;
 }
 
 bool parse_double(const char* s, double* out) {
@@ -271,6 +255,13 @@ void print_header(const CheckOptions& o, int nranks) {
 
 // Runs the matrix on one rank; prints the summary on rank 0.
 int run_rank(braid_comm_t comm, int rank, int nranks, const CheckOptions& opts) {
+  for (int root : opts.roots) {
+    if (root < nranks) continue;
+    // Every rank sees the same: none runs a check.
+    if (rank == 0)
+      std::printf("braid-check: --roots names rank %d, but there are %d ranks -- FAILED\n", root, nranks);
+    return 1;
+  }
   if (rank == 0) print_header(opts, nranks);
   CheckReport rep = braid::check::run_check_matrix(comm, opts);
   if (rank == 0) print_summary(rep, nranks);
@@ -329,7 +320,9 @@ int main(int argc, char** argv) {
       opts.counts.clear();
       for (const auto& s : split(value("--sizes"))) {
         size_t c = 0;
-        if (!parse_size(s, &c)) bad("--sizes entry '" + s + "'");
+        // Elements; the bound keeps count x element size x ranks within size_t.
+        if (!braid_bench::parse_size(s.c_str(), &c) || c > kMaxCount)
+          bad("--sizes entry '" + s + "' (element counts up to 1G, with K, M, G suffixes)");
         opts.counts.push_back(c);
       }
       if (opts.counts.empty()) bad("--sizes");
@@ -359,7 +352,7 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--seed") {
       size_t s = 0;
-      if (!parse_size(value("--seed"), &s)) bad("--seed");
+      if (!braid_bench::parse_size(value("--seed"), &s)) bad("--seed");
       opts.seed = s;
     } else if (a == "--no-in-place") {
       opts.in_place = false;
@@ -373,16 +366,17 @@ int main(int argc, char** argv) {
       opts.random_floats = false;
     } else if (a == "--max-bytes") {
       size_t b = 0;
-      if (!parse_size(value("--max-bytes"), &b)) bad("--max-bytes");
+      if (!braid_bench::parse_size(value("--max-bytes"), &b)) bad("--max-bytes");
       opts.max_buffer_bytes = b;
     } else if (a == "--register") {
       size_t b = 0;
-      if (!parse_size(value("--register"), &b) || b == 0) bad("--register");
+      if (!braid_bench::parse_size(value("--register"), &b) || b == 0) bad("--register");
       opts.registered_arena_bytes = b;
     } else if (a == "--timeout") {
       if (!parse_double(value("--timeout"), &opts.op_timeout_s)) bad("--timeout");
     } else if (a == "--launch-timeout") {
-      if (!parse_double(value("--launch-timeout"), &launch_timeout)) bad("--launch-timeout");
+      if (!parse_double(value("--launch-timeout"), &launch_timeout) || launch_timeout <= 0)
+        bad("--launch-timeout");
     } else if (a == "--init-timeout") {
       if (!parse_double(value("--init-timeout"), &init_timeout)) bad("--init-timeout");
     } else if (a == "--id-file") {

@@ -19,7 +19,7 @@ namespace {
 
 // Shared between the children: rank 0 publishes the unique id here.
 struct SharedBlock {
-  std::atomic<int> published;
+  std::atomic<int> published;  // 1: id is set; -1: rank 0 ended without one
   braid_unique_id_t id;
 };
 
@@ -30,14 +30,20 @@ struct SharedBlock {
     braid_unique_id_t id;
     if (braid_get_unique_id(&id) != BRAID_SUCCESS) {
       std::fprintf(stderr, "rank 0: braid_get_unique_id failed: %s\n", braid_get_last_error());
+      shared->published.store(-1, std::memory_order_release);
       _exit(91);
     }
     shared->id = id;
     shared->published.store(1, std::memory_order_release);
   } else {
-    while (shared->published.load(std::memory_order_acquire) == 0) {
+    int published;
+    while ((published = shared->published.load(std::memory_order_acquire)) == 0) {
       struct timespec ts = {0, 200 * 1000};
       nanosleep(&ts, nullptr);
+    }
+    if (published < 0) {
+      std::fprintf(stderr, "rank %d: rank 0 ended without a unique id to share\n", rank);
+      _exit(93);
     }
   }
   braid_comm_t comm = nullptr;
@@ -111,6 +117,11 @@ LaunchResult fork_ranks(const LaunchOptions& options, const RankFn& fn) {
         if (pids[r] != pid) continue;
         if (WIFEXITED(status)) result.ranks[r].exit_code = WEXITSTATUS(status);
         if (WIFSIGNALED(status)) result.ranks[r].signal = WTERMSIG(status);
+        // Whatever ended rank 0 before it shared the id, the others stop waiting.
+        if (r == 0) {
+          int none = 0;
+          shared->published.compare_exchange_strong(none, -1);
+        }
         pids[r] = -1;
         --remaining;
       }
