@@ -427,6 +427,20 @@ TEST_F(OneRank, WaitingInsideTheGroupThatHoldsTheOpIsRefused) {
   EXPECT_EQ(y[3], 4.0f);
 }
 
+// A communicator whose operations wait in this thread's open group is not
+// destroyed (they would start at group_end on a destroyed communicator).
+TEST_F(OneRank, DestroyInsideAGroupHoldingItsOperationsIsRefused) {
+  float x = 1;
+  BRAID_ASSERT_OK(braid_group_start());
+  BRAID_ASSERT_OK(braid_all_reduce(&x, &x, 1, BRAID_FLOAT32, BRAID_SUM, comm_, nullptr));
+  EXPECT_EQ(braid_comm_destroy(comm_), BRAID_ERR_INVALID_USAGE);
+  EXPECT_NE(std::string(braid_get_last_error()).find("open group holds operations on the communicator"),
+            std::string::npos)
+      << braid_get_last_error();
+  BRAID_ASSERT_OK(braid_group_end());
+  EXPECT_EQ(x, 1.0f);
+}
+
 TEST_F(OneRank, AnIOperationThatCanFinishAtOnceIsDoneWhenTheCallReturns) {
   // The posting thread drives briefly before leaving the op to the progress
   // thread: an op with nothing to wait for never costs a thread hand-off.

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -295,10 +296,14 @@ TEST_P(FailureTransports, CallbackReportsATimeoutWithoutAWaiter) {
   });
 }
 
-TEST_P(FailureTransports, AbortFromAnotherThreadWakesTheWaiter) {
-  Env env = transport_env(GetParam());
+// Rank 0 runs `waits` (a call that waits for rank 1, which sleeps) while
+// another thread aborts its communicator 200 ms in: the call must return
+// BRAID_ERR_ABORTED then, not at the 60 s deadline.
+void abort_while_waiting(const std::string& transport, void (*waits)(braid_comm_t)) {
+  Env env = transport_env(transport);
   env.push_back({"BRAID_DEBUG", "NONE"});
-  run_ranks(2, env, [](braid_comm_t comm, int rank, int) {
+  env.push_back({"BRAID_TIMEOUT", "60"});
+  run_ranks(2, env, [waits](braid_comm_t comm, int rank, int) {
     if (rank == 1) {
       std::this_thread::sleep_for(std::chrono::seconds(1));
       return;
@@ -307,13 +312,65 @@ TEST_P(FailureTransports, AbortFromAnotherThreadWakesTheWaiter) {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
       EXPECT_EQ(braid_comm_abort(comm), BRAID_SUCCESS);
     });
-    float x = 1;
-    EXPECT_EQ(braid_all_reduce(&x, &x, 1, BRAID_FLOAT32, BRAID_SUM, comm, nullptr), BRAID_ERR_ABORTED);
-    EXPECT_TRUE(contains(braid_get_last_error(), "aborted")) << braid_get_last_error();
+    const auto start = std::chrono::steady_clock::now();
+    waits(comm);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+    EXPECT_TRUE(contains(braid_get_last_error(), "aborted by braid_comm_abort")) << braid_get_last_error();
     aborter.join();
     // Abort released the handle: the launcher's destroy must fail cleanly, so
     // make a fresh communicator-less exit path instead.
     _exit(::testing::Test::HasFailure() ? 1 : 0);
+  });
+}
+
+TEST_P(FailureTransports, AbortFromAnotherThreadWakesTheWaiter) {
+  abort_while_waiting(GetParam(), [](braid_comm_t comm) {
+    float x = 1;
+    EXPECT_EQ(braid_all_reduce(&x, &x, 1, BRAID_FLOAT32, BRAID_SUM, comm, nullptr), BRAID_ERR_ABORTED);
+  });
+}
+
+// braid_comm_abort also ends a comm_split waiting on another thread for a
+// peer (it timed out at the deadline: split talks over the bootstrap ring).
+TEST_P(FailureTransports, AbortEndsACommSplitInProgress) {
+  abort_while_waiting(GetParam(), [](braid_comm_t comm) {
+    braid_comm_t part = nullptr;
+    EXPECT_EQ(braid_comm_split(comm, 0, 0, &part), BRAID_ERR_ABORTED) << braid_get_last_error();
+  });
+}
+
+// A call a group refuses (a bad dtype on rank 1 only) fails the group:
+// group_end returns the refusal, and since the group's other operation on
+// the communicator is made, the communicator is aborted and rank 0 learns
+// why at once (its group_end waited for the deadline before, and rank 1's
+// returned success).
+TEST_P(FailureTransports, ARefusedCallFailsItsGroupOnEveryRank) {
+  Env env = transport_env(GetParam());
+  env.push_back({"BRAID_DEBUG", "NONE"});
+  env.push_back({"BRAID_TIMEOUT", "60"});
+  run_ranks(2, env, [](braid_comm_t comm, int rank, int) {
+    const auto start = std::chrono::steady_clock::now();
+    float a = 1, b = 2;
+    braid_dtype_t second = BRAID_FLOAT32;
+    if (rank == 1) {
+      const int bad = 99;
+      std::memcpy(&second, &bad, sizeof(bad));
+    }
+    BRAID_ASSERT_OK(braid_group_start());
+    EXPECT_EQ(braid_all_reduce(&a, &a, 1, BRAID_FLOAT32, BRAID_SUM, comm, nullptr), BRAID_SUCCESS);
+    EXPECT_EQ(braid_all_reduce(&b, &b, 1, second, BRAID_SUM, comm, nullptr),
+              rank == 1 ? BRAID_ERR_INVALID_ARGUMENT : BRAID_SUCCESS);
+    const braid_result_t end = braid_group_end();
+    const std::string msg = braid_get_last_error();
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20)) << "rank " << rank;
+    if (rank == 1) {
+      EXPECT_EQ(end, BRAID_ERR_INVALID_ARGUMENT) << msg;
+      EXPECT_TRUE(contains(msg.c_str(), "a call in this group was refused: rank 1: all_reduce")) << msg;
+    } else {
+      EXPECT_NE(end, BRAID_SUCCESS) << msg;
+      EXPECT_TRUE(contains(msg.c_str(), "rank 1")) << msg;
+      EXPECT_TRUE(contains(msg.c_str(), "a call in this group was refused")) << msg;
+    }
   });
 }
 
@@ -502,6 +559,24 @@ TEST_P(FailureTransports, CheckCallsNamesBothSidesOfAMismatch) {
     EXPECT_TRUE(contains(braid_get_last_error(),
                          rank == 0 ? "rank 1 called reduce #0 (count 4, int64, max, root 0)"
                                    : "rank 0 called reduce #0 (count 4, float64, max, root 0)"))
+        << braid_get_last_error();
+  });
+  // A count of 0 on one rank only (a call the others' data never reaches)
+  // and a different root are found too.
+  run_ranks(2, env, [](braid_comm_t comm, int rank, int) {
+    std::vector<float> v(8, 1.0f);
+    braid_result_t r =
+        braid_all_reduce(v.data(), v.data(), rank == 0 ? 0 : 8, BRAID_FLOAT32, BRAID_SUM, comm, nullptr);
+    EXPECT_EQ(r, BRAID_ERR_MISMATCH) << braid_get_last_error();
+    EXPECT_TRUE(contains(braid_get_last_error(), rank == 0 ? "rank 1 called all_reduce #0 (count 8,"
+                                                           : "rank 0 called all_reduce #0 (count 0,"))
+        << braid_get_last_error();
+  });
+  run_ranks(2, env, [](braid_comm_t comm, int rank, int) {
+    std::vector<float> v(8, 1.0f);
+    const braid_result_t r = braid_broadcast(v.data(), v.data(), 8, BRAID_FLOAT32, rank, comm, nullptr);
+    EXPECT_EQ(r, BRAID_ERR_MISMATCH) << braid_get_last_error();
+    EXPECT_TRUE(contains(braid_get_last_error(), rank == 0 ? "root 1)" : "root 0)"))
         << braid_get_last_error();
   });
 }
@@ -952,6 +1027,46 @@ TEST(Resources, ARankKilledDuringShmSetupLeavesNoSegment) {
     unlink(name.c_str());
   }
   munmap(shared, sizeof(Shared));
+}
+
+// A collective whose work buffers cannot be allocated fails with
+// BRAID_ERR_SYSTEM on that rank (std::bad_alloc escaped the C API and
+// aborted the process), and its peers learn why at once.
+TEST(Resources, OutOfMemoryForWorkBuffersIsAnError) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "an address space limit starves the sanitizers' runtime; runs in the plain build";
+#endif
+  auto r =
+      launch(2, {{"BRAID_DEBUG", "NONE"}, {"BRAID_TIMEOUT", "60"}}, [](braid_comm_t comm, int rank, int) {
+        // In place, all_to_all reads a copy of its input: 64 MiB.
+        const size_t count = size_t{8} << 20;
+        std::vector<int32_t> a(count * 2, rank);
+        if (rank == 0) {
+          std::ifstream status("/proc/self/status");
+          std::string line;
+          size_t vm_kb = 0;
+          while (std::getline(status, line))
+            if (line.rfind("VmSize:", 0) == 0) vm_kb = std::stoul(line.substr(7));
+          ASSERT_GT(vm_kb, 0u);
+          rlimit lim{};
+          getrlimit(RLIMIT_AS, &lim);
+          lim.rlim_cur = static_cast<rlim_t>((vm_kb << 10) + (size_t{16} << 20));
+          ASSERT_EQ(setrlimit(RLIMIT_AS, &lim), 0);
+        }
+        const auto start = std::chrono::steady_clock::now();
+        const braid_result_t res = braid_all_to_all(a.data(), a.data(), count, BRAID_INT32, comm, nullptr);
+        const std::string msg = braid_comm_get_last_error(comm);
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30)) << "rank " << rank;
+        if (rank == 0) {
+          EXPECT_EQ(res, BRAID_ERR_SYSTEM) << msg;
+        } else {
+          EXPECT_NE(res, BRAID_SUCCESS) << msg;
+        }
+        EXPECT_TRUE(
+            contains(msg.c_str(), "all_to_all #0: out of memory for its work buffers (32 MiB per rank)"))
+            << "rank " << rank << ": " << msg;
+      });
+  EXPECT_TRUE(r.ok()) << r.describe();
 }
 
 // The rendezvous port taken by another process: the error names the address,

@@ -31,6 +31,16 @@
  *   (BRAID_ERR_MISMATCH otherwise). Send and receive, calls across hosts, and
  *   jobs where a rank cannot map another's memory (the log says why) move
  *   device data through pinned host memory (host staging).
+ * - Every rank calls the same collectives on a communicator in the same
+ *   order, with the same count, dtype, op and root (as with NCCL). A call
+ *   from several threads on one communicator must be ordered by the caller:
+ *   two calls of the same shape that ranks make in different orders cannot
+ *   be told apart, and their results are wrong. Different kinds, counts,
+ *   dtypes and ops are found where messages meet (BRAID_ERR_MISMATCH). A
+ *   different root, or a count of 0 on some ranks only, is not: such a call
+ *   times out or returns wrong data, unless BRAID_CHECK_CALLS=1, which
+ *   compares every collective's arguments first (one small exchange per
+ *   call). A collective on one rank against comm_split on another times out.
  */
 #ifndef BRAID_BRAID_H_
 #define BRAID_BRAID_H_
@@ -237,7 +247,11 @@ braid_result_t braid_request_set_callback(braid_request_t request, braid_callbac
  * group must not read what another of them writes (as with NCCL, their
  * order inside the group is not promised): stream-ordered ones read their
  * inputs before any of them ran where device memory is staged through the
- * host. */
+ * host. A call the group refuses (bad arguments) fails it: group_end
+ * returns that error, and where the group holds other operations on that
+ * communicator, it is aborted (its peers learn why) since they cannot all
+ * be made. A communicator with operations in the thread's open group cannot
+ * be destroyed (BRAID_ERR_INVALID_USAGE). */
 braid_result_t braid_group_start(void);
 braid_result_t braid_group_end(void);
 

@@ -152,6 +152,9 @@ struct Pending {
 };
 struct GroupState {
   std::vector<Pending> ops;
+  // The first call the group refused (bad arguments), and its communicator.
+  Status refused;
+  std::shared_ptr<Communicator> refused_comm;
   // group_end's scratch, kept for its capacity.
   std::vector<Op*> waiting;
   std::vector<Engine*> engines;
@@ -391,9 +394,14 @@ braid_result_t submit(const Call& c) {
   Status st = lookup(c.handle, &comm);
   if (!st) return finish(st.with_context(op_kind_name(c.kind)));
   st = validate(c, *comm);
-  if (!st)
-    return finish(st.with_context("rank " + std::to_string(comm->rank()) + ": " + op_kind_name(c.kind)),
-                  comm.get());
+  if (!st) {
+    st = st.with_context("rank " + std::to_string(comm->rank()) + ": " + op_kind_name(c.kind));
+    if (t_group_depth > 0 && group().refused.is_ok()) {
+      group().refused = st;
+      group().refused_comm = comm;
+    }
+    return finish(st, comm.get());
+  }
   if (c.stream != nullptr) return submit_stream_ordered(c, comm);
   const bool async = c.request != nullptr;
   std::shared_ptr<Op> op = comm->make_op(c.kind, c.args, async, Algo::kAuto, t_group_depth > 0);
@@ -627,6 +635,16 @@ BRAID_API braid_result_t braid_comm_split(braid_comm_t handle, int color, int ke
 
 BRAID_API braid_result_t braid_comm_destroy(braid_comm_t handle) {
   if (handle == nullptr) return finish(Status::invalid_argument("comm is NULL"));
+  if (t_group_depth > 0) {
+    // Its ops would start at group_end on a destroyed communicator.
+    std::shared_ptr<Communicator> live;
+    if (lookup(handle, &live))
+      for (const Pending& p : group().ops)
+        if (p.comm == live)
+          return finish(Status::invalid_usage(
+              "comm_destroy: this thread's open group holds operations on the communicator; end the group "
+              "first"));
+  }
   std::shared_ptr<Communicator> comm = comms().take(id_of(handle));
   if (!comm)
     return finish(
@@ -639,7 +657,7 @@ BRAID_API braid_result_t braid_comm_abort(braid_comm_t handle) {
   if (handle == nullptr) return finish(Status::invalid_argument("comm is NULL"));
   std::shared_ptr<Communicator> comm = comms().take(id_of(handle));
   if (!comm) return finish(Status::invalid_argument("comm_abort: comm is not a live communicator"));
-  comm->engine().abort(
+  comm->abort(
       Status::aborted("rank " + std::to_string(comm->rank()) + ": communicator aborted by braid_comm_abort"));
   return BRAID_SUCCESS;
 }
@@ -763,7 +781,10 @@ BRAID_API braid_result_t braid_wait(braid_request_t* request) {
 
 BRAID_API braid_result_t braid_test(braid_request_t* request, int* done) {
   if (request == nullptr || *request == nullptr || done == nullptr)
-    return finish(Status::invalid_argument("test: request or done is NULL"));
+    return finish(Status::invalid_argument(request == nullptr ? "test: request is NULL"
+                                           : *request == nullptr
+                                               ? "test: *request is NULL (already completed?)"
+                                               : "test: done is NULL"));
   *done = 0;
   std::shared_ptr<Request> req = requests().get(id_of(*request));
   if (!req)
@@ -782,8 +803,10 @@ BRAID_API braid_result_t braid_test(braid_request_t* request, int* done) {
 }
 
 BRAID_API braid_result_t braid_wait_all(int count, braid_request_t* reqs) {
-  if (count < 0 || (count > 0 && reqs == nullptr))
-    return finish(Status::invalid_argument("wait_all: count is negative or requests is NULL"));
+  if (count < 0)
+    return finish(Status::invalid_argument("wait_all: count is negative (" + std::to_string(count) + ")"));
+  if (count > 0 && reqs == nullptr)
+    return finish(Status::invalid_argument("wait_all: requests is NULL with count " + std::to_string(count)));
   braid_result_t first = BRAID_SUCCESS;
   std::string message;
   for (int i = 0; i < count; ++i) {
@@ -808,7 +831,8 @@ BRAID_API braid_result_t braid_request_free(braid_request_t request) {
 BRAID_API braid_result_t braid_request_set_callback(braid_request_t request, braid_callback_t callback,
                                                     void* user) {
   if (request == nullptr || callback == nullptr)
-    return finish(Status::invalid_argument("request_set_callback: request or callback is NULL"));
+    return finish(Status::invalid_argument(request == nullptr ? "request_set_callback: request is NULL"
+                                                              : "request_set_callback: callback is NULL"));
   std::shared_ptr<Request> req = requests().get(id_of(request));
   if (!req) return finish(Status::invalid_argument("request_set_callback: request is not a live request"));
   if (req->callback_set.exchange(true))
@@ -831,6 +855,21 @@ BRAID_API braid_result_t braid_group_end(void) {
   std::vector<Pending> ops;
   ops.swap(group().ops);
   Status first;
+  // A call the group refused: its peers made theirs, and this rank's other
+  // ops of the group on that communicator are made too, so the call cannot
+  // be made again there. The communicator is aborted (its peers learn why at
+  // once) and group_end reports the refusal, as NCCL's reports a group's
+  // first error.
+  if (Status refused = std::exchange(group().refused, Status()); !refused.is_ok()) {
+    std::shared_ptr<Communicator> comm = std::move(group().refused_comm);
+    first = Status(refused.code(), "a call in this group was refused: " + refused.message());
+    for (const Pending& p : ops)
+      if (p.comm == comm) {
+        comm->engine().abort(first);
+        break;
+      }
+    comm->set_last_error(first.message());
+  }
   // Every stream-ordered call is staged before any stream waits for one:
   // their host ops may need each other (a send and the matching recv).
   // A call that cannot be enqueued breaks its communicator, since the

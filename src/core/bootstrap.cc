@@ -604,9 +604,19 @@ Status Bootstrap::all_gather(const void* mine, size_t bytes, std::vector<uint8_t
   // A ring exchange that failed part way leaves bytes in flight: a later
   // one would read them as its own.
   if (!broken_.is_ok()) return broken_;
-  Status st = ring_all_gather(mine, bytes, out, deadline);
+  Status st =
+      aborted_.load(std::memory_order_acquire) ? abort_why_ : ring_all_gather(mine, bytes, out, deadline);
+  if (!st && aborted_.load(std::memory_order_acquire)) st = abort_why_;
   if (!st) broken_ = Status(st.code(), "the bootstrap ring failed earlier: " + st.message());
   return st;
+}
+
+void Bootstrap::abort(const Status& why) {
+  if (aborting_.exchange(true)) return;
+  abort_why_ = why;
+  aborted_.store(true, std::memory_order_release);
+  for (int fd : {ring_next_fd_, ring_prev_fd_, listen_fd_})
+    if (fd >= 0) shutdown(fd, SHUT_RDWR);
 }
 
 Status Bootstrap::ring_all_gather(const void* mine, size_t bytes, std::vector<uint8_t>* out,

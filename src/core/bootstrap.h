@@ -9,6 +9,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -102,6 +103,10 @@ class Bootstrap {
   // Every rank contributes `bytes` bytes; out gets nranks * bytes in rank order.
   Status all_gather(const void* mine, size_t bytes, std::vector<uint8_t>* out, Deadline deadline);
   Status barrier(Deadline deadline);
+  // Fails an exchange in progress on another thread, and every later one,
+  // with `why` (braid_comm_abort during a comm_split): its sockets are shut
+  // down, which wakes their waits.
+  void abort(const Status& why);
 
   // A fresh connected socket to `peer`, for `tag`; the peer calls
   // accept_from_peer with the same tag. The connector sends a hello with the
@@ -139,6 +144,8 @@ class Bootstrap {
   };
   std::vector<Handshake> handshakes_;
   Status broken_;  // why an all_gather failed; every later one fails so
+  std::atomic<bool> aborting_{false}, aborted_{false};
+  Status abort_why_;  // written before aborted_ is set
   // Reads what arrived on handshakes_[i]; parks or drops it once complete,
   // dropped, or out of time. Returns whether it left the list.
   bool advance_handshake(size_t i, bool readable);

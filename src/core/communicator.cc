@@ -912,7 +912,6 @@ size_t Communicator::p2p_read_min_bytes() const {
 
 std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, bool async, Algo forced,
                                           bool grouped) {
-  auto pick = [&](Coll c, size_t bytes) { return forced != Algo::kAuto ? forced : tuner_.pick(c, bytes); };
   auto op = new_op();
   op->name = op_kind_name(kind);
   op->async = async;
@@ -969,6 +968,25 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
     return checked(std::move(op));
   }
 
+  try {
+    return attach_collective(kind, a, forced, op);
+  } catch (const std::bad_alloc&) {
+    // The collective fails here, and with it the communicator: its peers
+    // learn why at once rather than wait for this rank until the deadline.
+    op->task = []() -> Task { co_return; }();
+    op->failure = Status(BRAID_ERR_SYSTEM, std::string(op->name) + " #" + std::to_string(op->seq) +
+                                               ": out of memory for its work buffers (" +
+                                               bytes_text(a.count * esize) + " per rank)");
+    return op;
+  }
+}
+
+// make_op's collective part: the algorithm's task and its buffers. Leaves
+// `op` as it was where an allocation fails (std::bad_alloc).
+std::shared_ptr<Op> Communicator::attach_collective(OpKind kind, CollArgs a, Algo forced,
+                                                    std::shared_ptr<Op>& op) {
+  auto pick = [&](Coll c, size_t bytes) { return forced != Algo::kAuto ? forced : tuner_.pick(c, bytes); };
+  const size_t esize = dtype_size(a.dtype);
   Regions g;
   if (keep_args_or_skip(kind, *op, a, rank_, nranks_, &g)) return checked(std::move(op));
   const size_t in_bytes = g.in_bytes, out_bytes = g.out_bytes;

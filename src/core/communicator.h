@@ -38,6 +38,12 @@ class Communicator {
   int nranks() const { return nranks_; }
   const Config& config() const { return config_; }
   Engine& engine() { return *engine_; }
+  // braid_comm_abort: fails every pending operation, a comm_split's
+  // exchange on another thread included.
+  void abort(const Status& why) {
+    engine_->abort(why);
+    bootstrap_->abort(why);
+  }
   const std::string& host_of(int rank) const { return hosts_[rank]; }
   // Which transport carries traffic to `peer` ("shm", "tcp", "self").
   const char* transport_to(int peer) const;
@@ -54,6 +60,7 @@ class Communicator {
   // beside the group's other ops even where it blocks.
   std::shared_ptr<Op> make_op(OpKind kind, const CollArgs& args, bool async, Algo algo = Algo::kAuto,
                               bool grouped = false);
+  std::shared_ptr<Op> attach_collective(OpKind kind, CollArgs a, Algo forced, std::shared_ptr<Op>& op);
   // Point-to-point messages of this size and up may be read from the
   // sender's memory (make_op).
   size_t p2p_read_min_bytes() const;
