@@ -93,7 +93,9 @@ typedef enum {
  * power of two, each scaled input rounds once more. The bitwise BAND, BOR
  * and BXOR are defined for integer types only. Other pairings are rejected with BRAID_ERR_INVALID_ARGUMENT.
  * Where both inputs of a floating SUM, PROD or AVG are NaN, which NaN's
- * payload comes out is unspecified (the result is NaN). */
+ * payload comes out is unspecified (the result is NaN). MIN and MAX
+ * propagate NaN (as torch.minimum does; fminf would drop it), on host and
+ * device alike; of two equal values (-0.0 and +0.0) either may come out. */
 typedef enum {
   BRAID_SUM = 0,
   BRAID_PROD = 1,

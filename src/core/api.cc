@@ -621,10 +621,6 @@ BRAID_API braid_result_t braid_comm_split(braid_comm_t handle, int color, int ke
   std::shared_ptr<Communicator> comm;
   Status st = lookup(handle, &comm);
   if (!st) return finish(st.with_context("comm_split"));
-  if (color < 0 && color != BRAID_SPLIT_NOCOLOR)
-    return finish(Status::invalid_argument("color=" + std::to_string(color) +
-                                           " is negative; use BRAID_SPLIT_NOCOLOR to opt out"),
-                  comm.get());
   std::shared_ptr<Communicator> child;
   st = comm->split(color, key, &child);
   if (!st)

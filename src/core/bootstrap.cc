@@ -82,6 +82,7 @@ class RendezvousRoot {
   std::vector<int> rank_fd_;
   std::vector<SockAddr> rank_addr_;
   int joined_ = 0;
+  std::string last_refusal_;  // why the root last refused a rank of this job
 };
 
 void RendezvousRoot::drop(size_t i, const char* why) {
@@ -129,7 +130,8 @@ void RendezvousRoot::run() {
   while (nranks_ < 0 || joined_ < nranks_) {
     if (job_deadline.expired()) {
       gave_up = Status::timeout(missing_ranks() + " within " + std::to_string(static_cast<int>(timeout_s_)) +
-                                " s (BRAID_TIMEOUT); are they started, with the same id and nranks?");
+                                " s (BRAID_TIMEOUT); are they started, with the same id and nranks?" +
+                                (last_refusal_.empty() ? "" : " Refused meanwhile: " + last_refusal_));
       break;
     }
     std::vector<pollfd> fds;
@@ -177,11 +179,15 @@ void RendezvousRoot::run() {
           if (Status st = accept_hello(h, fd); !st) {
             BRAID_WARN("BOOTSTRAP", -1, "rendezvous root rejected a connection: %s", st.message().c_str());
             // A rank of this job is told why; a stranger is not answered.
-            if (h.magic == kMagic && std::memcmp(h.token, token_.data(), kTokenBytes) == 0) {
+            const bool ours = h.magic == kMagic && std::memcmp(h.token, token_.data(), kTokenBytes) == 0;
+            if (ours) {
               const std::vector<uint8_t> refusal = encode_refusal(st.message());
               (void)send_all(fd, refusal.data(), refusal.size(), Deadline::after_seconds(kHandshakeSeconds));
             }
             close(fd);
+            // The job may still form (the refused one was a stray process),
+            // but if it does not, the others learn of this too.
+            if (ours) last_refusal_ = st.message();
           }
           continue;
         }

@@ -736,9 +736,13 @@ Status Communicator::split(int color, int key, std::shared_ptr<Communicator>* ou
   } mine{};
   int listen_fd = -1;
   SockAddr listen_addr;
-  mine.color = color;
+  // A rank refusing its color still takes part in the exchange, so that
+  // every rank fails at once instead of waiting for it until the deadline.
+  constexpr int32_t kRefused = INT32_MIN;
+  const bool refused = color < 0 && color != BRAID_SPLIT_NOCOLOR;
+  mine.color = refused ? kRefused : color;
   mine.key = key;
-  if (color != BRAID_SPLIT_NOCOLOR) {
+  if (color >= 0) {
     BRAID_RETURN_IF_ERROR(bootstrap_->open_listener(&listen_fd, &listen_addr));
     listen_addr.to_wire(mine.addr);
     JobToken t = random_token();
@@ -746,12 +750,19 @@ Status Communicator::split(int color, int key, std::shared_ptr<Communicator>* ou
   }
   std::vector<uint8_t> raw;
   Status st = bootstrap_->all_gather(&mine, sizeof(mine), &raw, deadline);
+  std::vector<SplitInfo> all(nranks_);
+  if (st) std::memcpy(all.data(), raw.data(), raw.size());
+  for (int r = 0; st && r < nranks_; ++r) {
+    if (all[r].color != kRefused) continue;
+    st = r == rank_ ? Status::invalid_argument("color=" + std::to_string(color) +
+                                               " is negative; use BRAID_SPLIT_NOCOLOR to opt out")
+                    : Status::invalid_argument("rank " + std::to_string(r) +
+                                               " passed a negative color (its error names it)");
+  }
   if (!st || color == BRAID_SPLIT_NOCOLOR) {
     close_fd(&listen_fd);
     return st;
   }
-  std::vector<SplitInfo> all(nranks_);
-  std::memcpy(all.data(), raw.data(), raw.size());
   std::vector<int> members;
   for (int r = 0; r < nranks_; ++r)
     if (all[r].color == color) members.push_back(r);
