@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "src/core/config.h"
@@ -439,6 +440,99 @@ TEST_F(OneRank, DestroyInsideAGroupHoldingItsOperationsIsRefused) {
       << braid_get_last_error();
   BRAID_ASSERT_OK(braid_group_end());
   EXPECT_EQ(x, 1.0f);
+}
+
+// A completion callback runs on a thread that drives the engine: braid
+// calls from it are refused (a wait there waited on itself, forever, and a
+// destroy spun forever on the driver's lock).
+TEST_F(OneRank, BraidCallsFromACallbackAreRefused) {
+  float x = 1, y = 0, z = 0;
+  braid_request_t first = nullptr, second = nullptr;
+  BRAID_ASSERT_OK(braid_iall_reduce(&x, &y, 1, BRAID_FLOAT32, BRAID_SUM, comm_, nullptr, &first));
+  BRAID_ASSERT_OK(braid_iall_reduce(&x, &z, 1, BRAID_FLOAT32, BRAID_SUM, comm_, nullptr, &second));
+  struct Seen {
+    braid_request_t other;
+    braid_comm_t comm;
+    braid_result_t wait = BRAID_SUCCESS, destroy = BRAID_SUCCESS, op = BRAID_SUCCESS;
+    std::string message;
+  } seen{second, comm_};
+  BRAID_ASSERT_OK(braid_request_set_callback(
+      first,
+      [](void* user, braid_result_t, const char*) {
+        auto* s = static_cast<Seen*>(user);
+        s->wait = braid_wait(&s->other);
+        s->message = braid_get_last_error();
+        s->destroy = braid_comm_destroy(s->comm);
+        float w = 0;
+        s->op = braid_all_reduce(&w, &w, 1, BRAID_FLOAT32, BRAID_SUM, s->comm, nullptr);
+      },
+      &seen));
+  BRAID_ASSERT_OK(braid_wait(&first));
+  EXPECT_EQ(seen.wait, BRAID_ERR_INVALID_USAGE);
+  EXPECT_EQ(seen.destroy, BRAID_ERR_INVALID_USAGE);
+  EXPECT_EQ(seen.op, BRAID_ERR_INVALID_USAGE);
+  EXPECT_NE(seen.message.find("wait called from a completion callback"), std::string::npos) << seen.message;
+  // Outside the callback everything works as before.
+  BRAID_ASSERT_OK(braid_wait(&second));
+  EXPECT_EQ(z, 1.0f);
+}
+
+// A wait on another thread for an op still in this thread's open group
+// waits for the group to end, bounded by the communicator's timeout (it had
+// no deadline: the op was not posted, and the wait never ended).
+TEST_F(OneRank, AWaitForAnOpInAnotherThreadsOpenGroupIsBounded) {
+  for (bool ends_in_time : {true, false}) {
+    BRAID_ASSERT_OK(braid_comm_set_timeout(comm_, ends_in_time ? 30 : 0.2));
+    float x = 1, y = 0;
+    braid_request_t req = nullptr;
+    BRAID_ASSERT_OK(braid_group_start());
+    BRAID_ASSERT_OK(braid_iall_reduce(&x, &y, 1, BRAID_FLOAT32, BRAID_SUM, comm_, nullptr, &req));
+    braid_result_t waited = BRAID_ERR_INTERNAL;
+    std::string message;
+    std::thread waiter([&] {
+      waited = braid_wait(&req);
+      message = braid_get_last_error();
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(ends_in_time ? 100 : 600));
+    BRAID_ASSERT_OK(braid_group_end());
+    waiter.join();
+    if (ends_in_time) {
+      EXPECT_EQ(waited, BRAID_SUCCESS) << message;
+      EXPECT_EQ(y, 1.0f);
+    } else {
+      EXPECT_EQ(waited, BRAID_ERR_TIMEOUT);
+      EXPECT_NE(message.find("is in another thread's group that did not end within the timeout of 0.2 s"),
+                std::string::npos)
+          << message;
+    }
+  }
+}
+
+// A child of fork() cannot use its parent's communicator (the progress
+// thread is not in the child, and the sockets and shared memory are the
+// parent's): calls are refused, destroy only drops the child's handle (it
+// hung where an op was in flight), and the parent works on.
+TEST_F(OneRank, AForkedChildCannotUseItsParentsCommunicator) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    float x = 1;
+    int code = 0;
+    if (braid_all_reduce(&x, &x, 1, BRAID_FLOAT32, BRAID_SUM, comm_, nullptr) != BRAID_ERR_INVALID_USAGE)
+      code = 1;
+    if (std::string(braid_get_last_error()).find("made before this process was forked") == std::string::npos)
+      code = 2;
+    if (braid_comm_abort(comm_) != BRAID_ERR_INVALID_USAGE) code = 3;
+    if (braid_comm_destroy(comm_) != BRAID_SUCCESS) code = 4;
+    _exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  float y = 2;
+  BRAID_ASSERT_OK(braid_all_reduce(&y, &y, 1, BRAID_FLOAT32, BRAID_SUM, comm_, nullptr));
+  EXPECT_EQ(y, 2.0f);
 }
 
 TEST_F(OneRank, AnIOperationThatCanFinishAtOnceIsDoneWhenTheCallReturns) {

@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -221,15 +222,24 @@ TEST_P(FailureTransports, SteadyTrafficDoesNotHideADeadPeer) {
   expect_survivors_exited(result, 2);
 }
 
-TEST_P(FailureTransports, AbsentPeerTimesOutNamingOperationAndPeer) {
-  Env env = transport_env(GetParam());
-  env.push_back({"BRAID_DEBUG", "INFO"});
-  run_ranks(2, env, [](braid_comm_t comm, int rank, int) {
+// Two ranks: rank 1 stays alive for `peer_seconds` without calling braid;
+// rank 0 runs `body`, whose calls wait for rank 1.
+void with_absent_peer(const std::string& transport, const Env& extra, int peer_seconds,
+                      const std::function<void(braid_comm_t)>& body) {
+  Env env = transport_env(transport);
+  env.insert(env.end(), extra.begin(), extra.end());
+  run_ranks(2, env, [&](braid_comm_t comm, int rank, int) {
     if (rank == 1) {
-      // Stays alive but never joins the collective.
-      std::this_thread::sleep_for(std::chrono::seconds(2));
+      std::this_thread::sleep_for(std::chrono::seconds(peer_seconds));
       return;
     }
+    body(comm);
+  });
+}
+
+TEST_P(FailureTransports, AbsentPeerTimesOutNamingOperationAndPeer) {
+  // Rank 1 stays alive but never joins the collective.
+  with_absent_peer(GetParam(), {{"BRAID_DEBUG", "INFO"}}, 2, [&](braid_comm_t comm) {
     // Capture this rank's log to check the pending-operation report.
     char path[] = "/tmp/braid-failure-test-XXXXXX";
     int fd = mkstemp(path);
@@ -300,33 +310,50 @@ TEST_P(FailureTransports, CallbackReportsATimeoutWithoutAWaiter) {
 // another thread aborts its communicator 200 ms in: the call must return
 // BRAID_ERR_ABORTED then, not at the 60 s deadline.
 void abort_while_waiting(const std::string& transport, void (*waits)(braid_comm_t)) {
-  Env env = transport_env(transport);
-  env.push_back({"BRAID_DEBUG", "NONE"});
-  env.push_back({"BRAID_TIMEOUT", "60"});
-  run_ranks(2, env, [waits](braid_comm_t comm, int rank, int) {
-    if (rank == 1) {
-      std::this_thread::sleep_for(std::chrono::seconds(1));
-      return;
-    }
-    std::thread aborter([comm] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      EXPECT_EQ(braid_comm_abort(comm), BRAID_SUCCESS);
-    });
-    const auto start = std::chrono::steady_clock::now();
-    waits(comm);
-    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
-    EXPECT_TRUE(contains(braid_get_last_error(), "aborted by braid_comm_abort")) << braid_get_last_error();
-    aborter.join();
-    // Abort released the handle: the launcher's destroy must fail cleanly, so
-    // make a fresh communicator-less exit path instead.
-    _exit(::testing::Test::HasFailure() ? 1 : 0);
-  });
+  with_absent_peer(transport, {{"BRAID_DEBUG", "NONE"}, {"BRAID_TIMEOUT", "60"}}, 1,
+                   [waits](braid_comm_t comm) {
+                     std::thread aborter([comm] {
+                       std::this_thread::sleep_for(std::chrono::milliseconds(200));
+                       EXPECT_EQ(braid_comm_abort(comm), BRAID_SUCCESS);
+                     });
+                     const auto start = std::chrono::steady_clock::now();
+                     waits(comm);
+                     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+                     EXPECT_TRUE(contains(braid_get_last_error(), "aborted by braid_comm_abort"))
+                         << braid_get_last_error();
+                     aborter.join();
+                     // Abort released the handle: the launcher's destroy must fail cleanly, so
+                     // make a fresh communicator-less exit path instead.
+                     _exit(::testing::Test::HasFailure() ? 1 : 0);
+                   });
 }
 
 TEST_P(FailureTransports, AbortFromAnotherThreadWakesTheWaiter) {
   abort_while_waiting(GetParam(), [](braid_comm_t comm) {
     float x = 1;
     EXPECT_EQ(braid_all_reduce(&x, &x, 1, BRAID_FLOAT32, BRAID_SUM, comm, nullptr), BRAID_ERR_ABORTED);
+  });
+}
+
+// braid_comm_set_timeout around one call sets that call's deadline even
+// while it waits in its lane behind an earlier op with a longer one (only
+// the lane's front was checked: B returned after 6 s, when A's peer sent).
+TEST_P(FailureTransports, AQueuedOpKeepsItsOwnDeadline) {
+  with_absent_peer(GetParam(), {{"BRAID_DEBUG", "NONE"}}, 2, [](braid_comm_t comm) {
+    float a = 0, b = 0;
+    braid_request_t ra = nullptr, rb = nullptr;
+    BRAID_ASSERT_OK(braid_comm_set_timeout(comm, 60));
+    BRAID_ASSERT_OK(braid_irecv(&a, 1, BRAID_FLOAT32, 1, comm, nullptr, &ra));
+    BRAID_ASSERT_OK(braid_comm_set_timeout(comm, 0.5));
+    BRAID_ASSERT_OK(braid_irecv(&b, 1, BRAID_FLOAT32, 1, comm, nullptr, &rb));
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_EQ(braid_wait(&rb), BRAID_ERR_TIMEOUT);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(1800));
+    EXPECT_TRUE(contains(braid_get_last_error(),
+                         "recv #1 timed out: not done within the timeout of 0.5 s, queued "
+                         "behind recv #0"))
+        << braid_get_last_error();
+    EXPECT_NE(braid_wait(&ra), BRAID_SUCCESS);
   });
 }
 

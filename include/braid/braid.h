@@ -5,7 +5,9 @@
  *   code; braid_get_last_error() (per thread) and braid_comm_get_last_error()
  *   (per communicator) give the full message: rank, peer, operation, cause.
  * - Handles are opaque. A destroyed communicator or a completed request is
- *   rejected with BRAID_ERR_INVALID_ARGUMENT, never dereferenced.
+ *   rejected with BRAID_ERR_INVALID_ARGUMENT, never dereferenced. A child of
+ *   fork() cannot use a communicator its parent made (BRAID_ERR_INVALID_USAGE;
+ *   braid_comm_destroy there only drops the child's handle).
  * - Every operation has a blocking form and an `i` form that returns a
  *   braid_request_t; the `i` form progresses without the caller polling.
  * - In-place is allowed everywhere: sendbuf == recvbuf, or the NCCL layouts
@@ -234,7 +236,8 @@ braid_result_t braid_request_free(braid_request_t request);
 /* Called once when the operation completes, with its result and message
  * (valid during the call). It runs on whichever thread completes the
  * operation, often braid's progress thread, or at once on this thread if the
- * operation is already done; it must return quickly and must not call braid.
+ * operation is already done; it must return quickly and must not call braid
+ * (a call that could wait fails with BRAID_ERR_INVALID_USAGE there).
  * The request stays valid: wait, test or free it as usual; braid_wait and
  * braid_test return only once the callback has returned. At most one
  * callback per request; a second call is rejected. */

@@ -139,6 +139,12 @@ Status lookup(braid_comm_t handle, std::shared_ptr<Communicator>* out) {
     return Status::invalid_argument(std::string("comm ") + buf +
                                     " is not a live communicator (destroyed, aborted, or never created)");
   }
+  if ((*out)->forked()) {
+    out->reset();
+    return Status::invalid_usage(
+        "the communicator was made before this process was forked: it belongs to the parent, and a child "
+        "makes its own (braid_comm_destroy releases the child's handle)");
+  }
   return Status::ok();
 }
 
@@ -389,7 +395,18 @@ braid_result_t submit_stream_ordered(const Call& c, const std::shared_ptr<Commun
   return BRAID_SUCCESS;
 }
 
+// A call from inside a completion callback: the callback runs on a thread
+// that drives the engine, so a call that waits would wait on itself.
+#define BRAID_REFUSE_IN_CALLBACK(what)                                                                    \
+  do {                                                                                                    \
+    if (Op::in_callback())                                                                                \
+      return finish(Status::invalid_usage(std::string(what) +                                             \
+                                          " called from a completion callback: a callback must not call " \
+                                          "braid (it would wait on the thread that runs it)"));           \
+  } while (0)
+
 braid_result_t submit(const Call& c) {
+  BRAID_REFUSE_IN_CALLBACK(op_kind_name(c.kind));
   std::shared_ptr<Communicator> comm;
   Status st = lookup(c.handle, &comm);
   if (!st) return finish(st.with_context(op_kind_name(c.kind)));
@@ -616,6 +633,7 @@ BRAID_API braid_result_t braid_comm_init_env(braid_comm_t* comm) {
 }
 
 BRAID_API braid_result_t braid_comm_split(braid_comm_t handle, int color, int key, braid_comm_t* newcomm) {
+  BRAID_REFUSE_IN_CALLBACK("comm_split");
   if (newcomm == nullptr) return finish(Status::invalid_argument("newcomm is NULL"));
   *newcomm = nullptr;
   std::shared_ptr<Communicator> comm;
@@ -630,6 +648,7 @@ BRAID_API braid_result_t braid_comm_split(braid_comm_t handle, int color, int ke
 }
 
 BRAID_API braid_result_t braid_comm_destroy(braid_comm_t handle) {
+  BRAID_REFUSE_IN_CALLBACK("comm_destroy");
   if (handle == nullptr) return finish(Status::invalid_argument("comm is NULL"));
   if (t_group_depth > 0) {
     // Its ops would start at group_end on a destroyed communicator.
@@ -645,13 +664,24 @@ BRAID_API braid_result_t braid_comm_destroy(braid_comm_t handle) {
   if (!comm)
     return finish(
         Status::invalid_argument("comm_destroy: comm is not a live communicator (destroyed twice?)"));
+  if (comm->forked()) {
+    // The parent's: its progress thread is not in this process, and closing
+    // its sockets or marking its shared memory would break the parent's job.
+    // The child's copy is left as it is.
+    static auto* kept = new std::vector<std::shared_ptr<Communicator>>();
+    kept->push_back(std::move(comm));
+    return BRAID_SUCCESS;
+  }
   comm->engine().drain();
   return BRAID_SUCCESS;
 }
 
 BRAID_API braid_result_t braid_comm_abort(braid_comm_t handle) {
+  BRAID_REFUSE_IN_CALLBACK("comm_abort");
   if (handle == nullptr) return finish(Status::invalid_argument("comm is NULL"));
-  std::shared_ptr<Communicator> comm = comms().take(id_of(handle));
+  std::shared_ptr<Communicator> comm;
+  if (Status st = lookup(handle, &comm); !st) return finish(st.with_context("comm_abort"));
+  comm = comms().take(id_of(handle));
   if (!comm) return finish(Status::invalid_argument("comm_abort: comm is not a live communicator"));
   comm->abort(
       Status::aborted("rank " + std::to_string(comm->rank()) + ": communicator aborted by braid_comm_abort"));
@@ -759,6 +789,7 @@ Status not_in_open_group(const Request& req, const char* what) {
 }  // namespace braid
 
 BRAID_API braid_result_t braid_wait(braid_request_t* request) {
+  BRAID_REFUSE_IN_CALLBACK("wait");
   if (request == nullptr || *request == nullptr)
     return finish(Status::invalid_argument("wait: request is NULL"));
   if (t_group_depth > 0)
@@ -770,12 +801,25 @@ BRAID_API braid_result_t braid_wait(braid_request_t* request) {
   *request = nullptr;
   std::shared_ptr<Communicator> comm;
   if (Status st = req->live(&comm); !st) return finish(st.with_context("wait"));
+  if (comm && !req->op->posted.load(std::memory_order_acquire)) {
+    // Its op waits in another thread's open group: it has no deadline until
+    // that group ends, so this wait takes the communicator's.
+    const Deadline deadline = Deadline::after_seconds(comm->engine().timeout_s());
+    while (!req->op->posted.load(std::memory_order_acquire) && !deadline.expired())
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (!req->op->posted.load(std::memory_order_acquire))
+      return finish(Status::timeout("wait: the request's " + std::string(req->op->name) +
+                                    " is in another thread's group that did not end within the timeout of " +
+                                    seconds_text(comm->engine().timeout_s())),
+                    comm.get());
+  }
   if (comm) (void)comm->engine().wait(*req->op);
   req->op->await_callback();
   return finish(req->op->status, comm.get());
 }
 
 BRAID_API braid_result_t braid_test(braid_request_t* request, int* done) {
+  BRAID_REFUSE_IN_CALLBACK("test");
   if (request == nullptr || *request == nullptr || done == nullptr)
     return finish(Status::invalid_argument(request == nullptr ? "test: request is NULL"
                                            : *request == nullptr
@@ -846,6 +890,7 @@ BRAID_API braid_result_t braid_group_start(void) {
 }
 
 BRAID_API braid_result_t braid_group_end(void) {
+  BRAID_REFUSE_IN_CALLBACK("group_end");
   if (t_group_depth == 0) return finish(Status::invalid_usage("group_end without a matching group_start"));
   if (--t_group_depth > 0) return BRAID_SUCCESS;
   std::vector<Pending> ops;

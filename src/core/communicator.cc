@@ -1,5 +1,6 @@
 #include "src/core/communicator.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -92,9 +93,22 @@ Status check_same(const std::vector<PeerInfo>& infos, const char* var, auto fiel
 
 }  // namespace
 
+namespace {
+// Bumped in the child of every fork(): a communicator made before it belongs
+// to the parent (its progress thread, sockets and shared memory).
+std::atomic<uint64_t> g_forks{0};
+}  // namespace
+
+bool Communicator::forked() const {
+  return g_forks.load(std::memory_order_relaxed) != forks_at_creation_;
+}
+
 Status Communicator::create(std::unique_ptr<Bootstrap> bootstrap, const Config& config,
                             std::shared_ptr<Communicator>* out) {
+  static std::once_flag at_fork;
+  std::call_once(at_fork, [] { pthread_atfork(nullptr, nullptr, [] { g_forks.fetch_add(1); }); });
   std::shared_ptr<Communicator> c(new Communicator());
+  c->forks_at_creation_ = g_forks.load();
   c->rank_ = bootstrap->rank();
   c->nranks_ = bootstrap->nranks();
   c->config_ = config;

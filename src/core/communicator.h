@@ -34,6 +34,10 @@ class Communicator {
                        std::shared_ptr<Communicator>* out);
   ~Communicator();
 
+  // Made in the parent of this process's fork(): the child must not use it
+  // (its threads do not exist here, and its sockets and shared memory are
+  // the parent's).
+  bool forked() const;
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
   const Config& config() const { return config_; }
@@ -123,6 +127,7 @@ class Communicator {
   int rank_ = 0;
   int nranks_ = 1;
   Config config_;
+  uint64_t forks_at_creation_ = 0;
   std::unique_ptr<Bootstrap> bootstrap_;
   std::vector<std::string> hosts_;
   std::shared_ptr<const topo::HostTopology> topology_;  // this host

@@ -114,6 +114,7 @@ struct ThreadCache {
 
 BRAID_FAST_TLS thread_local ThreadCache* t_cache = nullptr;
 BRAID_FAST_TLS thread_local Op* t_current_op = nullptr;
+BRAID_FAST_TLS thread_local int t_in_callback = 0;  // Op::in_callback
 // Set once the thread's cache is destroyed (thread exit; on the main thread,
 // before static destructors and atexit handlers, which may still call
 // braid): a destroyed thread_local is never made again, so from then on
@@ -254,9 +255,15 @@ void Op::run_callback() {
   }
   // Only the caller that took the function: the other may race here first.
   if (fn) {
+    ++t_in_callback;
     fn(status);
+    --t_in_callback;
     callback_ran_.store(true, std::memory_order_release);
   }
+}
+
+bool Op::in_callback() {
+  return t_in_callback > 0;
 }
 
 void Op::await_callback() const {
@@ -292,13 +299,6 @@ void frame_free(void* frame, size_t bytes) {
 }
 
 namespace {
-
-// "1.5 s", "600 s": the timeout as people write it.
-std::string seconds_text(double s) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%g s", s);
-  return buf;
-}
 
 // How long a blocked driver sleeps before it re-checks deadlines and peers.
 constexpr int kBlockMs = 20;
@@ -365,7 +365,8 @@ Status Engine::error() const {
 }
 
 void Engine::admit(Op& op) {
-  op.deadline = Deadline::after_seconds(timeout_s_.load());
+  op.timeout_s = timeout_s_.load();
+  op.deadline = Deadline::after_seconds(op.timeout_s);
   op.traced = trace_ != nullptr && !op.untraceable;
 }
 
@@ -429,6 +430,7 @@ void Engine::progress_sleep(int max_ms) {
 
 void Engine::post(const std::shared_ptr<Op>& op) {
   admit(*op);
+  op->posted.store(true, std::memory_order_release);
   {
     std::unique_lock<std::mutex> lock(post_mu_);
     if (!error_.is_ok()) {
@@ -754,7 +756,7 @@ void Engine::check_peers(bool thorough) {
       dump("timed out");
       fail_all(Status::timeout("rank " + std::to_string(rank_) + ": " + op.name + " #" +
                                std::to_string(op.seq) + " timed out: not done within the timeout of " +
-                               seconds_text(timeout_s_.load()) + ", waiting for a message from any rank"));
+                               seconds_text(op.timeout_s) + ", waiting for a message from any rank"));
       return;
     }
     if (Status st = any_source_failure(op, thorough); !st) {
@@ -773,8 +775,20 @@ void Engine::check_peers(bool thorough) {
       dump("timed out");
       fail_all(Status::timeout("rank " + std::to_string(rank_) + ": " + op.name + " #" +
                                std::to_string(op.seq) + " timed out: not done within the timeout of " +
-                               seconds_text(timeout_s_.load()) + ", waiting " + what +
+                               seconds_text(op.timeout_s) + ", waiting " + what +
                                (peer >= 0 ? " rank " + std::to_string(peer) : std::string())));
+      return;
+    }
+    // An op queued behind the front keeps its own deadline (a shorter one
+    // set around its call with braid_comm_set_timeout).
+    for (size_t k = 1; k < lane.ops.size(); ++k) {
+      const Op& queued = *lane.ops[k];
+      if (!queued.deadline.expired()) continue;
+      dump("timed out");
+      fail_all(Status::timeout("rank " + std::to_string(rank_) + ": " + queued.name + " #" +
+                               std::to_string(queued.seq) + " timed out: not done within the timeout of " +
+                               seconds_text(queued.timeout_s) + ", queued behind " + op.name + " #" +
+                               std::to_string(op.seq)));
       return;
     }
     Status st;
@@ -1027,6 +1041,9 @@ void Engine::wait_all(Op* const* ops, size_t n) {
         sleep_on(op);
       }
       callers_taking_over_.fetch_sub(1);
+      // The progress thread may have seen this caller coming and stood
+      // back: the async ops it left wait for a driver.
+      if (!driving && active_.load() > 0) wake_progress_thread();
     }
     if (driving) {
       cancel_later_wake();
@@ -1084,9 +1101,11 @@ bool Engine::run_blocking(const std::shared_ptr<Op>& op, Status* result) {
     }
     if (checks == inline_checks) break;
   }
+  op->posted.store(true, std::memory_order_relaxed);  // this thread runs it: no waiter elsewhere
   if (!inline_done) {
     // The lane is empty (nothing was in flight): the op is its front.
-    op->deadline = Deadline::after_seconds(timeout_s_.load());
+    op->timeout_s = timeout_s_.load();
+    op->deadline = Deadline::after_seconds(op->timeout_s);
     if (!op->traced) op->start_ticks = trace_ticks();
     active_.fetch_add(1);
     lanes_[0].ops.push_back(op);

@@ -122,8 +122,12 @@ class Op {
   std::coroutine_handle<> leaf;
   const WaitPoint* wait = nullptr;
   Deadline deadline;
+  double timeout_s = 0;  // what the deadline was set from (braid_comm_set_timeout when posted)
   Status status;
   std::atomic<uint32_t> done{0};
+  // Handed to the engine (Engine::post): an op of a group stays unposted
+  // until its thread's braid_group_end.
+  std::atomic<bool> posted{false};
   std::atomic<uint32_t> sleepers{0};  // threads in futex_wait on `done`
 
   // Completion callback (braid_request_set_callback). It runs once, on the
@@ -131,6 +135,10 @@ class Op {
   // `has_callback` keeps the common case (no callback) free of the mutex.
   void set_callback(std::function<void(const Status&)> fn);
   void run_callback();
+  // Whether this thread is inside a request's completion callback, where a
+  // call into braid could wait on itself (the callback runs while its
+  // thread drives the engine).
+  static bool in_callback();
   bool has_callback() const { return has_callback_.load(std::memory_order_seq_cst); }
   // For a waiter that saw done: returns once a callback set on the op has
   // returned (callbacks are short; they may not call braid).

@@ -29,6 +29,8 @@ void log_message(LogLevel level, const char* subsys, int rank, const char* fmt, 
 
 // "256 KiB", "16 MiB", "1 GiB", or "1000 B" when not a whole unit: sizes in log lines.
 std::string bytes_text(size_t bytes);
+// "1.5 s", "600 s": a timeout as people write it.
+std::string seconds_text(double seconds);
 
 // "%h" -> host name, "%p" -> pid, "%r" -> rank (when rank >= 0) in a path.
 std::string expand_path_pattern(const char* pattern, int rank);
