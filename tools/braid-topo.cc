@@ -54,6 +54,8 @@ struct Report {
   // This environment's BRAID_* settings (BRAID_CUDA_P2P_LEVEL: which GPU
   // pairs device collectives read each other's memory across).
   braid::Config config;
+  // BRAID_TRANSPORT=tcp: ranks of one host talk over tcp, no hierarchical schedule.
+  bool tcp_only() const { return config.transport == braid::TransportChoice::kTcp; }
 };
 
 void usage(FILE* f) {
@@ -146,7 +148,7 @@ void simulate(Report* r) {
   shape.ranks_per_host = r->ranks_per_host;
   // Peer reads need ptrace permission, which only a real job can probe, and
   // shared memory (not BRAID_TRANSPORT=tcp).
-  const bool reads = config.shm_peer_reads && config.transport != braid::TransportChoice::kTcp;
+  const bool reads = config.shm_peer_reads && !r->tcp_only();
   shape.peer_reads = r->hosts == 1 && n > 1 && reads;
   shape.host_peer_reads = r->ranks_per_host > 1 && reads;
   // Per logical CPU, as a job counts them (sysconf's online CPUs).
@@ -156,7 +158,7 @@ void simulate(Report* r) {
   shape.direct_max_bytes = config.direct_max_bytes;
   shape.peer_read_min_bytes = config.peer_read_min_bytes;
   shape.copy_peer_read_min_bytes = config.copy_peer_read_min_bytes;
-  if (config.transport == braid::TransportChoice::kTcp) shape.without_shared_memory();
+  if (r->tcp_only()) shape.without_shared_memory();
   r->tuner = braid::Tuner(shape, config.algo);
 }
 
@@ -306,7 +308,7 @@ void print_rank_section(const Report& r) {
 
 void print_transport_section(const Report& r) {
   if (r.ranks.empty()) return;
-  const bool tcp_only = r.config.transport == braid::TransportChoice::kTcp;
+  const bool tcp_only = r.tcp_only();
   const size_t n = r.ranks.size();
   std::vector<std::vector<std::string>> rows(1 + n);
   rows[0].push_back("");
@@ -342,8 +344,7 @@ void print_schedule_section(const Report& r) {
     std::printf("}");
   }
   std::printf("\n");
-  // Under BRAID_TRANSPORT=tcp the job builds no hierarchical schedule.
-  if (r.hosts > 1 && r.ranks_per_host > 1 && r.config.transport != braid::TransportChoice::kTcp) {
+  if (r.hosts > 1 && r.ranks_per_host > 1 && !r.tcp_only()) {
     std::printf("  hierarchical: inside each host");
     for (int h = 0; h < r.hosts; ++h) {
       std::vector<int> g(r.order.begin() + h * r.ranks_per_host,
@@ -364,7 +365,7 @@ void print_tuner_section(const Report& r) {
   if (r.ranks.empty()) return;
   const braid::JobShape& sh = r.tuner.shape();
   std::printf("\nTuner (%d ranks, %d host(s)%s%s): where each algorithm takes over\n", sh.nranks, sh.nhosts,
-              r.config.transport == braid::TransportChoice::kTcp ? " as BRAID_TRANSPORT=tcp counts them" : "",
+              r.tcp_only() ? " as BRAID_TRANSPORT=tcp counts them" : "",
               sh.oversubscribed ? ", more ranks than cores" : "");
   for (const std::string& line : r.tuner.describe()) std::printf("  %s\n", line.c_str());
   if (sh.peer_reads)

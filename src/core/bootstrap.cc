@@ -76,8 +76,9 @@ class RendezvousRoot {
   JobToken token_;
   double timeout_s_;
   std::vector<Client> pending_;
-  bool out_of_descriptors_ = false;  // accept failed for want of descriptors
-  size_t pending_when_out_ = 0;      // connections in their handshake then
+  // Out of descriptors, accepting waits until fewer connections than then
+  // are in their handshake (SIZE_MAX: not out).
+  size_t accept_below_ = SIZE_MAX;
   int nranks_ = -1;
   std::vector<int> rank_fd_;
   std::vector<SockAddr> rank_addr_;
@@ -137,7 +138,7 @@ void RendezvousRoot::run() {
     std::vector<pollfd> fds;
     // Out of descriptors with connections still in their handshake (a flood
     // of silent strangers, say), accepting waits until one of them goes.
-    const bool accepting = !out_of_descriptors_ || pending_.size() < pending_when_out_;
+    const bool accepting = pending_.size() < accept_below_;
     fds.push_back({accepting ? listen_fd_ : -1, POLLIN, 0});
     for (auto& c : pending_) fds.push_back({c.fd, POLLIN, 0});
     int rc = poll(fds.data(), fds.size(), job_deadline.remaining_ms(100));
@@ -145,7 +146,7 @@ void RendezvousRoot::run() {
     if (fds[0].revents & POLLIN) {
       int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd >= 0) {
-        out_of_descriptors_ = false;
+        accept_below_ = SIZE_MAX;
         pending_.push_back({fd, Deadline::after_seconds(kHandshakeSeconds), {}, 0});
       } else if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
         // The connection stays queued and the socket readable: retrying
@@ -158,8 +159,7 @@ void RendezvousRoot::run() {
                                    errno);
           break;
         }
-        out_of_descriptors_ = true;
-        pending_when_out_ = pending_.size();
+        accept_below_ = pending_.size();
       }
     }
     for (size_t i = pending_.size(); i-- > 0;) {

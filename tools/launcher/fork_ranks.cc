@@ -30,8 +30,7 @@ struct SharedBlock {
     braid_unique_id_t id;
     if (braid_get_unique_id(&id) != BRAID_SUCCESS) {
       std::fprintf(stderr, "rank 0: braid_get_unique_id failed: %s\n", braid_get_last_error());
-      shared->published.store(-1, std::memory_order_release);
-      _exit(91);
+      _exit(91);  // the launcher tells the others when it reaps this rank
     }
     shared->id = id;
     shared->published.store(1, std::memory_order_release);

@@ -406,31 +406,25 @@ Status ShmTransport::setup(Bootstrap& bootstrap, const std::vector<int>& host_gr
   const size_t bytes = layout.total(npeers * static_cast<size_t>(nchannels));
   const std::string my_name = segment_name(bootstrap.token(), me);
   const Deadline deadline = Deadline::after_seconds(config.timeout_s);
-  // Our segment leaves /dev/shm once peers mapped it, or on any early return.
+  // Names unlinked on return. Our segment leaves /dev/shm once peers mapped
+  // it, or on any early return. A peer killed between making its segment and
+  // our return cannot unlink it: on failure every rank unlinks the whole host
+  // group's names (those already gone or never made give ENOENT, which is fine).
   struct Unlink {
-    std::string name;
-    ~Unlink() {
-      if (!name.empty()) shm_unlink(name.c_str());
-    }
-  } unlink_mine;
-  // A peer killed between making its segment and our return cannot unlink
-  // it: on failure every rank unlinks the whole host group's names (those
-  // already gone or never made give ENOENT, which is fine).
-  struct UnlinkGroupOnFailure {
     std::vector<std::string> names;
-    ~UnlinkGroupOnFailure() {
+    ~Unlink() {
       for (const std::string& n : names) shm_unlink(n.c_str());
     }
-  } unlink_group;
+  } unlink;
   for (int peer : host_group)
-    if (npeers > 0 && peer != me) unlink_group.names.push_back(segment_name(bootstrap.token(), peer));
+    if (npeers > 0 && peer != me) unlink.names.push_back(segment_name(bootstrap.token(), peer));
   Status st;
   if (npeers > 0) {
     auto m = std::make_unique<Mapping>();
     m->bytes = bytes;
     m->rank = me;
     st = map_segment(my_name, bytes, true, &m->base);
-    if (st) unlink_mine.name = my_name;
+    if (st) unlink.names.push_back(my_name);
     if (st) {
       auto* h = new (m->base) SegmentHeader();
       h->magic = kSegmentMagic;
@@ -507,7 +501,9 @@ Status ShmTransport::setup(Bootstrap& bootstrap, const std::vector<int>& host_gr
       t->conn_channel_.push_back(c);
     }
   }
-  unlink_group.names.clear();
+  // Peers mapped ours, which goes now; theirs are theirs to unlink.
+  unlink.names.clear();
+  if (npeers > 0) unlink.names.push_back(my_name);
   *out = std::move(t);
   return Status::ok();
 }
