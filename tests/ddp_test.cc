@@ -142,7 +142,9 @@ TEST(Ddp, BucketsStartInOrderAsGradientsArrive) {
     ASSERT_TRUE(ddp->mark_ready(0).ok());
     EXPECT_EQ(ddp->buckets_started(), 2u);
     ASSERT_TRUE(ddp->mark_ready(1).ok());
-    EXPECT_EQ(ddp->buckets_started(), 4u);
+    // The last bucket waits for finish(), so that a rank dropping the step
+    // after its backward pass still has a bucket to say so.
+    EXPECT_EQ(ddp->buckets_started(), 3u);
     r = ddp->finish();
     ASSERT_TRUE(r.ok()) << r.message;
     EXPECT_EQ(ddp->buckets_started(), 0u);
@@ -221,8 +223,13 @@ void fill_grads(Mlp* m, float value) {
 // fails and says so, and the next step averages that step's gradients only.
 // Before, the peers' waiting buckets paired with the dropping rank's next
 // step: both finish() calls succeeded with gradients of two steps mixed.
+// "... after backward": every gradient was marked, so every bucket but the
+// last had started (a NaN loss found after backward, then abandon_step): the
+// drop was local before the last bucket waited for the step's end, and the
+// peers' finish() succeeded while rank 1 skipped the step.
 TEST(Ddp, ARankThatDropsAStepFailsItOnEveryRank) {
-  for (const std::string how : {"finish", "abandon", "destroy"}) {
+  for (const std::string how :
+       {"finish", "abandon", "destroy", "abandon after backward", "destroy after backward"}) {
     SCOPED_TRACE(how);
     braid::test::run_ranks(3, {}, [&](braid_comm_t comm, int rank, int) {
       Mlp m(kIn, kHidden, kOut, 7);
@@ -231,11 +238,15 @@ TEST(Ddp, ARankThatDropsAStepFailsItOnEveryRank) {
       ASSERT_TRUE(r.ok()) << r.message;
       fill_grads(&m, 1.0f + rank);
       if (rank == 1) {
-        for (int k : {3, 2}) ASSERT_TRUE(ddp->mark_ready(k).ok());
+        const bool whole = how.find("after backward") != std::string::npos;
+        for (int k : {3, 2, 1, 0}) {
+          if (!whole && k < 2) break;
+          ASSERT_TRUE(ddp->mark_ready(k).ok());
+        }
         if (how == "finish") {
           r = ddp->finish();  // fc1 never ready
           EXPECT_NE(r.message.find("never became ready"), std::string::npos) << r.message;
-        } else if (how == "abandon") {
+        } else if (how.rfind("abandon", 0) == 0) {
           r = ddp->abandon_step();
           EXPECT_TRUE(r.ok()) << r.message;
         } else {
@@ -247,7 +258,7 @@ TEST(Ddp, ARankThatDropsAStepFailsItOnEveryRank) {
         EXPECT_EQ(r.code, BRAID_ERR_INVALID_USAGE);
         EXPECT_NE(r.message.find("1 rank(s) dropped this step"), std::string::npos) << r.message;
       }
-      if (how == "destroy") {  // every rank makes a new one (create is collective)
+      if (how.rfind("destroy", 0) == 0) {  // every rank makes a new one (create is collective)
         r = Reducer::create(comm, parameters_of(&m, false), {}, small_buckets(), &ddp);
         ASSERT_TRUE(r.ok()) << r.message;
       }
@@ -287,6 +298,80 @@ TEST(Ddp, UnusedParameterContributesZero) {
     EXPECT_FALSE(ddp->used_in_last_step(1));
     EXPECT_TRUE(ddp->used_in_last_step(0));
     for (size_t e = 0; e < m.count(1); ++e) ASSERT_EQ(m.grad[1][e], 7.0f) << e;
+  });
+}
+
+// A gradient that lives in its bucket slot, unused on every rank, keeps
+// what it held, as a Parameter's own grad does (finish() zeroed the slot
+// for the all_reduce and left the zeros).
+TEST(Ddp, UnusedGradientInItsBucketKeepsItsValue) {
+  braid::test::run_ranks(2, {}, [&](braid_comm_t comm, int rank, int) {
+    Mlp m(kIn, kHidden, kOut, 7);
+    auto options = small_buckets();
+    options.allow_unused_parameters = true;
+    std::unique_ptr<Reducer> ddp;
+    auto r = Reducer::create(comm, parameters_of(&m, true), {}, options, &ddp);
+    ASSERT_TRUE(r.ok()) << r.message;
+    adopt_bucket_grads(&m, *ddp);
+    fill_grads(&m, rank + 1.0f);
+    // fc1.bias (1) unused everywhere; fc1.weight (0) unused on rank 0 only.
+    for (int k : {3, 2, 0}) {
+      if (rank == 0 && k == 0) continue;
+      ASSERT_TRUE(ddp->mark_ready(k).ok());
+    }
+    r = ddp->finish();
+    ASSERT_TRUE(r.ok()) << r.message;
+    EXPECT_FALSE(ddp->used_in_last_step(1));
+    for (size_t e = 0; e < m.count(1); ++e) ASSERT_EQ(m.grad[1][e], rank + 1.0f) << e;
+    EXPECT_TRUE(ddp->used_in_last_step(0));
+    for (size_t e = 0; e < m.count(0); ++e) ASSERT_EQ(m.grad[0][e], 1.0f) << e;  // (0 + 2) / 2
+    EXPECT_EQ(m.grad[3][0], 1.5f);
+  });
+}
+
+// Bucket order is the order buckets fill, whatever order their dtypes were
+// opened in: norms (float64) registered after each weight (float32) share one
+// bucket, which fills only when the first norm's gradient comes. Before, that
+// bucket was opened first, so it was bucket 0, and no weight's bucket could
+// start until the end of the backward pass.
+TEST(Ddp, BucketsOfSeveralDtypesStartAsTheyFill) {
+  braid::test::run_ranks(2, {}, [&](braid_comm_t comm, int rank, int) {
+    constexpr int kLayers = 3;
+    std::vector<std::vector<float>> w(kLayers, std::vector<float>(16)), wg(kLayers, std::vector<float>(16));
+    std::vector<std::vector<double>> n(kLayers, std::vector<double>(2)), ng(kLayers, std::vector<double>(2));
+    std::vector<braid::ddp::Parameter> ps;  // w0, n0, w1, n1, w2, n2
+    for (int l = 0; l < kLayers; ++l) {
+      ps.push_back({"w" + std::to_string(l), w[l].data(), wg[l].data(), 16, BRAID_FLOAT32});
+      ps.push_back({"n" + std::to_string(l), n[l].data(), ng[l].data(), 2, BRAID_FLOAT64});
+    }
+    braid::ddp::Options options;
+    options.bucket_bytes = options.first_bucket_bytes = 64;  // one weight, or every norm
+    std::unique_ptr<Reducer> ddp;
+    auto r = Reducer::create(comm, ps, {}, options, &ddp);
+    ASSERT_TRUE(r.ok()) << r.message;
+    ASSERT_EQ(ddp->buckets().size(), 4u);
+    EXPECT_EQ(ddp->buckets()[0].parameters, std::vector<size_t>{4});          // w2
+    EXPECT_EQ(ddp->buckets()[1].parameters, std::vector<size_t>{2});          // w1
+    EXPECT_EQ(ddp->buckets()[2].parameters, (std::vector<size_t>{5, 3, 1}));  // n2, n1, n0
+    EXPECT_EQ(ddp->buckets()[2].dtype, BRAID_FLOAT64);
+    EXPECT_EQ(ddp->buckets()[3].parameters, std::vector<size_t>{0});  // w0
+    for (int l = 0; l < kLayers; ++l) {
+      std::fill(wg[l].begin(), wg[l].end(), (rank + 1.0f) * (l + 1));
+      std::fill(ng[l].begin(), ng[l].end(), (rank + 1.0) * -(l + 1));
+    }
+    // Backward order: n2 w2 n1 w1 n0 w0.
+    const size_t started_after[] = {0, 1, 1, 2, 3, 3};
+    const size_t order[] = {5, 4, 3, 2, 1, 0};
+    for (int k = 0; k < 6; ++k) {
+      ASSERT_TRUE(ddp->mark_ready(order[k]).ok());
+      EXPECT_EQ(ddp->buckets_started(), started_after[k]) << "after " << ps[order[k]].name;
+    }
+    r = ddp->finish();
+    ASSERT_TRUE(r.ok()) << r.message;
+    for (int l = 0; l < kLayers; ++l) {
+      for (float g : wg[l]) ASSERT_EQ(g, 1.5f * (l + 1)) << "w" << l;
+      for (double g : ng[l]) ASSERT_EQ(g, -1.5 * (l + 1)) << "n" << l;
+    }
   });
 }
 

@@ -5,7 +5,8 @@
 // backward pass: parameters are packed into buckets in reverse registration
 // order (the order a backward pass usually produces gradients), and a
 // bucket's all_reduce starts as soon as its last gradient is marked ready,
-// so communication overlaps the rest of the backward pass.
+// so communication overlaps the rest of the backward pass. The last bucket
+// (the first parameters registered) starts at finish().
 //
 //   std::unique_ptr<braid::ddp::Reducer> ddp;
 //   auto r = braid::ddp::Reducer::create(comm, params, buffers, {}, &ddp);
@@ -86,7 +87,10 @@ class Reducer {
   // Validates the parameters, checks that every rank registered the same
   // shapes and dtypes, builds the buckets and broadcasts parameters and
   // buffers from rank 0. Collective over comm. Gradients must be of a
-  // floating dtype (float16, bfloat16, float32, float64).
+  // floating dtype (float16, bfloat16, float32, float64). A bucket holds one
+  // dtype; buckets are numbered in the order they fill (by the first
+  // parameter registered in each), so a model mixing dtypes still starts
+  // each bucket as soon as it is full. *out is set only on success.
   static Result create(braid_comm_t comm, std::vector<Parameter> parameters, std::vector<Buffer> buffers,
                        const Options& options, std::unique_ptr<Reducer>* out);
   ~Reducer();
@@ -99,8 +103,12 @@ class Reducer {
   // Safe to call from several threads.
   Result mark_ready(size_t i);
 
-  // Ends the step: waits for every bucket, leaves the average over ranks in
-  // each gradient, and resets for the next step. In a no_sync step it only
+  // Ends the step: starts the last bucket, waits for every bucket, leaves
+  // the average over ranks in each gradient, and resets for the next step.
+  // Collective: every rank calls finish() or abandon_step() once per step,
+  // in the same steps (with allow_unused_parameters a rank that marked
+  // nothing still takes part, with zeros); an extra call on one rank pairs
+  // with its peers' next step, and the ranks stay a step apart. In a no_sync step it only
   // resets: gradients keep accumulating locally. Whether a step is one is
   // fixed at its first mark_ready (a NoSync that ends between the backward
   // pass and finish() leaves the step local).
@@ -114,7 +122,10 @@ class Reducer {
   // and every rank's finish() for this step fails, saying a rank dropped it
   // (its gradients are then not averages). A failed finish() and a Reducer
   // destroyed mid-step drop the step the same way. Each bucket's all_reduce
-  // carries one element more than its gradients for the mark.
+  // carries one element more than its gradients for the mark. A Reducer
+  // destroyed before this rank began a step (no mark_ready since the last
+  // finish) sends nothing: peers inside that step fail when they learn the
+  // rank is gone, or at their timeout.
   Result abandon_step();
 
   // Where gradient i lives: the Parameter's grad, or its slot in the bucket
@@ -122,7 +133,8 @@ class Reducer {
   void* grad(size_t i) const;
 
   // While a NoSync is alive, steps do not communicate; the first step after
-  // it ends averages the accumulated gradients (gradient accumulation).
+  // it ends averages the accumulated gradients (gradient accumulation). A
+  // NoSync must not outlive its Reducer.
   class NoSync {
    public:
     explicit NoSync(Reducer* reducer);
@@ -136,7 +148,9 @@ class Reducer {
   };
   NoSync no_sync() { return NoSync(this); }
 
-  // Broadcasts every Buffer from rank 0 again.
+  // Broadcasts every Buffer from rank 0 again. Collective: call it between
+  // steps on every rank (inside a step the ranks' bucket all_reduces and
+  // the broadcasts could interleave differently, BRAID_ERR_MISMATCH).
   Result sync_buffers();
 
   const std::vector<BucketInfo>& buckets() const;
@@ -148,7 +162,7 @@ class Reducer {
   // Whether some rank gave parameter i a gradient (or accumulated one under
   // no_sync) in the last synchronised step. Always true without
   // allow_unused_parameters; with it, finish() leaves the grad of a
-  // parameter no rank used as it was (its bucket slot holds zeros).
+  // parameter no rank used as it was (a gradient in its bucket slot too).
   bool used_in_last_step(size_t i) const;
 
  private:

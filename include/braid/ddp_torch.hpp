@@ -13,7 +13,10 @@
 // view into its bucket (no copies), as torch's gradient_as_bucket_view.
 //
 // CPU tensors only in this build. Failures throw std::runtime_error with
-// braid's message, from wrap() or from backward().
+// braid's message, from wrap() or from backward(). Not supported: a backward
+// pass that runs another one inside it (reentrant checkpointing, an autograd
+// Function calling backward): the inner pass's gradients are taken for a new
+// pass, which drops the outer step on every rank (backward() throws).
 #ifndef BRAID_DDP_TORCH_HPP_
 #define BRAID_DDP_TORCH_HPP_
 

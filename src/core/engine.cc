@@ -320,6 +320,9 @@ constexpr long kProgressDelayUs = 50;
 // doorbell, so it sleeps briefly: a ring across hosts waits so at every
 // hop that receives over shm and sends over tcp.
 constexpr long kMixedBlockUs = 100;
+// After this long idle, such a wait sleeps through the doorbell watcher
+// instead: a wake-up every 100 us cost 16% of a core over a 2 s wait.
+constexpr auto kMixedPollingFor = std::chrono::milliseconds(1);
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -354,6 +357,7 @@ Engine::~Engine() {
   wake_progress_thread();
   wake_driver();
   if (progress_thread_.joinable()) progress_thread_.join();
+  watcher_.reset();  // writes to event_fd_
   if (event_fd_ >= 0) close(event_fd_);
   if (progress_fd_ >= 0) close(progress_fd_);
   if (timer_fd_ >= 0) close(timer_fd_);
@@ -865,7 +869,7 @@ Status Engine::watch_collective(const Op& op) {
   return Status::ok();
 }
 
-void Engine::block(int max_ms) {
+void Engine::block(int max_ms, bool long_wait) {
   driver_sleeping_.store(true);
   // A caller taking over saw the driver awake and rang nothing: the
   // progress thread must not sleep on it (both sides are seq_cst).
@@ -911,15 +915,29 @@ void Engine::block(int max_ms) {
     }
   }
   if (fds.size() > 1 || (fds.size() == 1 && bell_ == nullptr)) {
+    const bool mixed = bell_ != nullptr && waits_on_shm;
+    const bool watched = mixed && long_wait;
+    uint32_t seen = 0;
+    if (watched) {
+      // Counted a sleeper before the last check, as below: a ring after it
+      // moves seq past `seen`, and the watcher sees that.
+      bell_->sleepers.fetch_add(1, std::memory_order_seq_cst);
+      seen = bell_->seq.load(std::memory_order_seq_cst);
+    }
     if (!advance()) {
-      const long us =
-          bell_ != nullptr && waits_on_shm ? std::min(max_ms * 1000L, kMixedBlockUs) : max_ms * 1000L;
+      if (watched) {
+        if (!watcher_) watcher_ = std::make_unique<DoorbellWatcher>(bell_, event_fd_);
+        watcher_->arm(seen);
+      }
+      const long us = mixed && !watched ? std::min(max_ms * 1000L, kMixedBlockUs) : max_ms * 1000L;
       const timespec limit{us / 1000000, (us % 1000000) * 1000};
       ppoll(fds.data(), fds.size(), &limit, nullptr);
+      if (watched) watcher_->disarm();
       uint64_t drained;
       ssize_t ignored = read(event_fd_, &drained, sizeof(drained));
       (void)ignored;
     }
+    if (watched) bell_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
   } else {
     bell_->sleepers.fetch_add(1, std::memory_order_seq_cst);
     uint32_t seen = bell_->seq.load(std::memory_order_seq_cst);
@@ -986,7 +1004,7 @@ void Engine::drive(Pred stop, double spin_us) {
       continue;
     }
     if (trace_ != nullptr) note_long_waits();
-    block(kBlockMs);
+    block(kBlockMs, now - idle_since >= kMixedPollingFor);
     // Take whatever arrived before asking whether peers are alive: a peer
     // that finished and left may have sent exactly what we wait for.
     if (advance()) {
@@ -1161,11 +1179,18 @@ void Engine::progress_loop() {
     }
     if (!driver_mu_.try_lock()) {
       // A caller drives (usually one that waits right after posting): it
-      // wakes this thread if it leaves work behind. Queueing on the mutex
-      // instead cost a second wake-up per call. The timeout covers a
-      // thread that held the lock only briefly (a dump request).
-      progress_sleep(1);
-      continue;
+      // wakes this thread when it gives up the role with work left
+      // (release_driver). Queueing on the mutex instead cost a second
+      // wake-up per call; waking every 1 ms cost 2.5% of a core over a long
+      // wait. The flag is set before the second try, so a caller that
+      // released in between is seen here, or sees the flag.
+      progress_awaits_driver_.store(true);
+      if (!driver_mu_.try_lock()) {
+        progress_sleep(kBlockMs);
+        progress_awaits_driver_.store(false);
+        continue;
+      }
+      progress_awaits_driver_.store(false);
     }
     progress_driving_.store(true);
     // The progress thread runs while the caller computes (the backward pass
@@ -1224,6 +1249,8 @@ void Engine::release_driver() {
   for (;;) {
     if (abort_requested_.load(std::memory_order_relaxed)) serve_abort();
     driver_mu_.unlock();
+    if (progress_awaits_driver_.load() && progress_awaits_driver_.exchange(false) && active_.load() > 0)
+      wake_progress_thread();
     if (!abort_requested_.load() || !driver_mu_.try_lock()) return;
   }
 }

@@ -25,6 +25,7 @@
 
 #include "src/core/config.h"
 #include "src/core/deadline.h"
+#include "src/core/doorbell_watcher.h"
 #include "src/core/futex.h"
 #include "src/core/status.h"
 #include "src/core/task.h"
@@ -262,7 +263,10 @@ class Engine final : private CommitObserver {
   // Binds waiting any-source receives to peers with a message (see Op).
   bool bind_any_source();
   Lane* find_lane(LaneKind kind, int peer);
-  void block(int max_ms);
+  // Sleeps until something may have arrived, at most max_ms. long_wait: the
+  // driver has been idle a while, so a wait on shm and tcp at once sleeps
+  // through the doorbell watcher instead of polling shm every 100 us.
+  void block(int max_ms, bool long_wait);
   // Traced ops about to wait in block(): their waits count as long from now.
   void note_long_waits();
   void check_peers(bool thorough);
@@ -306,6 +310,7 @@ class Engine final : private CommitObserver {
   std::vector<Connection*> coll_conns_;
   Doorbell* bell_;  // our shm doorbell, or null
   int event_fd_ = -1;
+  std::unique_ptr<DoorbellWatcher> watcher_;  // made at the first long wait on shm and tcp at once
   std::function<void(const Status&)> notify_failure_;
 
   std::mutex post_mu_;  // guards posted_ and error_
@@ -335,6 +340,9 @@ class Engine final : private CommitObserver {
   // wait() takes the driver's role from it (see Engine::wait).
   std::atomic<bool> progress_driving_{false};
   std::atomic<int> callers_taking_over_{0};
+  // The progress thread found a caller driving and sleeps until that caller
+  // gives the role up (release_driver wakes it).
+  std::atomic<bool> progress_awaits_driver_{false};
   int progress_fd_ = -1;  // eventfd: wakes the progress thread
   int timer_fd_ = -1;     // timerfd: a later wake of the progress thread
   std::atomic<bool> timer_armed_{false};

@@ -2,6 +2,7 @@
 // runs. Uses braid's public C API only.
 #include <braid/ddp.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -137,9 +138,14 @@ struct Reducer::State {
   }
 
   // Starts, in bucket order, every bucket whose gradients are all ready
-  // (with the step mark: `dropping` while drop_step() runs).
-  Result start_ready_buckets() {
-    while (step_error.ok() && next_to_start < buckets.size() && buckets[next_to_start].pending == 0) {
+  // (with the step mark: `dropping` while drop_step() runs). The last bucket
+  // waits for the step's end (`closing`: finish() or a drop): a rank that
+  // drops the step after its backward pass ended would otherwise have no
+  // bucket left to carry the mark, and its peers' finish() would succeed
+  // while it skipped the step. The last bucket is the last to fill anyway.
+  Result start_ready_buckets(bool closing = false) {
+    while (step_error.ok() && next_to_start < buckets.size() && buckets[next_to_start].pending == 0 &&
+           (closing || next_to_start + 1 < buckets.size())) {
       Bucket& b = buckets[next_to_start];
       set_mark(b.info.dtype, mark(b), dropping);
       for (size_t j = 1; j < b.marks; ++j) {
@@ -189,7 +195,7 @@ struct Reducer::State {
       ready[i] = true;
       --buckets[bucket_of[i]].pending;
     }
-    start_ready_buckets();
+    start_ready_buckets(true);
     dropping = false;
     return wait_started();
   }
@@ -359,6 +365,24 @@ Result Reducer::create(braid_comm_t comm, std::vector<Parameter> parameters, std
     b.count += s->params[k].count;
     b.info.bytes += s->bytes(k);
   }
+  // Buckets start in order, so that order must be the order they fill in:
+  // by the earliest-registered parameter each holds (its gradient comes
+  // last). With one dtype that is the order they were opened in; with
+  // several (bf16 weights, fp32 norms), the fp32 bucket opened first holds
+  // every layer's norm, fills at the end of the pass, and would have held
+  // back every bf16 bucket behind it.
+  {
+    std::vector<size_t> order(s->buckets.size());
+    for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return s->buckets[a].info.parameters.back() > s->buckets[b].info.parameters.back();
+    });
+    std::vector<State::Bucket> sorted;
+    for (size_t k : order) sorted.push_back(std::move(s->buckets[k]));
+    s->buckets = std::move(sorted);
+    for (size_t k = 0; k < s->buckets.size(); ++k)
+      for (size_t i : s->buckets[k].info.parameters) s->bucket_of[i] = k;
+  }
   for (State::Bucket& b : s->buckets) {
     b.marks = 1 + (options.allow_unused_parameters ? b.info.parameters.size() : 0);
     const size_t alloc = (b.info.bytes + b.marks * braid_dtype_size(b.info.dtype) + 63) / 64 * 64;
@@ -383,8 +407,10 @@ Result Reducer::create(braid_comm_t comm, std::vector<Parameter> parameters, std
     for (size_t i : b.info.parameters) copy_bytes(s->params[i].data, s->slot(i), s->bytes(i));
     std::memset(b.storage.get(), 0, b.info.bytes);  // gradients kept in the bucket start at zero
   }
-  out->reset(new Reducer(std::move(s)));
-  return (*out)->sync_buffers();
+  std::unique_ptr<Reducer> made(new Reducer(std::move(s)));
+  if (Result r = made->sync_buffers(); !r) return r;
+  *out = std::move(made);
+  return {};
 }
 
 Reducer::Reducer(std::unique_ptr<State> state) : state_(std::move(state)) {}
@@ -449,18 +475,24 @@ Result Reducer::finish() {
     s.reset_step();
     return fail(BRAID_ERR_INVALID_USAGE, msg);
   }
+  // Gradients that live in their bucket slot and go unused here: what they
+  // hold comes back if no rank used them (as for a Parameter's own grad).
+  std::vector<std::pair<size_t, std::vector<unsigned char>>> kept;
   for (size_t i : missing) {
     // Unused in this step: zeros, or what it accumulated under no_sync (as
     // torch's DDP sends a gradient that is defined). A slot (grad ==
     // nullptr) holds that already.
-    if (!s.accumulated[i])
+    if (!s.accumulated[i]) {
+      if (s.params[i].grad == nullptr && s.bytes(i) > 0)
+        kept.emplace_back(i, std::vector<unsigned char>(s.slot(i), s.slot(i) + s.bytes(i)));
       std::memset(s.slot(i), 0, s.bytes(i));  // all-zero bits are zero in every floating dtype
-    else if (s.params[i].grad != nullptr)
+    } else if (s.params[i].grad != nullptr) {
       copy_bytes(s.slot(i), s.params[i].grad, s.bytes(i));
+    }
     s.ready[i] = true;
     --s.buckets[s.bucket_of[i]].pending;
   }
-  if (!missing.empty()) s.start_ready_buckets();
+  s.start_ready_buckets(true);
   Result result = s.wait_started();
   if (const int dropped = result.ok() ? s.ranks_that_dropped() : 0; dropped != 0) {
     result = fail(BRAID_ERR_INVALID_USAGE,
@@ -475,6 +507,8 @@ Result Reducer::finish() {
       // A gradient no rank gave is left as it was, as torch's DDP leaves it.
       if (s.params[i].grad != nullptr && s.used_last[i]) copy_bytes(s.params[i].grad, s.slot(i), s.bytes(i));
     }
+    for (const auto& [i, bytes] : kept)
+      if (!s.used_last[i]) copy_bytes(s.slot(i), bytes.data(), bytes.size());
   } else {
     result.message = "finish: " + result.message;
   }
