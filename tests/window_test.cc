@@ -5,6 +5,7 @@
 // without breaking the communicator.
 #include <braid/braid.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -453,6 +454,47 @@ TEST(RegisteredMemory, ARankThatGaveUpGetsNoStoresFromALatePeer) {
       size_t written = 0;
       for (size_t i = 0; i < count; ++i) written += buf->recv[i] != -1.0f;
       EXPECT_EQ(written, 0u) << "rank 1 stored into the output of rank 0 after rank 0 returned";
+    }
+    _exit(::testing::Test::HasFailure() ? 1 : 0);
+  });
+  ASSERT_TRUE(result.ok()) << result.describe();
+}
+
+// Rank 0 is stopped (SIGSTOP) right after its first piece of the sum went
+// out; rank 1 times out, aborts, destroys its communicator and reuses its
+// output, then resumes rank 0. Rank 0 reads rank 1's failure flag before
+// each piece it stores into rank 1's output, so at most the piece it was
+// storing when stopped lands there. Before, the rest of its slice did
+// (237568 of 16 M elements in the reviewer's run), and rank 0 succeeded.
+TEST(RegisteredMemory, APeerThatGaveUpMidCopyGetsAtMostOnePieceMore) {
+  auto result = launch(2, {}, [](braid_comm_t comm, int rank, int) {
+    const size_t count = size_t{4} << 20;
+    Registered* buf = new Registered(comm, count * sizeof(float));  // the comm breaks: never cleaned up
+    int32_t pids[2] = {0, 0}, mine = static_cast<int32_t>(getpid());
+    EXPECT_EQ(braid_all_gather(&mine, pids, 1, BRAID_INT32, comm, nullptr), BRAID_SUCCESS);
+    for (size_t i = 0; i < count; ++i) buf->send[i] = rank + 10.0f;  // the sum: 21
+    EXPECT_EQ(braid_comm_set_timeout(comm, 1.0), BRAID_SUCCESS);
+    if (rank == 0) {
+      std::thread([out = buf->recv] {
+        const volatile float* v = out;
+        while (v[0] != 21.0f) {
+        }
+        kill(getpid(), SIGSTOP);  // the whole process, inside its copy loop
+      }).detach();
+    }
+    const braid_result_t r =
+        braid_all_reduce(buf->send, buf->recv, count, BRAID_FLOAT32, BRAID_SUM, comm, nullptr);
+    EXPECT_NE(r, BRAID_SUCCESS) << "rank " << rank;
+    if (rank == 1) {
+      braid_comm_abort(comm);
+      braid_comm_destroy(comm);
+      for (size_t i = 0; i < count; ++i) buf->recv[i] = -7.0f;  // the program reuses its buffer
+      kill(pids[0], SIGCONT);
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+      size_t written = 0;
+      for (size_t i = 0; i < count; ++i) written += buf->recv[i] != -7.0f;
+      EXPECT_LE(written, size_t{32768} / sizeof(float))
+          << "rank 0 stored into rank 1's output after it returned";
     }
     _exit(::testing::Test::HasFailure() ? 1 : 0);
   });

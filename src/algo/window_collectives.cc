@@ -89,8 +89,13 @@ void count(std::atomic<uint64_t>* moved, uint64_t bytes) {
 // element is computed once, on one rank, and copied everywhere), and writes
 // it into every rank's output. Only rank r touches slice r anywhere, so in
 // place is safe: a piece is read everywhere before it is written anywhere.
-void all_reduce_over(const Channel& ch, const CollArgs& a, const std::vector<char*>& in,
-                     const std::vector<char*>& out, bool streaming, char* tmp, std::atomic<uint64_t>* moved) {
+// Before each piece goes into a peer's output the peer's failure flag is
+// read: a peer that failed (timed out waiting for this rank, aborted) may
+// have returned and reused its buffer, so at most the piece being written
+// when it failed lands there (a slice's worth did before).
+Status all_reduce_over(const Channel& ch, const CollArgs& a, const std::vector<char*>& in,
+                       const std::vector<char*>& out, bool streaming, char* tmp,
+                       std::atomic<uint64_t>* moved) {
   const int n = ch.nranks, r = ch.rank;
   const size_t esize = dtype_size(a.dtype), chunk = kScratchBytes / esize;
   Split slice(a.count, static_cast<size_t>(n));
@@ -98,9 +103,15 @@ void all_reduce_over(const Channel& ch, const CollArgs& a, const std::vector<cha
   for (size_t e = begin; e < end; e += chunk) {
     const size_t len = std::min(chunk, end - e), off = e * esize, bytes = len * esize;
     reduce_inputs(a, in, off, len, tmp);
-    for (int s = 0; s < n; ++s) place(out[mod(r + s, n)] + off, tmp, bytes, streaming);
+    for (int s = 0; s < n; ++s) {
+      const int p = mod(r + s, n);
+      if (p != r)
+        if (Status st = ch.to(p)->peer_failure(); !st) return st;
+      place(out[p] + off, tmp, bytes, streaming);
+    }
+    count(moved, 2 * (n - 1) * len * esize);
   }
-  count(moved, 2 * (n - 1) * (end - begin) * esize);
+  return Status::ok();
 }
 
 // This rank's block: the reduction of block `rank` of every rank's input.
@@ -252,7 +263,8 @@ Task window_or(const Channel& ch, HostWindows windows, Coll c, CollArgs a, Task 
   switch (c) {
     case Coll::kAllReduce:
       // In place, every output line was just read as input: it is in cache.
-      all_reduce_over(ch, a, in, out, streaming && !in_place, scratch.data(), moved);
+      if (Status st = all_reduce_over(ch, a, in, out, streaming && !in_place, scratch.data(), moved); !st)
+        co_await FailOp{std::move(st)};
       break;
     case Coll::kReduceScatter:
       reduce_scatter_over(ch, a, in, mine_out, scratch.data(), moved);
