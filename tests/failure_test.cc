@@ -3,6 +3,7 @@
 // and resources that run out.
 #include <arpa/inet.h>
 #include <braid/braid.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -11,6 +12,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -994,10 +996,39 @@ TEST(Resources, SharedMemoryFailureFallsBackToTcp) {
   ASSERT_TRUE(r.ok()) << r.describe();
 }
 
+// Names in /dev/shm that start with `prefix` ("braid-<token>-").
+std::vector<std::string> shm_names(const std::string& prefix) {
+  std::vector<std::string> found;
+  if (DIR* dir = opendir("/dev/shm")) {
+    while (const dirent* e = readdir(dir))
+      if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) found.push_back(e->d_name);
+    closedir(dir);
+  }
+  return found;
+}
+
+uint64_t pid_namespace_inode() {
+  struct stat st;
+  return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
+// A segment name as braid makes it: token, rank, creator pid and pid namespace.
+std::string shm_segment_name(const JobToken& token, int rank, pid_t pid, uint64_t ns) {
+  return "braid-" + token_hex(token, 8) + "-" + std::to_string(rank) + "-" + std::to_string(pid) + "-" +
+         std::to_string(ns);
+}
+
+bool make_shm_file(const std::string& name) {
+  const int fd = shm_open(("/" + name).c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) return false;
+  close(fd);
+  return true;
+}
+
 // A rank killed while the shared memory segments are being set up (its
 // segment made, not yet mapped by every peer) leaves nothing in /dev/shm:
-// the survivors' init fails naming it, and they unlink every segment of the
-// host group, the dead rank's too, which it can no longer do itself.
+// the survivors' init fails naming it, and they unlink what processes now
+// gone left, the dead rank's segment too, which it can no longer do itself.
 TEST(Resources, ARankKilledDuringShmSetupLeavesNoSegment) {
   struct Shared {
     char prefix[64];
@@ -1015,11 +1046,11 @@ TEST(Resources, ARankKilledDuringShmSetupLeavesNoSegment) {
   auto r = launcher::fork_ranks(o, [&](braid_comm_t, int rank, int n, const braid_unique_id_t& id) {
     UniqueId decoded;
     if (!UniqueId::decode(&id, &decoded)) return 3;
-    const std::string prefix = "/dev/shm/braid-" + token_hex(decoded.token, 8) + "-";
     if (rank == 1) {
-      std::snprintf(shared->prefix, sizeof(shared->prefix), "%s", prefix.c_str());
+      std::snprintf(shared->prefix, sizeof(shared->prefix), "braid-%s-", token_hex(decoded.token, 8).c_str());
       // Dies the moment its own segment exists, before its peers are done with it.
-      std::thread([mine = prefix + "1", shared] {
+      std::thread([mine = "/dev/shm/" + shm_segment_name(decoded.token, 1, getpid(), pid_namespace_inode()),
+                   shared] {
         while (access(mine.c_str(), F_OK) != 0) std::this_thread::sleep_for(std::chrono::microseconds(20));
         shared->killed.store(1);
         raise(SIGKILL);
@@ -1048,11 +1079,77 @@ TEST(Resources, ARankKilledDuringShmSetupLeavesNoSegment) {
     EXPECT_FALSE(r.ranks[rank].timed_out) << "rank " << rank << " hung";
     EXPECT_EQ(r.ranks[rank].exit_code, 0) << "rank " << rank << ": " << r.describe();
   }
-  for (int rank = 0; rank < 3; ++rank) {
-    const std::string name = shared->prefix + std::to_string(rank);
-    EXPECT_NE(access(name.c_str(), F_OK), 0) << name << " was left behind";
-    unlink(name.c_str());
+  for (const std::string& name : shm_names(shared->prefix)) {
+    ADD_FAILURE() << name << " was left behind";
+    shm_unlink(("/" + name).c_str());
   }
+  munmap(shared, sizeof(Shared));
+}
+
+// Segment names carry the creator's pid: a job whose token another live job
+// shares (braid_comm_init_env hashes MASTER_ADDR:PORT, which two containers
+// sharing /dev/shm may both use) meets none of its names, and a job that
+// finds segments left by processes now gone (a job killed during init)
+// removes them. Before, names were token and rank: the second job's
+// shm_open failed with EEXIST (tcp instead, or a failed init under
+// BRAID_TRANSPORT=shm), and its cleanup unlinked the first job's segment;
+// a killed job's segments stayed in /dev/shm for good.
+TEST(Resources, SegmentsOfOtherJobsAreLeftAloneAndThoseOfDeadOnesRemoved) {
+  launcher::LaunchOptions o;
+  o.nranks = 2;
+  o.make_comm = false;
+  o.env = {{"BRAID_TRANSPORT", "shm"}};
+  // A process that is gone by the time the ranks look: its pid is stale.
+  const pid_t gone = fork();
+  if (gone == 0) _exit(0);
+  ASSERT_GT(gone, 0);
+  ASSERT_EQ(waitpid(gone, nullptr, 0), gone);
+  const uint64_t ns = pid_namespace_inode();
+  ASSERT_NE(ns, 0u);
+  struct Shared {
+    char live[128], dead[128], elsewhere[128];
+  };
+  auto* shared = static_cast<Shared*>(
+      mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(shared, MAP_FAILED);
+  new (shared) Shared{};
+  auto r = launcher::fork_ranks(o, [&](braid_comm_t, int rank, int n, const braid_unique_id_t& id) {
+    UniqueId decoded;
+    if (!UniqueId::decode(&id, &decoded)) return 3;
+    if (rank == 0) {
+      // This job's token under a live process (the test's), under a gone
+      // one, and under a live-looking pid of another pid namespace.
+      std::snprintf(shared->live, sizeof(shared->live), "%s",
+                    shm_segment_name(decoded.token, 1, getppid(), ns).c_str());
+      std::snprintf(shared->dead, sizeof(shared->dead), "%s",
+                    shm_segment_name(decoded.token, 0, gone, ns).c_str());
+      std::snprintf(shared->elsewhere, sizeof(shared->elsewhere), "%s",
+                    shm_segment_name(decoded.token, 1, gone, ns + 1).c_str());
+      for (const char* name : {shared->live, shared->dead, shared->elsewhere})
+        if (!make_shm_file(name)) return 4;
+    }
+    braid_comm_t comm = nullptr;
+    if (braid_comm_init_rank(&comm, n, id, rank) != BRAID_SUCCESS) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, braid_get_last_error());
+      return 5;
+    }
+    uint64_t shm_bytes = 0;
+    float x = 1;
+    const bool ok = braid_all_reduce(&x, &x, 1, BRAID_FLOAT32, BRAID_SUM, comm, nullptr) == BRAID_SUCCESS &&
+                    x == 2 && braid_comm_transport_bytes(comm, "shm", &shm_bytes) == BRAID_SUCCESS &&
+                    shm_bytes > 0;
+    braid_comm_destroy(comm);
+    return ok ? 0 : 6;
+  });
+  ASSERT_TRUE(r.ok()) << r.describe();
+  EXPECT_EQ(access(("/dev/shm/" + std::string(shared->live)).c_str(), F_OK), 0)
+      << "a live job's segment went";
+  EXPECT_EQ(access(("/dev/shm/" + std::string(shared->elsewhere)).c_str(), F_OK), 0)
+      << "another pid namespace's segment went";
+  EXPECT_NE(access(("/dev/shm/" + std::string(shared->dead)).c_str(), F_OK), 0)
+      << "a dead job's segment stayed";
+  for (const char* name : {shared->live, shared->dead, shared->elsewhere})
+    shm_unlink(("/" + std::string(name)).c_str());
   munmap(shared, sizeof(Shared));
 }
 

@@ -1,5 +1,6 @@
 #include "transports/shm/shm_transport.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
@@ -15,6 +16,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <new>
 
@@ -104,8 +106,79 @@ struct Layout {
   }
 };
 
-std::string segment_name(const JobToken& token, int rank) {
-  return "/braid-" + token_hex(token, 8) + "-" + std::to_string(rank);
+// Who made a segment: its name carries the creator's pid and pid namespace,
+// so two jobs with one token (braid_comm_init_env hashes MASTER_ADDR:PORT)
+// never meet on a name, a rerun never meets what a killed run left, and a
+// segment whose creator is gone can be told apart (remove_stale_segments).
+struct SegmentOwner {
+  uint64_t pid_ns = 0;  // inode of /proc/self/ns/pid, 0 where unreadable
+  int32_t pid = 0;
+  uint8_t ok = 0;  // the segment was made
+  uint8_t pad[3] = {};
+};
+static_assert(sizeof(SegmentOwner) == 16, "exchanged as bytes");
+
+uint64_t pid_namespace_id() {
+  struct stat st;
+  return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
+constexpr char kNamePrefix[] = "braid-";
+
+std::string segment_name(const JobToken& token, int rank, const SegmentOwner& owner) {
+  return "/" + std::string(kNamePrefix) + token_hex(token, 8) + "-" + std::to_string(rank) + "-" +
+         std::to_string(owner.pid) + "-" + std::to_string(owner.pid_ns);
+}
+
+// Whether process `pid` of this pid namespace is gone or on its way out (a
+// zombie, or exiting: a peer killed a moment ago closed its sockets, which
+// is how survivors learn of it, before it became a zombie).
+bool process_gone(int32_t pid) {
+  if (pid <= 0) return false;
+  if (kill(pid, 0) != 0) return errno == ESRCH;
+  FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (f == nullptr) return false;
+  char buf[512];
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char* after = std::strrchr(buf, ')');  // the command name may hold anything
+  if (after == nullptr) return false;
+  char state = 0;
+  unsigned long flags = 0;
+  if (std::sscanf(after + 1, " %c %*d %*d %*d %*d %*d %lu", &state, &flags) != 2) return false;
+  constexpr unsigned long kExiting = 0x4;  // PF_EXITING
+  return state == 'Z' || state == 'X' || (flags & kExiting) != 0;
+}
+
+// Unlinks the segments in /dev/shm that a process of this pid namespace,
+// running as this user, made and left behind when it died before its peers
+// had mapped them (a job killed during init). Names of other namespaces
+// are left alone: their pids mean nothing here.
+void remove_stale_segments() {
+  const uint64_t ns = pid_namespace_id();
+  if (ns == 0) return;
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return;
+  while (const dirent* e = readdir(dir)) {
+    const char* name = e->d_name;
+    if (std::strncmp(name, kNamePrefix, sizeof(kNamePrefix) - 1) != 0) continue;
+    char token[17];
+    int rank = 0;
+    int32_t pid = 0;
+    unsigned long long their_ns = 0;
+    int end = 0;
+    if (std::sscanf(name + sizeof(kNamePrefix) - 1, "%16[0-9a-f]-%d-%d-%llu%n", token, &rank, &pid, &their_ns,
+                    &end) != 4 ||
+        name[sizeof(kNamePrefix) - 1 + static_cast<size_t>(end)] != '\0' || their_ns != ns)
+      continue;
+    struct stat st;
+    if (fstatat(dirfd(dir), name, &st, 0) != 0 || st.st_uid != geteuid() || !process_gone(pid)) continue;
+    if (shm_unlink(("/" + std::string(name)).c_str()) == 0)
+      BRAID_INFO("SHM", -1, "removed /dev/shm/%s, left by process %d, which is gone", name,
+                 static_cast<int>(pid));
+  }
+  closedir(dir);
 }
 
 }  // namespace
@@ -404,26 +477,37 @@ Status ShmTransport::setup(Bootstrap& bootstrap, const std::vector<int>& host_gr
   const Layout layout = Layout::make(config);
   const size_t npeers = host_group.size() - 1;
   const size_t bytes = layout.total(npeers * static_cast<size_t>(nchannels));
-  const std::string my_name = segment_name(bootstrap.token(), me);
+  SegmentOwner mine;
+  mine.pid = static_cast<int32_t>(getpid());
+  mine.pid_ns = pid_namespace_id();
+  const std::string my_name = segment_name(bootstrap.token(), me, mine);
   const Deadline deadline = Deadline::after_seconds(config.timeout_s);
   // Names unlinked on return. Our segment leaves /dev/shm once peers mapped
   // it, or on any early return. A peer killed between making its segment and
-  // our return cannot unlink it: on failure every rank unlinks the whole host
-  // group's names (those already gone or never made give ENOENT, which is fine).
+  // our return cannot unlink it: on failure every rank unlinks the host
+  // group's names once they are known (those already gone give ENOENT, which
+  // is fine), and before that, what processes now gone left.
   struct Unlink {
     std::vector<std::string> names;
+    bool stale = false;
     ~Unlink() {
       for (const std::string& n : names) shm_unlink(n.c_str());
+      if (stale) remove_stale_segments();
     }
   } unlink;
-  for (int peer : host_group)
-    if (npeers > 0 && peer != me) unlink.names.push_back(segment_name(bootstrap.token(), peer));
   Status st;
   if (npeers > 0) {
+    remove_stale_segments();
     auto m = std::make_unique<Mapping>();
     m->bytes = bytes;
     m->rank = me;
     st = map_segment(my_name, bytes, true, &m->base);
+    if (!st && st.message().find("File exists") != std::string::npos) {
+      // Our own pid's name: a process this pid had before, gone without
+      // unlinking (a crash, or a namespace the sweep cannot read).
+      shm_unlink(my_name.c_str());
+      st = map_segment(my_name, bytes, true, &m->base);
+    }
     if (st) unlink.names.push_back(my_name);
     if (st) {
       auto* h = new (m->base) SegmentHeader();
@@ -443,14 +527,21 @@ Status ShmTransport::setup(Bootstrap& bootstrap, const std::vector<int>& host_gr
   // Only with local peers: it widens who may attach to this process.
   if (npeers > 0) prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
   // Every rank takes part in the barriers, so a failure anywhere is seen everywhere.
-  uint8_t ok = st ? 1 : 0;
-  std::vector<uint8_t> oks;
-  BRAID_RETURN_IF_ERROR(bootstrap.all_gather(&ok, 1, &oks, deadline));
+  mine.ok = st ? 1 : 0;
+  std::vector<uint8_t> gathered;
+  unlink.stale = npeers > 0;  // until every owner is known
+  BRAID_RETURN_IF_ERROR(bootstrap.all_gather(&mine, sizeof(mine), &gathered, deadline));
+  std::vector<SegmentOwner> owners(gathered.size() / sizeof(SegmentOwner));
+  std::memcpy(owners.data(), gathered.data(), owners.size() * sizeof(SegmentOwner));
+  unlink.stale = false;
+  for (int peer : host_group)
+    if (peer != me && owners[static_cast<size_t>(peer)].ok)
+      unlink.names.push_back(segment_name(bootstrap.token(), peer, owners[static_cast<size_t>(peer)]));
   // From here every rank knows of a failure anywhere: all report it alike.
   *unavailable = true;
   if (!st) return st;
-  for (size_t r = 0; r < oks.size(); ++r)
-    if (!oks[r])
+  for (size_t r = 0; r < owners.size(); ++r)
+    if (!owners[r].ok)
       return Status::remote("rank " + std::to_string(r) + " could not create its shared memory segment");
   *unavailable = false;
   for (int peer : host_group) {
@@ -458,7 +549,8 @@ Status ShmTransport::setup(Bootstrap& bootstrap, const std::vector<int>& host_gr
     auto m = std::make_unique<Mapping>();
     m->bytes = bytes;
     m->rank = peer;
-    st = map_segment(segment_name(bootstrap.token(), peer), bytes, false, &m->base);
+    st = map_segment(segment_name(bootstrap.token(), peer, owners[static_cast<size_t>(peer)]), bytes, false,
+                     &m->base);
     if (!st) break;
     if (m->header()->magic != kSegmentMagic) {
       st = Status::internal("shared memory segment of rank " + std::to_string(peer) + " has a bad header");
@@ -469,7 +561,8 @@ Status ShmTransport::setup(Bootstrap& bootstrap, const std::vector<int>& host_gr
   bool reads_ok = config.shm_peer_reads;
   for (size_t i = 1; st && reads_ok && i < t->maps_.size(); ++i)
     reads_ok = probe_peer_reads(t->maps_[i]->header());
-  ok = static_cast<uint8_t>((st ? 1 : 0) | (reads_ok ? 2 : 0));
+  const uint8_t ok = static_cast<uint8_t>((st ? 1 : 0) | (reads_ok ? 2 : 0));
+  std::vector<uint8_t> oks;
   BRAID_RETURN_IF_ERROR(bootstrap.all_gather(&ok, 1, &oks, deadline));
   *unavailable = true;
   if (!st) return st;
