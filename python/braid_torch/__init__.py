@@ -17,6 +17,8 @@ broadcast, reduce, all_gather and reduce_scatter move device to device
 hosts, go through pinned host memory.
 """
 
+import atexit
+
 import torch
 import torch.distributed as dist
 
@@ -44,18 +46,20 @@ __all__ = ["BraidBackend", "create_backend", "monitored_barrier", "version"]
 BraidBackend = _C.BraidBackend
 
 
-def _env_from_mpi():
+def _env_from_mpi(joining=False):
     """Under mpirun, fill torch's RANK / WORLD_SIZE / LOCAL_RANK from Open MPI's
     variables when the launcher did not set them (MASTER_ADDR and MASTER_PORT
     still come from the user, as with any env:// job).
 
-    Only where MASTER_ADDR is set, so the job means to use env://: this runs
-    at every `import torch` (the autoload), and in an mpirun job that does not
-    (Horovod, say) RANK / WORLD_SIZE would make other libraries believe that
-    torch.distributed was launched."""
+    At import only where MASTER_ADDR is set, so the job means to use env://:
+    this runs at every `import torch` (the autoload), and in an mpirun job
+    that does not (Horovod, say) RANK / WORLD_SIZE would make other libraries
+    believe that torch.distributed was launched. Again when an env://
+    rendezvous starts (`joining`): a script that sets MASTER_ADDR in code,
+    after `import torch`, then gets them too."""
     import os
 
-    if "MASTER_ADDR" not in os.environ:
+    if "MASTER_ADDR" not in os.environ and not joining:
         return
     mapping = {
         "RANK": "OMPI_COMM_WORLD_RANK",
@@ -71,6 +75,29 @@ def _env_from_mpi():
 _env_from_mpi()
 
 
+def _fill_env_at_rendezvous():
+    """Wraps torch's env:// rendezvous so that Open MPI's variables fill the
+    ones torch reads when a job connects (any backend: only what is unset)."""
+    import importlib
+
+    # The module: `torch.distributed.rendezvous` is also a function's name there.
+    rdzv = importlib.import_module("torch.distributed.rendezvous")
+    handlers = getattr(rdzv, "_rendezvous_handlers", None)
+    env_handler = handlers.get("env") if isinstance(handlers, dict) else None
+    if env_handler is None or getattr(env_handler, "_braid_fills_mpi_env", False):
+        return
+
+    def handler(url, *args, **kwargs):
+        _env_from_mpi(joining=True)
+        return env_handler(url, *args, **kwargs)
+
+    handler._braid_fills_mpi_env = True
+    handlers["env"] = handler
+
+
+_fill_env_at_rendezvous()
+
+
 def version() -> str:
     v = _C.version()
     return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
@@ -78,13 +105,21 @@ def version() -> str:
 
 def create_backend(dist_backend_opts, pg_options=None):
     """The creator torch calls for every process group that uses braid."""
-    return _C.BraidBackend(
+    import os
+
+    # torch's debug levels check collectives' arguments across ranks (DETAIL
+    # through a wrapper group, INFO not at all): braid's own check catches a
+    # different root or count at the call itself, not at a later one.
+    if os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() in ("INFO", "DETAIL"):
+        os.environ.setdefault("BRAID_CHECK_CALLS", "1")
+    backend = _C.BraidBackend(
         dist_backend_opts.store,
         dist_backend_opts.group_rank,
         dist_backend_opts.group_size,
         dist_backend_opts.timeout,
         str(dist_backend_opts.group_id),
     )
+    return backend
 
 
 def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
@@ -101,6 +136,45 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
     if timeout is None:
         timeout = datetime.timedelta(milliseconds=-1)  # the group's timeout
     backend.monitored_barrier(timeout, wait_all_ranks)
+
+
+_torch_monitored_barrier = dist.monitored_barrier
+
+
+def _monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+    """torch.distributed.monitored_barrier, which refuses every backend but
+    gloo by name: a group whose CPU backend is braid's goes to braid's, any
+    other to torch's own. An unchanged script then works with "braid"."""
+    try:
+        pg = group if group is not None else dist.group.WORLD
+        is_braid = pg is not None and isinstance(pg._get_backend(torch.device("cpu")), _C.BraidBackend)
+    except (RuntimeError, ValueError, AttributeError):
+        is_braid = False
+    if is_braid:
+        return monitored_barrier(group, timeout, wait_all_ranks)
+    return _torch_monitored_barrier(group=group, timeout=timeout, wait_all_ranks=wait_all_ranks)
+
+
+if not getattr(dist.monitored_barrier, "_braid", False):
+    _monitored_barrier._braid = True
+    dist.monitored_barrier = _monitored_barrier
+    dist.distributed_c10d.monitored_barrier = _monitored_barrier
+
+
+def _end_pending_groups():
+    """At the interpreter's exit, a braid group with work still pending is
+    aborted and that work completed (with an error), while Python still runs
+    its Futures' callbacks: completed later, on braid's threads during the
+    interpreter's teardown, a callback's wait for the GIL ended the process
+    with `terminate called without an active exception`. Its peers learn of
+    the abort at once. Groups with nothing pending are left as they are."""
+    try:
+        _C._end_pending_groups()
+    except Exception:  # noqa: BLE001  - exiting: nothing to report it to
+        pass
+
+
+atexit.register(_end_pending_groups)
 
 
 if not hasattr(dist.Backend, "BRAID"):

@@ -110,6 +110,38 @@ def test_mpi_environment_is_filled_only_for_env_rendezvous():
     assert out.stdout.split() == ["1", "2"], out.stdout
 
 
+def test_exit_with_work_pending_aborts_the_group_cleanly():
+    """Before, rank 0 died with status 134 (terminate called in braid's
+    completion thread during the interpreter's teardown)."""
+    results = launch("exit_with_work_pending", 2, timeout=60)
+    assert_all_ok(results)
+    assert "the callback saw" in results[0].output, results[0]
+    assert "rank 1: all_reduce" in results[1].output, results[1]
+
+
+def test_torch_debug_level_turns_on_call_checks():
+    results = launch("debug_checks_calls", 2, env={"TORCH_DISTRIBUTED_DEBUG": "INFO"}, timeout=60)
+    assert_all_ok(results)
+
+
+def test_mpirun_script_that_sets_master_addr_in_code():
+    """RANK / WORLD_SIZE were filled only at import, where MASTER_ADDR was
+    already exported: such a script failed with "environment variable RANK
+    expected, but not set"."""
+    if shutil.which("mpirun") is None:
+        pytest.skip("Open MPI's mpirun is not installed")
+    env = dict(os.environ, BRAID_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", TEST_MASTER_PORT=str(free_port()))
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    proc = subprocess.run(
+        ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "TEST_MASTER_PORT", "-x",
+         "BRAID_SOCKET_IFNAME", sys.executable, str(WORKERS), "mpi_env_set_in_code"],
+        env=env, capture_output=True, text=True, timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count('"ok": true') == 2, proc.stdout
+
+
 def test_pending_recv_does_not_block_collectives():
     assert_all_ok(launch("pending_recv", 3))
 

@@ -336,8 +336,10 @@ def absent_from_barrier():
         os._exit(0)
     if rank == 0:
         start = time.time()
+        # torch's own function, as an unchanged script calls it (torch
+        # accepts only gloo groups by name; braid_torch routes braid's).
         msg = expect_raises(
-            lambda: braid_torch.monitored_barrier(timeout=datetime.timedelta(seconds=1), wait_all_ranks=True),
+            lambda: dist.monitored_barrier(timeout=datetime.timedelta(seconds=1), wait_all_ranks=True),
             "monitored_barrier", f"rank {world - 1} did not reach the barrier within 1000 ms",
         )
         print(f"rank {rank}: monitored_barrier failed after {time.time() - start:.2f} s: {msg}", flush=True)
@@ -347,6 +349,68 @@ def absent_from_barrier():
         assert took < 5, f"destroy_process_group after a failed monitored_barrier took {took:.1f} s"
         print(f"rank {rank}: destroyed in {took:.2f} s", flush=True)
     os._exit(0)
+
+
+def exit_with_work_pending():
+    """Rank 0 exits with an async all_reduce pending and a Python callback on
+    its Future: the interpreter's exit aborts the group and completes the
+    work (the callback sees the error) instead of dying in braid's threads
+    (`terminate called without an active exception`, status 134). Rank 1,
+    late, either finds what rank 0 sent before it left (its call completes)
+    or learns of the abort; it does not wait for its timeout."""
+    rank, _ = init(timeout_s=60)
+    t = torch.ones(4)
+    if rank == 0:
+        seen = []
+        fut = dist.all_reduce(t, async_op=True).get_future()
+
+        def callback(f):
+            try:
+                f.value()
+                seen.append("value")
+            except Exception as e:  # noqa: BLE001
+                seen.append(f"error: {e}")
+                print(f"rank 0: the callback saw {e}", flush=True)
+
+        fut.then(callback)
+        sys.exit(0)
+    time.sleep(3)
+    start = time.time()
+    try:
+        dist.all_reduce(t)
+        expect_equal(t, torch.full((4,), 2.0), "all_reduce with rank 0's contribution sent before it left")
+        print("rank 1: all_reduce completed with what rank 0 sent", flush=True)
+    except Exception as e:  # noqa: BLE001
+        print(f"rank 1: all_reduce failed: {e}", flush=True)
+        assert "abort" in str(e), e
+    assert time.time() - start < 30, f"rank 1 took {time.time() - start:.1f} s"
+    os._exit(0)
+
+
+def debug_checks_calls():
+    """Under TORCH_DISTRIBUTED_DEBUG=INFO a broadcast whose ranks name
+    different roots fails at that broadcast, naming both, not at a later
+    collective (or never, where it was the last)."""
+    rank, _ = init(timeout_s=60)
+    t = torch.full((8,), float(rank))
+    expect_raises(lambda: dist.broadcast(t, src=rank), "broadcast", "root")
+    print(f"rank {rank}: mismatched roots found at the broadcast", flush=True)
+    os._exit(0)
+
+
+def mpi_env_set_in_code():
+    """Under mpirun, a script that sets MASTER_ADDR and MASTER_PORT in code,
+    after `import torch`, still gets RANK and WORLD_SIZE from Open MPI's
+    variables when it joins."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = os.environ["TEST_MASTER_PORT"]
+    rank, world = init(timeout_s=60)
+    assert rank == int(os.environ["OMPI_COMM_WORLD_RANK"]) and world == int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+    expect_equal(t, torch.tensor([float(world * (world + 1) // 2)]), "all_reduce")
+    print(json.dumps({"rank": rank, "ok": True}), flush=True)
+    dist.destroy_process_group()
 
 
 def wait_after_abort():
@@ -853,6 +917,7 @@ SCENARIOS = {
     f.__name__: f
     for f in (
         collectives, bad_input, dead_peer, hung_peer, absent_from_barrier, wait_after_abort, ddp_train, sharded_train, torchrun_env,
+        exit_with_work_pending, debug_checks_calls, mpi_env_set_in_code,
         elastic_restart, init_methods,
         pending_recv, threads_futures_tags, coalescing, coalescing_edges, cuda_collectives, cuda_ddp_train,
     )

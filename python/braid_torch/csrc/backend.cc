@@ -752,18 +752,42 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::launch(const c10::intrusive_ptr<Bra
   }
   work->track(std::move(requests), completions_);
   const c10d::OpType type = work->retrieveOpType();
-  if (!work->isCompleted() && !c10d::isP2POp(type) && type != c10d::OpType::BARRIER) {
+  if (!work->isCompleted()) {
+    auto add = [&](std::vector<c10::weak_intrusive_ptr<BraidWork>>* list) {
+      if (list->size() >= 64)  // the finished ones go
+        list->erase(std::remove_if(list->begin(), list->end(),
+                                   [](const c10::weak_intrusive_ptr<BraidWork>& w) {
+                                     auto p = w.lock();
+                                     return !p || p->isCompleted();
+                                   }),
+                    list->end());
+      list->emplace_back(work);
+    };
     std::lock_guard<std::mutex> lock(inflight_mu_);
-    if (inflight_.size() >= 64)  // the finished ones go
-      inflight_.erase(std::remove_if(inflight_.begin(), inflight_.end(),
-                                     [](const c10::weak_intrusive_ptr<BraidWork>& w) {
-                                       auto p = w.lock();
-                                       return !p || p->isCompleted();
-                                     }),
-                      inflight_.end());
-    inflight_.emplace_back(work);
+    add(&tracked_);
+    if (!c10d::isP2POp(type) && type != c10d::OpType::BARRIER) add(&inflight_);
   }
   return work;
+}
+
+bool BraidBackend::end_if_pending() {
+  std::vector<c10::intrusive_ptr<BraidWork>> pending;
+  {
+    std::lock_guard<std::mutex> lock(inflight_mu_);
+    for (const auto& w : tracked_)
+      if (auto p = w.lock(); p && !p->isCompleted()) pending.push_back(std::move(p));
+  }
+  if (pending.empty() || comm_.load() == nullptr) return false;
+  abort();
+  // Every pending request fails now; wait() completes its work here, or
+  // waits for the completion thread that already took it.
+  for (auto& work : pending) {
+    try {
+      work->wait();
+    } catch (const std::exception&) {
+    }
+  }
+  return true;
 }
 
 void BraidBackend::startCoalescing() {

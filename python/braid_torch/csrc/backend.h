@@ -149,6 +149,10 @@ class BraidBackend : public c10d::Backend {
   c10d::ErrorType getError() override;
   void abort() override;
   void shutdown() override;
+  // At the interpreter's exit: where a work is still pending, aborts the
+  // group and completes every pending work (with the abort's error) on this
+  // thread or the completion threads before returning. True if it did.
+  bool end_if_pending();
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -273,6 +277,9 @@ class BraidBackend : public c10d::Backend {
   // completes them (copy-out, Future) before it does, as gloo's does.
   std::mutex inflight_mu_;
   std::vector<c10::weak_intrusive_ptr<BraidWork>> inflight_;
+  // Every work left to complete on the completion threads (p2p too), for
+  // end_if_pending; under inflight_mu_.
+  std::vector<c10::weak_intrusive_ptr<BraidWork>> tracked_;
   // A monitored_barrier failed: its receives from the missing ranks are
   // still posted, so the group ends by abort, not by destroy (which would
   // wait for them until the timeout).
