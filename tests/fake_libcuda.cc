@@ -156,6 +156,7 @@ std::map<uintptr_t, Mapping> g_allocs;   // cuMemAlloc: data start -> mapping
 std::map<uintptr_t, Mapping> g_imports;  // cuIpcOpenMemHandle: data start -> mapping
 int g_violations = 0;                    // cuMemFree while another process maps it
 int g_fail_ipc_open = 0;                 // fake_cuda_fail_ipc_open
+int g_fail_host_alloc = 0;               // fake_cuda_fail_host_alloc
 
 // What cuIpcGetMemHandle hands out (the driver's is 64 opaque bytes).
 struct FakeIpcHandle {
@@ -257,6 +258,7 @@ FAKE_API int cuCtxPopCurrent_v2(void** ctx) {
 }
 
 FAKE_API int cuMemHostAlloc(void** p, size_t bytes, unsigned) {
+  if (g_fail_host_alloc) return 2;  // CUDA_ERROR_OUT_OF_MEMORY
   *p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
   if (*p == nullptr) return 2;  // CUDA_ERROR_OUT_OF_MEMORY
   std::lock_guard<std::mutex> lock(g_streams_mu);
@@ -483,6 +485,11 @@ FAKE_API int fake_cuda_live_imports() {
 FAKE_API int fake_cuda_violations() {
   std::lock_guard<std::mutex> lock(g_streams_mu);
   return g_violations;
+}
+
+// While on, cuMemHostAlloc fails with CUDA_ERROR_OUT_OF_MEMORY.
+FAKE_API void fake_cuda_fail_host_alloc(int on) {
+  g_fail_host_alloc = on;
 }
 
 // While on, cuIpcOpenMemHandle fails (a peer's memory cannot be mapped here).

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -280,6 +281,45 @@ TEST(StreamOrdered, ADeadPeerIsAnErrorAndLeavesNoStreamWaiting) {
       },
       60);
   ASSERT_TRUE(result.ok()) << result.describe();
+}
+
+// A call that fails on one rank after its arguments passed (its staging
+// memory cannot be pinned) breaks the communicator, so the peer's half of
+// the call fails at once, naming why; it waited out its 60 s timeout.
+TEST(StreamOrdered, ACallThatFailsOnOneRankFailsItsPeersAtOnce) {
+  run_ranks(
+      2, {{"BRAID_TIMEOUT", "60"}},
+      [](braid_comm_t comm, int rank, int) {
+        const FakeCuda& cu = fake_cuda();
+        void* s = cu.stream_create();
+        Buffer<float> small(true, 1000, 1.0f);
+        BRAID_ASSERT_OK(
+            braid_all_reduce(small.data(), small.data(), small.size(), BRAID_FLOAT32, BRAID_SUM, comm, s));
+        cu.stream_synchronize(s);
+        Buffer<float> big(true, size_t{4} << 20, 1.0f);  // needs a larger staging block
+        if (rank == 0) cu.fail_host_alloc(1);
+        const auto start = std::chrono::steady_clock::now();
+        braid_request_t req = nullptr;
+        const braid_result_t r =
+            braid_iall_reduce(big.data(), big.data(), big.size(), BRAID_FLOAT32, BRAID_SUM, comm, s, &req);
+        std::string m;
+        if (rank == 0) {
+          EXPECT_NE(r, BRAID_SUCCESS);
+          m = braid_get_last_error();
+          EXPECT_NE(m.find("cuMemHostAlloc"), std::string::npos) << m;
+          cu.fail_host_alloc(0);
+        } else {
+          BRAID_ASSERT_OK(r);
+          EXPECT_NE(braid_wait(&req), BRAID_SUCCESS);
+          m = braid_get_last_error();
+          EXPECT_NE(m.find("rank 0"), std::string::npos) << m;
+          EXPECT_NE(m.find("cuMemHostAlloc"), std::string::npos) << m;
+          EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20)) << m;
+        }
+        cu.stream_synchronize(s);
+        cu.stream_destroy(s);
+      },
+      120);
 }
 
 // BRAID_CHECK_CALLS=1 with a rank whose stream reaches the call late: its

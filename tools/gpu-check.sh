@@ -60,6 +60,19 @@ test_status=0
 "$BUILD_DIR/tests/cuda_kernels_test" --gtest_brief=1 >"$OUT/tests.log" 2>&1 || test_status=$?
 BRAID_SOCKET_IFNAME=${BRAID_SOCKET_IFNAME:-lo} "$BUILD_DIR/tests/cuda_stream_test" --gtest_brief=1 \
   >>"$OUT/tests.log" 2>&1 || test_status=$?
+# Streams sharing one hardware queue (Megatron-style jobs set this): a user
+# stream parked in cuStreamWaitValue32 may then hold back the work braid
+# enqueues behind it on its own stream. Bounded, so a deadlock shows as a
+# failure here instead of eating the session.
+if ! CUDA_DEVICE_MAX_CONNECTIONS=1 BRAID_TIMEOUT=30 BRAID_SOCKET_IFNAME=${BRAID_SOCKET_IFNAME:-lo} \
+  timeout 120 "$BUILD_DIR/tests/cuda_stream_test" --gtest_brief=1 \
+  --gtest_filter='*AllReduceOnDeviceMemoryWithFourRanksOnOneGpu*' >"$OUT/max_connections_1.log" 2>&1; then
+  echo "gpu-check: with CUDA_DEVICE_MAX_CONNECTIONS=1 the stream tests failed or hung (see $OUT/max_connections_1.log)" >&2
+  tail -20 "$OUT/max_connections_1.log" >&2
+  test_status=1
+else
+  echo "gpu-check: CUDA_DEVICE_MAX_CONNECTIONS=1: ok"
+fi
 skipped=$(grep -c '^\[  SKIPPED \]' "$OUT/tests.log" || true)
 tail -3 "$OUT/tests.log"
 if [ "$test_status" -ne 0 ] || [ "$skipped" -ne 0 ]; then

@@ -139,6 +139,7 @@ Result launch(Args a, cudaStream_t stream) {
   unsigned blocks = 0;
   Result r = grid_for(a.npacks > tail ? a.npacks : tail, &blocks);
   if (r.code != BRAID_SUCCESS) return r;
+  (void)cudaGetLastError();  // an earlier call's error on this thread is not this launch's
   reduce_copy_kernel<E, Op><<<blocks, kThreads, 0, stream>>>(a, Op{});
   return launched("kernel launch (reduce_copy)");
 }
@@ -194,6 +195,7 @@ Result divide(braid_dtype_t dtype, const void* in, void* out, size_t count, int 
       unsigned blocks = 0;
       r = grid_for(count, &blocks);
       if (r.code != BRAID_SUCCESS) return;
+      (void)cudaGetLastError();  // an earlier call's error on this thread is not this launch's
       divide_kernel<E><<<blocks, kThreads, 0, stream>>>(
           static_cast<const typename E::Stored*>(in), static_cast<typename E::Stored*>(out), count, divisor);
       r = launched("kernel launch (divide)");

@@ -372,17 +372,29 @@ braid_result_t submit_stream_ordered(const Call& c, const std::shared_ptr<Commun
   };
   auto call = std::make_shared<StagedCall>();
   CollArgs staged;
+  // A call refused before anything was set up (a bad stream, one being
+  // captured: call->cu still unset) can be made again. Past that, what
+  // failed is a resource (staging memory, the driver) on this rank alone,
+  // while its peers make their half of the call: the communicator breaks,
+  // so they learn why now instead of at their timeout (as a group's
+  // enqueue failure does in braid_group_end).
+  auto fail_and_break = [&](const Status& st) {
+    comm->engine().abort(
+        st.with_context("rank " + std::to_string(comm->rank()) + ": " + op_kind_name(c.kind)));
+    return error(st);
+  };
   Status st = comm->prepare_stream_op(c.kind, c.args, c.stream, call.get(), &staged);
   if (!st) {
+    const bool refused = call->cu == nullptr;
     give_up(*call);
-    return error(st);
+    return refused ? error(st) : fail_and_break(st);
   }
   if (t_group_depth == 0) {
     // Enqueued before the op is made, so that a failure leaves the
     // communicator's sequence as it was.
     st = enqueue_stage_in(*call);
     if (st) st = enqueue_stage_out(*call);
-    if (!st) return error(st);
+    if (!st) return fail_and_break(st);
   }
   std::shared_ptr<Op> op = comm->make_stream_op(c.kind, staged, *call);
   if (c.request != nullptr)

@@ -34,19 +34,25 @@ bool is_finished(void* ctx) {
 }  // namespace
 
 Status StagingPool::take(const CudaDriver& cu, CUcontext ctx, size_t bytes, StagingBlock** out) {
-  std::lock_guard<std::mutex> lock(mu_);
-  cu_ = &cu;
-  // The smallest free block that fits, pinned in the same context.
-  auto best = free_.end();
-  for (auto it = free_.begin(); it != free_.end(); ++it)
-    if ((*it)->capacity >= bytes && (*it)->ctx == ctx &&
-        (best == free_.end() || (*it)->capacity < (*best)->capacity))
-      best = it;
   StagingBlock* b = nullptr;
-  if (best != free_.end()) {
-    b = *best;
-    free_.erase(best);
-  } else {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cu_ = &cu;
+    // The smallest free block that fits, pinned in the same context.
+    auto best = free_.end();
+    for (auto it = free_.begin(); it != free_.end(); ++it)
+      if ((*it)->capacity >= bytes && (*it)->ctx == ctx &&
+          (best == free_.end() || (*it)->capacity < (*best)->capacity))
+        best = it;
+    if (best != free_.end()) {
+      b = *best;
+      free_.erase(best);
+      ++lent_;
+    }
+  }
+  if (b == nullptr) {
+    // Not under mu_: pinning (and freeing) host memory may wait for the
+    // device, whose host functions (on_staged, on_finished) take mu_.
     const size_t capacity = block_capacity(bytes);
     void* p = nullptr;
     if (CUresult r =
@@ -63,12 +69,13 @@ Status StagingPool::take(const CudaDriver& cu, CUcontext ctx, size_t bytes, Stag
       (void)cu.mem_free_host(p);
       return cu.error("cuMemHostGetDevicePointer of the staging memory", r);
     }
+    std::lock_guard<std::mutex> lock(mu_);
+    ++lent_;
   }
   b->release.store(0, std::memory_order_relaxed);
   b->staged.store(0, std::memory_order_relaxed);
   b->finished.store(0, std::memory_order_relaxed);
   b->holders.store(2, std::memory_order_relaxed);
-  ++lent_;
   *out = b;
   return Status::ok();
 }
@@ -122,22 +129,26 @@ void StagingPool::shut_down(double timeout_s, int rank) {
     lock.lock();
   }
   wake_ = nullptr;
-  for (StagingBlock* b : free_) {
+  std::vector<StagingBlock*> to_free;
+  to_free.swap(free_);
+  const size_t still_lent = lent_;
+  lock.unlock();
+  // Outside mu_ (see take): a free may wait for the device, and a lent
+  // block's host function takes mu_.
+  for (StagingBlock* b : to_free) {
     if (cu_ != nullptr && cu_->ctx_push_current(b->ctx) == 0) {
       (void)cu_->mem_free_host(b);
       CUcontext popped = nullptr;
       (void)cu_->ctx_pop_current(&popped);
     }
   }
-  free_.clear();
-  if (lent_ > 0) {
+  if (still_lent > 0) {
     BRAID_WARN("CUDA", rank,
                "%zu staging block(s) are still in use by CUDA streams that never reached their operations; "
                "they stay allocated",
-               lent_);
+               still_lent);
     return;  // the pool too: those streams' host functions still find it
   }
-  lock.unlock();
   delete this;
 }
 
