@@ -1048,7 +1048,9 @@ std::shared_ptr<Op> Communicator::attach_collective(OpKind kind, CollArgs a, Alg
       const Coll c = kind == OpKind::kBroadcast ? Coll::kBroadcast : Coll::kReduce;
       const Algo algo = pick(c, a.count * esize);
       op->algo = algo == Algo::kRing ? "chain" : algo_name(algo);
-      if (algo == Algo::kPeerRead) {
+      // Peer reads exist for broadcast only (the tuner never offers them for
+      // reduce): a reduce must never fall into the broadcast here.
+      if (algo == Algo::kPeerRead && c == Coll::kBroadcast) {
         op->task = peer_read_broadcast(coll_channel_, a);
         break;
       }
