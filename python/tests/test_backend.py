@@ -47,10 +47,13 @@ def test_wait_after_abort_raises():
     assert "wait after abort raised" in results[0].output, results[0]
 
 
-def test_monitored_barrier_names_the_absent_rank():
-    results = launch("absent_from_barrier", 2, timeout=60)
+@pytest.mark.parametrize("world", [2, 3])
+def test_monitored_barrier_names_the_absent_rank(world):
+    results = launch("absent_from_barrier", world, timeout=60)
     assert_all_ok(results)
     assert "monitored_barrier failed after" in results[0].output, results[0]
+    for r in results[1:-1]:
+        assert "not released, failed after" in r.output, r
 
 
 @pytest.mark.parametrize("world", [2, 4])

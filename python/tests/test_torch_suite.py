@@ -26,10 +26,6 @@ SUITE = HERE / "dist_suite.py"
 NAME_GATED = {
     "test_ddp_logging_data_cpu": "DDP's logger records the ProcessGroup's backend name, which torch reports "
     "as 'custom' for every plugin backend, while the test expects get_backend() ('braid')",
-    "test_monitored_barrier_gloo": "torch.distributed.monitored_barrier raises ValueError unless the group's "
-    "backend is named gloo (braid_torch.monitored_barrier is braid's)",
-    "test_monitored_barrier_gloo_rank_0_timeout": "as test_monitored_barrier_gloo",
-    "test_monitored_barrier_gloo_subgroup": "as test_monitored_barrier_gloo",
 }
 
 SUBSET = [
@@ -49,6 +45,9 @@ GLOO_GATED_SUBSET = [
     "test_get_future", "test_accumulate_gradients_no_sync_allreduce_with_then_hook",
     "test_grads_same_across_ranks_with_no_sync", "test_sparse_all_reduce_sum", "test_barrier_timeout_full_group",
     "test_all_reduce_coalesced_sum", "test_scatter_object_list", "test_batch_isend_irecv_gloo",
+    # torch's monitored_barrier on braid groups, with gloo's messages.
+    "test_monitored_barrier_gloo", "test_monitored_barrier_gloo_rank_0_timeout",
+    "test_monitored_barrier_gloo_subgroup",
 ]
 
 

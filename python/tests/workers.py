@@ -340,7 +340,7 @@ def absent_from_barrier():
         # accepts only gloo groups by name; braid_torch routes braid's).
         msg = expect_raises(
             lambda: dist.monitored_barrier(timeout=datetime.timedelta(seconds=1), wait_all_ranks=True),
-            "monitored_barrier", f"rank {world - 1} did not reach the barrier within 1000 ms",
+            "monitored_barrier", f"Rank {world - 1} failed to pass monitoredBarrier in 1000 ms",
         )
         print(f"rank {rank}: monitored_barrier failed after {time.time() - start:.2f} s: {msg}", flush=True)
         start = time.time()
@@ -348,6 +348,19 @@ def absent_from_barrier():
         took = time.time() - start
         assert took < 5, f"destroy_process_group after a failed monitored_barrier took {took:.1f} s"
         print(f"rank {rank}: destroyed in {took:.2f} s", flush=True)
+    else:
+        # Arrives, and is not released: fails at its own timeout, as gloo's
+        # ranks do, not at the group's 30 s.
+        start = time.time()
+        expect_raises(
+            lambda: dist.monitored_barrier(timeout=datetime.timedelta(seconds=1)),
+            f"Rank {rank} successfully reached monitoredBarrier, but received errors while waiting for "
+            "send/recv from rank 0",
+        )
+        took = time.time() - start
+        assert took < 10, f"rank {rank} waited {took:.1f} s for a release"
+        print(f"rank {rank}: not released, failed after {took:.2f} s", flush=True)
+        dist.destroy_process_group()
     os._exit(0)
 
 

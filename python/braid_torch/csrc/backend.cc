@@ -1527,14 +1527,14 @@ void BraidBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_
   TORCH_CHECK(comm_ != nullptr, "braid: monitored_barrier on a process group that was shut down");
   const auto limit = opts.timeout == c10d::kUnsetTimeout ? timeout_ : opts.timeout;
   const auto deadline = std::chrono::steady_clock::now() + limit;
+  const std::string ms = std::to_string(limit.count()) + " ms";
   uint8_t token = 1;
-  // Every rank checks in with rank 0, which names the ranks that did not
-  // arrive in time; then rank 0 releases everyone.
-  if (rank_ != 0) {
-    check(braid_send_tagged(&token, 1, BRAID_UINT8, 0, kBarrierTag, comm_, nullptr), "monitored_barrier");
-    check(braid_recv_tagged(&token, 1, BRAID_UINT8, 0, kBarrierTag, comm_, nullptr), "monitored_barrier");
-    return;
-  }
+  // The messages say what gloo's say (torch's tests and users' log searches
+  // look for them), then braid's details.
+  if (limit.count() <= 0)
+    C10_THROW_ERROR(DistBackendError, "braid: monitored_barrier (" + describe() + "): Rank " +
+                                          std::to_string(rank_) + " timed out in monitoredBarrier after " +
+                                          ms + " (a timeout of " + ms + " leaves no time to wait)");
   auto arrived = std::make_shared<std::vector<uint8_t>>(size_, 0);
   std::vector<braid_request_t> reqs(size_, nullptr);
   // Leaving with receives still posted: they complete later (a late token,
@@ -1550,6 +1550,33 @@ void BraidBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_
       braid_request_free(std::exchange(r, nullptr));
     }
   };
+  // Every rank checks in with rank 0, which names the ranks that did not
+  // arrive in time; then rank 0 releases everyone. A rank waits for the
+  // release as long as rank 0 waits for the others (as gloo's do): rank 0
+  // failing leaves them released by their own deadline, not the group's.
+  if (rank_ != 0) {
+    check(braid_send_tagged(&token, 1, BRAID_UINT8, 0, kBarrierTag, comm_, nullptr), "monitored_barrier");
+    braid_result_t code =
+        braid_irecv_tagged(&(*arrived)[0], 1, BRAID_UINT8, 0, kBarrierTag, comm_, nullptr, &reqs[0]);
+    if (code != BRAID_SUCCESS) fail_call("monitored_barrier", code);
+    int done = 0;
+    while (!done) {
+      code = braid_test(&reqs[0], &done);
+      if (code != BRAID_SUCCESS) {
+        abandon();
+        fail_call("monitored_barrier", code);
+      }
+      if (done) return;
+      if (std::chrono::steady_clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    abandon();
+    C10_THROW_ERROR(DistBackendError, "braid: monitored_barrier (" + describe() + "): Rank " +
+                                          std::to_string(rank_) +
+                                          " successfully reached monitoredBarrier, but received errors while "
+                                          "waiting for send/recv from rank 0: no release within " +
+                                          ms + " (rank 0 names the ranks that did not arrive)");
+  }
   for (int p = 1; p < size_; ++p) {
     braid_result_t code =
         braid_irecv_tagged(&(*arrived)[p], 1, BRAID_UINT8, p, kBarrierTag, comm_, nullptr, &reqs[p]);
@@ -1579,10 +1606,10 @@ void BraidBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_
     abandon();
     std::string ranks;
     for (int p : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(p);
-    C10_THROW_ERROR(DistBackendError, "braid: monitored_barrier (" + describe() + "): rank" +
+    C10_THROW_ERROR(DistBackendError, "braid: monitored_barrier (" + describe() + "): Rank" +
                                           (missing.size() > 1 ? "s " : " ") + ranks +
-                                          " did not reach the barrier within " +
-                                          std::to_string(limit.count()) + " ms");
+                                          " failed to pass monitoredBarrier in " + ms +
+                                          " (did not reach it)");
   }
   for (int p = 1; p < size_; ++p)
     check(braid_send_tagged(&token, 1, BRAID_UINT8, p, kBarrierTag, comm_, nullptr), "monitored_barrier");
