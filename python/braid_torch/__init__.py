@@ -112,14 +112,13 @@ def create_backend(dist_backend_opts, pg_options=None):
     # different root or count at the call itself, not at a later one.
     if os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() in ("INFO", "DETAIL"):
         os.environ.setdefault("BRAID_CHECK_CALLS", "1")
-    backend = _C.BraidBackend(
+    return _C.BraidBackend(
         dist_backend_opts.store,
         dist_backend_opts.group_rank,
         dist_backend_opts.group_size,
         dist_backend_opts.timeout,
         str(dist_backend_opts.group_id),
     )
-    return backend
 
 
 def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):

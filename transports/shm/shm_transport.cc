@@ -498,16 +498,14 @@ Status ShmTransport::setup(Bootstrap& bootstrap, const std::vector<int>& host_gr
   Status st;
   if (npeers > 0) {
     remove_stale_segments();
+    // A name with our pid that exists already is a segment of a process
+    // this pid had before, gone without unlinking it (a crash, or a
+    // namespace the sweep cannot read): nobody else can own it.
+    shm_unlink(my_name.c_str());
     auto m = std::make_unique<Mapping>();
     m->bytes = bytes;
     m->rank = me;
     st = map_segment(my_name, bytes, true, &m->base);
-    if (!st && st.message().find("File exists") != std::string::npos) {
-      // Our own pid's name: a process this pid had before, gone without
-      // unlinking (a crash, or a namespace the sweep cannot read).
-      shm_unlink(my_name.c_str());
-      st = map_segment(my_name, bytes, true, &m->base);
-    }
     if (st) unlink.names.push_back(my_name);
     if (st) {
       auto* h = new (m->base) SegmentHeader();
