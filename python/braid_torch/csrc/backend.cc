@@ -1550,6 +1550,17 @@ void BraidBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_
       braid_request_free(std::exchange(r, nullptr));
     }
   };
+  // Polls a receive until it completes (its result) or the deadline passes
+  // (BRAID_ERR_IN_PROGRESS).
+  auto poll_until_deadline = [&](braid_request_t* r) {
+    for (;;) {
+      int done = 0;
+      const braid_result_t code = braid_test(r, &done);
+      if (code != BRAID_SUCCESS || done) return code;
+      if (std::chrono::steady_clock::now() >= deadline) return BRAID_ERR_IN_PROGRESS;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  };
   // Every rank checks in with rank 0, which names the ranks that did not
   // arrive in time; then rank 0 releases everyone. A rank waits for the
   // release as long as rank 0 waits for the others (as gloo's do): rank 0
@@ -1559,23 +1570,19 @@ void BraidBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_
     braid_result_t code =
         braid_irecv_tagged(&(*arrived)[0], 1, BRAID_UINT8, 0, kBarrierTag, comm_, nullptr, &reqs[0]);
     if (code != BRAID_SUCCESS) fail_call("monitored_barrier", code);
-    int done = 0;
-    while (!done) {
-      code = braid_test(&reqs[0], &done);
-      if (code != BRAID_SUCCESS) {
-        abandon();
-        fail_call("monitored_barrier", code);
-      }
-      if (done) return;
-      if (std::chrono::steady_clock::now() >= deadline) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    code = poll_until_deadline(&reqs[0]);
+    if (code == BRAID_SUCCESS) return;
+    // No release in time, or rank 0 gave up first (it ends its group by
+    // abort once it named the missing ranks): gloo says the same of both.
+    const std::string why = code == BRAID_ERR_IN_PROGRESS
+                                ? "no release within " + ms + " (rank 0 names the ranks that did not arrive)"
+                                : std::string(braid_get_error_string(code)) + ": " + braid_get_last_error();
     abandon();
     C10_THROW_ERROR(DistBackendError, "braid: monitored_barrier (" + describe() + "): Rank " +
                                           std::to_string(rank_) +
                                           " successfully reached monitoredBarrier, but received errors while "
-                                          "waiting for send/recv from rank 0: no release within " +
-                                          ms + " (rank 0 names the ranks that did not arrive)");
+                                          "waiting for send/recv from rank 0: " +
+                                          why);
   }
   for (int p = 1; p < size_; ++p) {
     braid_result_t code =
@@ -1587,19 +1594,13 @@ void BraidBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_
   }
   std::vector<int> missing;
   for (int p = 1; p < size_; ++p) {
-    int done = 0;
-    while (reqs[p] != nullptr) {
-      braid_result_t code = braid_test(&reqs[p], &done);
-      if (code != BRAID_SUCCESS) {
-        abandon();
-        fail_call("monitored_barrier", code);
-      }
-      if (done || std::chrono::steady_clock::now() >= deadline) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    if (!done) {
+    const braid_result_t code = poll_until_deadline(&reqs[p]);
+    if (code == BRAID_ERR_IN_PROGRESS) {
       missing.push_back(p);
       if (!wait_all_ranks) break;
+    } else if (code != BRAID_SUCCESS) {
+      abandon();
+      fail_call("monitored_barrier", code);
     }
   }
   if (!missing.empty()) {
