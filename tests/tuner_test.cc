@@ -248,8 +248,9 @@ TEST(Tuner, DirectGatherIsBoundedPerBlock) {
     EXPECT_EQ(t.pick(Coll::kReduceScatter, bytes), Algo::kDirect) << bytes;
     EXPECT_NE(t.pick(Coll::kAllReduce, bytes), Algo::kDirect) << bytes;
   }
-  // A block above the bound (256 KiB over 8 ranks: 32 KiB) leaves direct out.
-  EXPECT_NE(t.pick(Coll::kAllGather, 256 << 10), Algo::kDirect);
+  // A block above the bound (512 KiB over 8 ranks: 64 KiB) leaves direct out.
+  EXPECT_EQ(t.pick(Coll::kAllGather, 256 << 10), Algo::kDirect);
+  EXPECT_NE(t.pick(Coll::kAllGather, 512 << 10), Algo::kDirect);
   crowded.direct_max_bytes = 4 << 10;
   Tuner low(crowded, AlgoChoice{});
   EXPECT_EQ(low.pick(Coll::kAllGather, 32 << 10), Algo::kDirect);
@@ -269,19 +270,20 @@ TEST(Tuner, WithOnePeerDirectGathersSmallAndTheRingReducesLarger) {
 }
 
 TEST(Tuner, BytesCostMoreWhereMoreRanksShareACore) {
-  // 8 ranks on 2 cores (bench/tune_sweep.py, 4 sweeps): recursive doubling
-  // beat direct from 8 KiB, Rabenseifner beat it at 32 KiB and the ring
-  // beat Rabenseifner at 64 KiB. Pricing bytes as at 2 ranks per core kept
-  // each of them one or two sizes too long.
+  // 8 ranks on 2 cores (bench/tune_sweep.py, 6 sweeps): direct ran fastest
+  // to 8 KiB, the tree from 32 to 128 KiB (1.1-1.5x ahead of Rabenseifner
+  // and the ring, which a full pipeline fill priced out), the ring from
+  // 256 KiB.
   const Tuner t(sharing_cores(one_host(8), 4), AlgoChoice{});
-  EXPECT_EQ(t.pick(Coll::kAllReduce, 4 << 10), Algo::kDirect);
-  EXPECT_EQ(t.pick(Coll::kAllReduce, 8 << 10), Algo::kRecursiveDoubling);
-  EXPECT_EQ(t.pick(Coll::kAllReduce, 32 << 10), Algo::kRabenseifner);
-  EXPECT_EQ(t.pick(Coll::kAllReduce, 64 << 10), Algo::kRing);
-  // 4 ranks on 2 cores are what the rates were fitted with: direct holds
-  // to 16 KiB, where its one step beat the ring's six.
+  EXPECT_EQ(t.pick(Coll::kAllReduce, 8 << 10), Algo::kDirect);
+  for (size_t bytes : {size_t{32} << 10, size_t{64} << 10})
+    EXPECT_EQ(t.pick(Coll::kAllReduce, bytes), Algo::kTree) << bytes;
+  EXPECT_EQ(t.pick(Coll::kAllReduce, 256 << 10), Algo::kRing);
+  // 4 ranks on 2 cores: direct's one step beat the ring's six up to 32 KiB
+  // (1.37-1.47x at 32 KiB), and the ring took over at 64 KiB.
   const Tuner four(sharing_cores(one_host(4), 2), AlgoChoice{});
-  EXPECT_EQ(four.pick(Coll::kAllReduce, 16 << 10), Algo::kDirect);
+  EXPECT_EQ(four.pick(Coll::kAllReduce, 32 << 10), Algo::kDirect);
+  EXPECT_EQ(four.pick(Coll::kAllReduce, 64 << 10), Algo::kRing);
   // A ring's bytes cost twice as much at 4 ranks per core as at 2.
   const Tuner two(sharing_cores(one_host(8), 2), AlgoChoice{});
   auto ring_bytes_us = [](const Tuner& x) {
@@ -289,6 +291,22 @@ TEST(Tuner, BytesCostMoreWhereMoreRanksShareACore) {
            x.predict_us(Coll::kAllReduce, Algo::kRing, 0);
   };
   EXPECT_DOUBLE_EQ(ring_bytes_us(t), 2 * ring_bytes_us(two));
+}
+
+TEST(Tuner, ExchangesWhereRanksShareCoresCostLessThanTwoSteps) {
+  // 8 ranks on 2 simulated hosts of one 2-core machine (6 sweeps): recursive
+  // doubling ran 1.5-1.9x faster than the hierarchical schedule at 32 KiB,
+  // even at 64 KiB, and lost from 128 KiB. Priced at two steps an exchange,
+  // it gave way at 32 KiB.
+  const Tuner t(sharing_cores(hosts(2, 4), 4), AlgoChoice{});
+  EXPECT_EQ(t.pick(Coll::kAllReduce, 32 << 10), Algo::kRecursiveDoubling);
+  EXPECT_EQ(t.pick(Coll::kAllReduce, 128 << 10), Algo::kHierarchical);
+  // Direct gathers post their messages as direct all_reduce does: 4 ranks
+  // on 2 cores reduce-scattered 64 KiB 1.57x faster directly than on the
+  // ring, and were even with it at 256 KiB.
+  const Tuner four(sharing_cores(one_host(4), 2), AlgoChoice{});
+  EXPECT_EQ(four.pick(Coll::kReduceScatter, 64 << 10), Algo::kDirect);
+  EXPECT_EQ(four.pick(Coll::kReduceScatter, 256 << 10), Algo::kRing);
 }
 
 TEST(Tuner, AllReduceReadsPeersFromTheThresholdOnCoresOfTheirOwn) {

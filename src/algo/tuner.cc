@@ -52,6 +52,27 @@ constexpr double kTcpMessageUs = 5.0, kTcpMessageUsPerRankPerCore = 6.0;
 // at 2 ranks per core that one puts the switch from direct at 32 KiB, as
 // measured.
 constexpr double kRingStepPerRankPerCore = 0.3;
+// An all_reduce's pairwise exchange (recursive doubling and halving) needs
+// both partners running at once: two steps' latency, but 1.4 where ranks
+// share cores, as partners are often running already (4 and 8 ranks on 2
+// cores, 3 sweeps: an exchange cost 1.2 and 1.6 ring steps; at 2 steps the
+// model kept recursive doubling off 8 ranks on 2 simulated hosts at 32 KiB,
+// where it ran 1.47x faster than the hierarchical schedule).
+constexpr double kPairSteps = 2, kPairStepsOversubscribed = 1.4;
+// A direct all_reduce copies each peer's buffer out and reduces it in: 1.2
+// of a byte each. On one host whose ranks share cores it posts a message in
+// 0.6 us per rank per core (the broadcast hop's 1.5 is a wait for the
+// receiver, which direct overlaps across peers) and its bytes cost 0.9: in
+// the sweeps above it beat every other algorithm up to 32 KiB on 4 ranks
+// (1.37x the ring at 32 KiB) and up to 8 KiB on 8.
+constexpr double kDirectByteWork = 1.2, kDirectByteWorkOversubscribed = 0.9;
+constexpr double kDirectMessageUsPerRankPerCore = 0.6;
+// A tree all_reduce's pipeline fill on one host whose ranks share cores:
+// while a level waits, the other ranks' copies keep the cores busy, and
+// below one piece its time grew 2.2x (4 ranks) and 2.6x (8) the buffer's
+// byte cost, where a full fill prices 4x and 6x and kept the tree from 8
+// ranks' 16-128 KiB, which it ran 1.1-1.3x faster than any other.
+constexpr double kTreeFillOversubscribed = 0.15;
 constexpr double kWholePieceTcpByte = 0.6;  // recursive doubling's exchange against a ring step, per byte
 // Broadcast and reduce pass each piece one way, down a chain or a tree: a
 // hop costs one message's latency, where a ring step above waits on both
@@ -317,22 +338,27 @@ double Tuner::modelled_us(Coll c, Algo a, size_t bytes) const {
                      ? sh.ranks_per_host
                      : (multi ? 1 : p2);
   // An exchange needs both partners running at once.
-  const double pair_alpha = 2 * in.alpha_us;
+  const double pair_alpha = (over ? kPairStepsOversubscribed : kPairSteps) * in.alpha_us;
   // A pipelined binary tree all_reduce: inner nodes take two children's
   // pieces and pass on one, and back. The pipeline fills over depth - 1
   // pieces each way, so a buffer of one piece crosses every level whole
   // (8 ranks, 256 KiB: 2.3x the ring's time on the VM, where the model
-  // without the fill chose the tree).
+  // without the fill chose the tree); on one host whose ranks share cores,
+  // the fill is mostly hidden (kTreeFillOversubscribed).
+  const double fill = over && !multi ? kTreeFillOversubscribed : 1;
   const double tree_us =
       2 * depth * l.alpha_us +
-      2 * (S + (depth - 1) * std::min(S, static_cast<double>(sh.piece_bytes))) * l.beta_us_per_byte;
+      2 * (S + fill * (depth - 1) * std::min(S, static_cast<double>(sh.piece_bytes))) * l.beta_us_per_byte;
   switch (c) {
     case Coll::kAllReduce:
       switch (a) {
         case Algo::kDirect:
           // All messages leave in one step; each is copied out and reduced in.
-          return l.alpha_us + (L - 1) * (msg_in + 1.2 * S * in.beta_us_per_byte) +
-                 (n - L) * (msg_out + 1.2 * S * out.beta_us_per_byte);
+          if (over && !multi)
+            return l.alpha_us + (L - 1) * (kDirectMessageUsPerRankPerCore * sh.ranks_per_core +
+                                           kDirectByteWorkOversubscribed * S * in.beta_us_per_byte);
+          return l.alpha_us + (L - 1) * (msg_in + kDirectByteWork * S * in.beta_us_per_byte) +
+                 (n - L) * (msg_out + kDirectByteWork * S * out.beta_us_per_byte);
         case Algo::kRecursiveDoubling: {
           const bool pow2 = p2 == sh.nranks;
           double t = pow2 ? 0 : 2 * (l.alpha_us + S * l.beta_us_per_byte);  // the fold in and out
@@ -481,6 +507,9 @@ double Tuner::modelled_us(Coll c, Algo a, size_t bytes) const {
         if (n == 2) return predict_us(c, Algo::kRing, bytes) - kFrameUs + (f - 1) * b * in.beta_us_per_byte;
         // As direct all_reduce, with a block of S / n per message: one wait
         // where the ring has n - 1 in a row, and n - 1 messages posted.
+        if (over && !multi)
+          return l.alpha_us +
+                 (L - 1) * (kDirectMessageUsPerRankPerCore * sh.ranks_per_core + f * b * in.beta_us_per_byte);
         return l.alpha_us + (L - 1) * (msg_in + f * b * in.beta_us_per_byte) +
                (n - L) * (msg_out + f * b * out.beta_us_per_byte);
       }

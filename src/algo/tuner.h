@@ -55,7 +55,7 @@ struct JobShape {
   bool oversubscribed = false;   // more ranks on one machine than it has cores
   double ranks_per_core = 1;     // the most on any machine (simulated hosts share one)
   size_t piece_bytes = 256 * 1024;
-  size_t direct_max_bytes = 16 * 1024;          // BRAID_DIRECT_MAX_BYTES
+  size_t direct_max_bytes = 32 * 1024;          // BRAID_DIRECT_MAX_BYTES
   size_t peer_read_min_bytes = 256 * 1024;      // BRAID_PEER_READ_MIN_BYTES: reductions
   size_t copy_peer_read_min_bytes = 64 * 1024;  // broadcast and all_gather (the same variable sets both)
   // A peer-read call's time over the ring's (broadcast: the chain's), [Coll],

@@ -42,7 +42,7 @@ struct Config {
   size_t tcp_buffer_bytes = 4u << 20;
   double spin_us = 300.0;               // BRAID_SPIN_US: spin this long before blocking
   AlgoChoice algo;                      // BRAID_ALGO=ring or all_reduce:tree;...
-  size_t direct_max_bytes = 16 * 1024;  // BRAID_DIRECT_MAX_BYTES
+  size_t direct_max_bytes = 32 * 1024;  // BRAID_DIRECT_MAX_BYTES
   // BRAID_WINDOW_MIN_BYTES: the smallest call offered registered windows;
   // unset (SIZE_MAX): 16 KiB, or 128 KiB where ranks share cores.
   size_t window_min_bytes = SIZE_MAX;
