@@ -775,9 +775,15 @@ TEST(ShmPeerReadFailures, AFailedReceiveReturnsNoWriteLandsAfter) {
 // a receive's chunk copy): abort returns once the op has failed, not merely
 // been asked to fail, so its buffer is the caller's again (braid.h).
 std::atomic<int> g_copy_held{0};
+std::atomic<int> g_sender_waited{0};
 
 TEST(ShmPeerReadFailures, AbortReturnsOnceThePendingOpsHaveFailed) {
   braid::test_hook_before_chunk_copy = [](bool as_sender) {
+    // Both ends claim chunks: the sender waits before its first, or on a
+    // loaded machine it could copy them all before the receiver claims one
+    // (1 run in 12 with two busy loops beside it).
+    if (as_sender && g_sender_waited.exchange(1) == 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
     if (!as_sender && g_copy_held.exchange(1) == 0)
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
   };

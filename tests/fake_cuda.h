@@ -33,6 +33,7 @@ struct FakeCuda {
   int (*violations)();
   void (*fail_ipc_open)(int on);
   void (*fail_host_alloc)(int on);  // cuMemHostAlloc fails (out of memory)
+  void (*device_fault)(int code);   // a sticky device error: streams stop, calls return `code`
   void (*set_pci_bus_id)(const char* bus_id);
   void (*set_peer_bus_ids)(const char* csv);
 };
@@ -63,6 +64,7 @@ inline const FakeCuda& fake_cuda() {
     c.violations = reinterpret_cast<int (*)()>(dlsym(lib, "fake_cuda_violations"));
     c.fail_ipc_open = reinterpret_cast<void (*)(int)>(dlsym(lib, "fake_cuda_fail_ipc_open"));
     c.fail_host_alloc = reinterpret_cast<void (*)(int)>(dlsym(lib, "fake_cuda_fail_host_alloc"));
+    c.device_fault = reinterpret_cast<void (*)(int)>(dlsym(lib, "fake_cuda_device_fault"));
     c.set_pci_bus_id = reinterpret_cast<void (*)(const char*)>(dlsym(lib, "fake_cuda_set_pci_bus_id"));
     c.set_peer_bus_ids = reinterpret_cast<void (*)(const char*)>(dlsym(lib, "fake_cuda_set_peer_bus_ids"));
     return c;

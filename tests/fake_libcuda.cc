@@ -27,6 +27,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <random>
@@ -38,7 +39,12 @@
 namespace {
 uintptr_t g_lo = 0, g_hi = 0;
 
-constexpr int kSuccess = 0, kInvalidValue = 1, kInvalidHandle = 400;
+constexpr int kSuccess = 0, kInvalidValue = 1, kInvalidHandle = 400, kNotReady = 600;
+
+// fake_cuda_device_fault: a sticky device error, as an illegal address in a
+// kernel leaves its context. From then on streams run nothing (host
+// functions included) and calls that enqueue or query return it.
+std::atomic<int> g_device_fault{0};
 
 // One stream: a thread running its queue in order.
 class FakeStream {
@@ -94,7 +100,7 @@ class FakeStream {
       busy_ = true;
       lock.unlock();
       if (jitter > 0) usleep(static_cast<useconds_t>(rng() % static_cast<unsigned>(jitter)));
-      work();
+      if (g_device_fault.load() == 0) work();
       lock.lock();
       busy_ = false;
       cv_.notify_all();
@@ -281,6 +287,7 @@ FAKE_API int cuMemHostGetDevicePointer_v2(unsigned long long* dptr, void* p, uns
 FAKE_API int cuMemcpyAsync(unsigned long long dst, unsigned long long src, size_t bytes, void* stream) {
   FakeStream* s = find_stream(stream);
   if (s == nullptr) return kInvalidHandle;
+  if (int fault = g_device_fault.load()) return fault;
   if (dst == 0 || src == 0) return kInvalidValue;
   {
     std::lock_guard<std::mutex> lock(g_streams_mu);
@@ -293,6 +300,7 @@ FAKE_API int cuMemcpyAsync(unsigned long long dst, unsigned long long src, size_
 FAKE_API int cuLaunchHostFunc(void* stream, void (*fn)(void*), void* data) {
   FakeStream* s = find_stream(stream);
   if (s == nullptr) return kInvalidHandle;
+  if (int fault = g_device_fault.load()) return fault;
   s->push([=] { fn(data); });
   return kSuccess;
 }
@@ -302,11 +310,63 @@ FAKE_API int cuStreamWaitValue32_v2(void* stream, unsigned long long addr, uint3
   FakeStream* s = find_stream(stream);
   if (s == nullptr) return kInvalidHandle;
   if (flags != 0) return kInvalidValue;
+  if (int fault = g_device_fault.load()) return fault;
   auto* word = reinterpret_cast<uint32_t*>(addr);
   s->push([=] {
-    while (static_cast<int32_t>(__atomic_load_n(word, __ATOMIC_ACQUIRE) - value) < 0) usleep(20);
+    while (static_cast<int32_t>(__atomic_load_n(word, __ATOMIC_ACQUIRE) - value) < 0 &&
+           g_device_fault.load() == 0)
+      usleep(20);
   });
   return kSuccess;
+}
+
+// Events: complete once their stream reaches the record. A record still
+// queued completes after a destroy, as the driver's: the queued work holds
+// the event.
+struct FakeEvent {
+  std::atomic<bool> reached{true};  // never recorded: complete, as the driver's
+};
+std::map<void*, std::shared_ptr<FakeEvent>> g_events;  // under g_streams_mu
+
+std::shared_ptr<FakeEvent> find_event(void* event) {
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  auto it = g_events.find(event);
+  return it == g_events.end() ? nullptr : it->second;
+}
+
+FAKE_API int cuEventCreate(void** event, unsigned) {
+  if (event == nullptr) return kInvalidValue;
+  auto e = std::make_shared<FakeEvent>();
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  *event = e.get();
+  g_events[e.get()] = std::move(e);
+  return kSuccess;
+}
+
+FAKE_API int cuEventRecord(void* event, void* stream) {
+  FakeStream* s = find_stream(stream);
+  std::shared_ptr<FakeEvent> e = find_event(event);
+  if (s == nullptr || e == nullptr) return kInvalidHandle;
+  if (int fault = g_device_fault.load()) return fault;
+  e->reached.store(false);
+  s->push([e] { e->reached.store(true); });
+  return kSuccess;
+}
+
+FAKE_API int cuEventQuery(void* event) {
+  std::shared_ptr<FakeEvent> e = find_event(event);
+  if (e == nullptr) return kInvalidHandle;
+  if (int fault = g_device_fault.load()) return fault;
+  return e->reached.load() ? kSuccess : kNotReady;
+}
+
+FAKE_API int cuEventDestroy_v2(void* event) {
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  return g_events.erase(event) == 1 ? kSuccess : kInvalidHandle;
+}
+
+FAKE_API void fake_cuda_device_fault(int code) {
+  g_device_fault.store(code);
 }
 
 FAKE_API int cuMemAlloc_v2(unsigned long long* dptr, size_t bytes) {
@@ -508,6 +568,9 @@ FAKE_API int cuGetErrorString(int error, const char** text) {
       break;
     case 101:
       *text = "invalid device ordinal";
+      break;
+    case 700:
+      *text = "an illegal memory access was encountered";
       break;
     default:
       *text = "fake driver error";

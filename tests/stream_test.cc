@@ -322,6 +322,44 @@ TEST(StreamOrdered, ACallThatFailsOnOneRankFailsItsPeersAtOnce) {
       120);
 }
 
+// A device error (an illegal address in some kernel) stops the context's
+// host functions, so the stream never tells braid it reached the call: the
+// event braid records behind it reports the error, and the call fails on
+// every rank at once, not at its 60 s timeout. Communicators are destroyed
+// promptly too (the pool stops waiting for a block the stream will not
+// give back).
+TEST(StreamOrdered, ADeviceErrorFailsTheCallAtOnceOnEveryRank) {
+  run_ranks(
+      2, {{"BRAID_TIMEOUT", "60"}},
+      [](braid_comm_t comm, int rank, int) {
+        const FakeCuda& cu = fake_cuda();
+        void* s = cu.stream_create();
+        Buffer<float> x(true, 1000, 1.0f);
+        BRAID_ASSERT_OK(braid_all_reduce(x.data(), x.data(), x.size(), BRAID_FLOAT32, BRAID_SUM, comm, s));
+        cu.stream_synchronize(s);
+        if (rank == 0) cu.stream_hold(s, 1);  // its earlier work still runs
+        const auto start = std::chrono::steady_clock::now();
+        braid_request_t req = nullptr;
+        BRAID_ASSERT_OK(
+            braid_iall_reduce(x.data(), x.data(), x.size(), BRAID_FLOAT32, BRAID_SUM, comm, s, &req));
+        if (rank == 0) {
+          cu.device_fault(700);  // CUDA_ERROR_ILLEGAL_ADDRESS
+          cu.stream_hold(s, 0);
+        }
+        EXPECT_NE(braid_wait(&req), BRAID_SUCCESS);
+        const std::string m = braid_get_last_error();
+        EXPECT_NE(m.find("CUDA error 700 (an illegal memory access was encountered)"), std::string::npos)
+            << m;
+        if (rank != 0) {
+          EXPECT_NE(m.find("rank 0"), std::string::npos) << m;
+        }
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20)) << m;
+        cu.stream_synchronize(s);
+        cu.stream_destroy(s);
+      },
+      120);
+}
+
 // BRAID_CHECK_CALLS=1 with a rank whose stream reaches the call late: its
 // peer's call check arrives while the op still waits for the stream, which
 // is no mismatch (the check compares once this rank gets there).

@@ -147,15 +147,6 @@ Channel Channel::subset(const std::vector<int>& members) const {
   return c;
 }
 
-bool FailOp::never(void*) {
-  return false;
-}
-
-void FailOp::await_suspend(std::coroutine_handle<> h) {
-  current_op()->failure = why;
-  op_suspend(current_op(), h, &wp);
-}
-
 // Each primitive with a Step does its work in the call when it can (a free
 // slot, a usable message already in); otherwise its coroutine, which starts
 // by checking again, waits and reports what went wrong.

@@ -34,17 +34,6 @@ struct Channel {
   Channel subset(const std::vector<int>& members) const;
 };
 
-// co_await FailOp{status}: records an error on the current op and suspends it
-// for good; the engine then fails the communicator with it.
-struct FailOp {
-  Status why;
-  static bool never(void*);
-  WaitPoint wp{never, nullptr, -1, "after an error", {nullptr, nullptr}, {0, 0}};
-  bool await_ready() { return false; }
-  void await_suspend(std::coroutine_handle<> h);
-  void await_resume() {}
-};
-
 inline size_t num_pieces(size_t bytes, size_t piece) {
   return bytes == 0 ? 1 : (bytes + piece - 1) / piece;
 }

@@ -189,6 +189,15 @@ void op_suspend(Op* op, std::coroutine_handle<> leaf, const WaitPoint* wait) {
   op->wait_checks = 0;
 }
 
+bool FailOp::never(void*) {
+  return false;
+}
+
+void FailOp::await_suspend(std::coroutine_handle<> h) {
+  current_op()->failure = why;
+  op_suspend(current_op(), h, &wp);
+}
+
 namespace {
 
 // SIGUSR1 asks every communicator of the process for a dump of what it has

@@ -9,6 +9,8 @@
 #include <exception>
 #include <utility>
 
+#include "src/core/status.h"
+
 namespace braid {
 
 class Op;
@@ -125,6 +127,17 @@ struct Until {
   WaitPoint wp;
   bool await_ready() { return wp.ready(wp.ctx); }
   void await_suspend(std::coroutine_handle<> h) { op_suspend(current_op(), h, &wp); }
+  void await_resume() {}
+};
+
+// co_await FailOp{status}: records an error on the current op and suspends it
+// for good; the engine then fails the communicator with it.
+struct FailOp {
+  Status why;
+  static bool never(void*);
+  WaitPoint wp{never, nullptr, -1, "after an error", {nullptr, nullptr}, {0, 0}};
+  bool await_ready() { return false; }
+  void await_suspend(std::coroutine_handle<> h);
   void await_resume() {}
 };
 

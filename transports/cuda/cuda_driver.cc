@@ -49,6 +49,10 @@ Status cuda_driver(const CudaDriver** out) {
     find(lib, "cuCtxPushCurrent_v2", &d.ctx_push_current, &missing);
     find(lib, "cuCtxPopCurrent_v2", &d.ctx_pop_current, &missing);
     find(lib, "cuGetErrorString", &d.get_error_string, &missing);
+    find(lib, "cuEventCreate", &d.event_create, &missing);
+    find(lib, "cuEventRecord", &d.event_record, &missing);
+    find(lib, "cuEventQuery", &d.event_query, &missing);
+    find(lib, "cuEventDestroy_v2", &d.event_destroy, &missing);
     // Optional: device collectives through CUDA IPC use them (has_ipc()).
     find(lib, "cuMemAlloc_v2", &d.mem_alloc, nullptr);
     find(lib, "cuMemFree_v2", &d.mem_free, nullptr);

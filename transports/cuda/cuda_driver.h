@@ -20,6 +20,7 @@ using CUcontext = void*;
 using CUdeviceptr = unsigned long long;
 using CUhostFn = void (*)(void* user_data);
 using CUdevice = int;
+using CUevent = void*;
 // CUipcMemHandle: 64 opaque bytes, passed by value.
 struct CuIpcMemHandle {
   char reserved[64];
@@ -36,6 +37,13 @@ struct CudaDriver {
   CUresult (*ctx_push_current)(CUcontext ctx);
   CUresult (*ctx_pop_current)(CUcontext* ctx);
   CUresult (*get_error_string)(CUresult error, const char** text);
+  // An event behind a call's last host function, queried while the engine
+  // waits for the stream: it reports a context's device error, after which
+  // host functions no longer run (transports/cuda/stream_staging.h).
+  CUresult (*event_create)(CUevent* event, unsigned flags);
+  CUresult (*event_record)(CUevent event, CUstream stream);
+  CUresult (*event_query)(CUevent event);
+  CUresult (*event_destroy)(CUevent event);
 
   // For device collectives through CUDA IPC (transports/cuda/ipc_window.h).
   // Looked up with the rest but optional: null where the driver lacks one,
@@ -70,6 +78,7 @@ constexpr unsigned kMemHostAllocDeviceMap = 0x02;   // CU_MEMHOSTALLOC_DEVICEMAP
 constexpr unsigned kStreamWaitValueGeq = 0x0;       // CU_STREAM_WAIT_VALUE_GEQ
 constexpr unsigned kStreamNonBlocking = 0x1;        // CU_STREAM_NON_BLOCKING
 constexpr unsigned kIpcLazyEnablePeerAccess = 0x1;  // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+constexpr unsigned kEventDisableTiming = 0x2;       // CU_EVENT_DISABLE_TIMING
 constexpr CUresult kCudaErrorNotReady = 600;        // CUDA_ERROR_NOT_READY
 
 // The driver's entry points, or an unsupported-error saying why there are

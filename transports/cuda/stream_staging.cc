@@ -1,5 +1,7 @@
 #include "transports/cuda/stream_staging.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <new>
@@ -29,6 +31,31 @@ bool is_staged(void* ctx) {
 
 bool is_finished(void* ctx) {
   return static_cast<StagingBlock*>(ctx)->finished.load(std::memory_order_acquire) != 0;
+}
+
+// Whether the block's context has a device error, asking the driver at
+// most once a millisecond: the engine checks a wait on every pass, and a
+// healthy stream answers through its host functions anyway.
+bool device_failed(StagingBlock* b) {
+  if (b->device_error != 0) return true;
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  const int64_t ns = int64_t{now.tv_sec} * 1000000000 + now.tv_nsec;
+  if (ns < b->next_probe_ns) return false;
+  b->next_probe_ns = ns + 1000000;
+  StreamContext context(*b->cu, StreamContext::Known{b->ctx});
+  if (!context.status()) return false;
+  const CUresult r = b->cu->event_query(b->probe);
+  if (r != 0 && r != kCudaErrorNotReady) b->device_error = r;
+  return b->device_error != 0;
+}
+
+bool staged_or_failed(void* ctx) {
+  return is_staged(ctx) || device_failed(static_cast<StagingBlock*>(ctx));
+}
+
+bool finished_or_failed(void* ctx) {
+  return is_finished(ctx) || device_failed(static_cast<StagingBlock*>(ctx));
 }
 
 }  // namespace
@@ -62,12 +89,17 @@ Status StagingPool::take(const CudaDriver& cu, CUcontext ctx, size_t bytes, Stag
           ("cuMemHostAlloc of " + bytes_text(kHeaderBytes + capacity) + " of staging memory").c_str(), r);
     b = new (p) StagingBlock();  // `release` first: its device address is the block's
     b->pool = this;
+    b->cu = &cu;
     b->ctx = ctx;
     b->capacity = capacity;
     b->data = static_cast<char*>(p) + kHeaderBytes;
     if (CUresult r = cu.mem_host_get_device_pointer(&b->release_dev, p, 0); r != 0) {
       (void)cu.mem_free_host(p);
       return cu.error("cuMemHostGetDevicePointer of the staging memory", r);
+    }
+    if (CUresult r = cu.event_create(&b->probe, kEventDisableTiming); r != 0) {
+      (void)cu.mem_free_host(p);
+      return cu.error("cuEventCreate", r);
     }
     std::lock_guard<std::mutex> lock(mu_);
     ++lent_;
@@ -76,6 +108,8 @@ Status StagingPool::take(const CudaDriver& cu, CUcontext ctx, size_t bytes, Stag
   b->staged.store(0, std::memory_order_relaxed);
   b->finished.store(0, std::memory_order_relaxed);
   b->holders.store(2, std::memory_order_relaxed);
+  b->device_error = 0;
+  b->next_probe_ns = 0;
   *out = b;
   return Status::ok();
 }
@@ -137,6 +171,7 @@ void StagingPool::shut_down(double timeout_s, int rank) {
   // block's host function takes mu_.
   for (StagingBlock* b : to_free) {
     if (cu_ != nullptr && cu_->ctx_push_current(b->ctx) == 0) {
+      (void)cu_->event_destroy(b->probe);
       (void)cu_->mem_free_host(b);
       CUcontext popped = nullptr;
       (void)cu_->ctx_pop_current(&popped);
@@ -213,15 +248,38 @@ Status enqueue_stage_out(StagedCall& call) {
   }
   if (CUresult r = cu.launch_host_func(call.stream, &StagingPool::on_finished, b); r != 0)
     return failed(call, "cuLaunchHostFunc", r);
+  if (CUresult r = cu.event_record(b->probe, call.stream); r != 0) return failed(call, "cuEventRecord", r);
   return Status::ok();
 }
 
+namespace {
+
+// The op fails with the context's error. Its block will not come back from
+// the stream (step 5 never runs), so the pool stops waiting for it.
+Status device_error(StagingBlock* b) {
+  b->pool->abandon(b);
+  return b->cu->error("the call's CUDA stream (its context has a device error: cuEventQuery)",
+                      b->device_error);
+}
+
+}  // namespace
+
 Task stream_staged(StagingBlock* b, Task inner) {
-  if (!is_staged(b)) co_await Until{WaitPoint{is_staged, b, -1, "for its CUDA stream to reach it", {}, {}}};
+  if (!is_staged(b))
+    co_await Until{WaitPoint{staged_or_failed, b, -1, "for its CUDA stream to reach it", {}, {}}};
+  if (!is_staged(b)) {
+    FailOp fail{device_error(b)};  // named: see checked_call (src/algo/collectives.cc)
+    co_await fail;
+  }
   co_await std::move(inner);
   b->release.store(1, std::memory_order_release);
   if (!is_finished(b))
-    co_await Until{WaitPoint{is_finished, b, -1, "for its CUDA stream to copy the results back", {}, {}}};
+    co_await Until{
+        WaitPoint{finished_or_failed, b, -1, "for its CUDA stream to copy the results back", {}, {}}};
+  if (!is_finished(b)) {
+    FailOp fail{device_error(b)};
+    co_await fail;
+  }
 }
 
 }  // namespace braid

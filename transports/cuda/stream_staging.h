@@ -17,6 +17,12 @@
 //
 // Host functions make no CUDA call (CUDA forbids it) and never block: they
 // store a flag and wake the engine. No CPU thread waits on the stream.
+//
+// A device error (an illegal address in any kernel of the context, say)
+// stops the context's host functions, so steps 2 and 5 would never come: an
+// event recorded after step 5 is queried while the engine waits (at most
+// once a millisecond), and an error there fails the op, and so the
+// communicator, at once instead of at its timeout.
 #pragma once
 
 #include <atomic>
@@ -43,7 +49,13 @@ struct StagingBlock {
   // block; it goes back to the pool when both let go.
   std::atomic<int> holders{0};
   StagingPool* pool = nullptr;
+  const CudaDriver* cu = nullptr;
   CUcontext ctx = nullptr;  // the context it was pinned in (to free it there)
+  CUevent probe = nullptr;  // recorded after step 5; its query reports a device error
+  // Engine thread only: the driver's error once the probe reported one, and
+  // when to query it next (steady clock, ns).
+  CUresult device_error = 0;
+  int64_t next_probe_ns = 0;
   CUdeviceptr release_dev = 0;
   size_t capacity = 0;
   char* data = nullptr;
