@@ -700,6 +700,31 @@ TEST(CudaIpc, RanksThatAreThreadsOfOneProcessShareWindows) {
   });
 }
 
+// Device memory of another context on the window's GPU (a library that made
+// its own context) is not mapped in the window's: such calls go through
+// host staging, exact all the same.
+TEST(CudaIpc, BuffersOfAnotherContextGoThroughHostStaging) {
+  run_ranks(2, ipc_env(), [](braid_comm_t comm, int rank, int n) {
+    const FakeCuda& cu = fake_cuda();
+    void* s = cu.stream_create();
+    Buffer<int32_t> warm(true, 1000, 1);  // sets the windows up
+    BRAID_ASSERT_OK(braid_all_reduce(warm.data(), warm.data(), warm.size(), BRAID_INT32, BRAID_SUM, comm, s));
+    cu.stream_synchronize(s);
+    uint64_t before = 0, after = 0;
+    BRAID_ASSERT_OK(braid_comm_transport_bytes(comm, "cuda_ipc", &before));
+    EXPECT_GT(before, 0u);
+    auto* x = static_cast<int32_t*>(cu.malloc_in_other_context(1000 * sizeof(int32_t)));
+    std::fill(x, x + 1000, rank + 1);
+    BRAID_ASSERT_OK(braid_all_reduce(x, x, 1000, BRAID_INT32, BRAID_SUM, comm, s));
+    cu.stream_synchronize(s);
+    EXPECT_EQ(x[999], n * (n + 1) / 2);
+    BRAID_ASSERT_OK(braid_comm_transport_bytes(comm, "cuda_ipc", &after));
+    EXPECT_EQ(after, before);
+    cu.free(x);
+    cu.stream_destroy(s);
+  });
+}
+
 // So does a job whose kernel library is missing.
 TEST(CudaIpc, NoKernelLibraryMeansHostStaging) {
   run_ranks(

@@ -26,6 +26,9 @@ struct FakeCuda {
   int (*launch_host_func)(void*, void (*)(void*), void*);
   void* (*malloc)(size_t);
   void (*free)(void*);
+  void* (*malloc_managed)(size_t);           // "managed memory": the host may read it
+  void* (*malloc_in_other_context)(size_t);  // device memory of another context (free with `free`)
+  void (*free_managed)(void*);
   // Device memory from cuMemAlloc still held, peers' memory still mapped
   // through IPC, and frees of memory another process still mapped.
   int (*live_allocs)();
@@ -59,6 +62,10 @@ inline const FakeCuda& fake_cuda() {
         reinterpret_cast<int (*)(void*, void (*)(void*), void*)>(dlsym(lib, "cuLaunchHostFunc"));
     c.malloc = reinterpret_cast<void* (*)(size_t)>(dlsym(lib, "fake_cuda_malloc"));
     c.free = reinterpret_cast<void (*)(void*)>(dlsym(lib, "fake_cuda_free"));
+    c.malloc_managed = reinterpret_cast<void* (*)(size_t)>(dlsym(lib, "fake_cuda_malloc_managed"));
+    c.free_managed = reinterpret_cast<void (*)(void*)>(dlsym(lib, "fake_cuda_free_managed"));
+    c.malloc_in_other_context =
+        reinterpret_cast<void* (*)(size_t)>(dlsym(lib, "fake_cuda_malloc_in_other_context"));
     c.live_allocs = reinterpret_cast<int (*)()>(dlsym(lib, "fake_cuda_live_allocs"));
     c.live_imports = reinterpret_cast<int (*)()>(dlsym(lib, "fake_cuda_live_imports"));
     c.violations = reinterpret_cast<int (*)()>(dlsym(lib, "fake_cuda_violations"));

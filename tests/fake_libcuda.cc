@@ -116,16 +116,22 @@ class FakeStream {
 
 std::mutex g_streams_mu;
 std::set<void*> g_streams;
-int g_pinned = 0;                      // live cuMemHostAlloc blocks
-int g_copies = 0;                      // cuMemcpyAsync calls
-std::map<uintptr_t, size_t> g_device;  // fake_cuda_malloc's blocks: start -> bytes
+int g_pinned = 0;                       // live cuMemHostAlloc blocks
+int g_copies = 0;                       // cuMemcpyAsync calls
+std::map<uintptr_t, size_t> g_device;   // fake_cuda_malloc's blocks: start -> bytes
+std::map<uintptr_t, size_t> g_managed;  // fake_cuda_malloc_managed's
+std::set<uintptr_t> g_other_context;    // fake_cuda_malloc_in_other_context's
 
-bool in_device_block(uintptr_t p) {
+bool in_block(const std::map<uintptr_t, size_t>& blocks, uintptr_t p) {
   std::lock_guard<std::mutex> lock(g_streams_mu);
-  auto it = g_device.upper_bound(p);
-  if (it == g_device.begin()) return false;
+  auto it = blocks.upper_bound(p);
+  if (it == blocks.begin()) return false;
   --it;
   return p < it->first + it->second;
+}
+
+bool in_device_block(uintptr_t p) {
+  return in_block(g_device, p);
 }
 
 // CU_STREAM_LEGACY: the legacy default stream, one per process here.
@@ -222,6 +228,23 @@ FAKE_API void fake_cuda_stream_synchronize(void* stream) {
   find_stream(stream)->synchronize();
 }
 
+// "Managed memory": ordinary memory that cuPointerGetAttribute calls managed,
+// of memory type host (the driver may say host or device for it).
+FAKE_API void* fake_cuda_malloc_managed(size_t bytes) {
+  void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  g_managed[reinterpret_cast<uintptr_t>(p)] = bytes;
+  return p;
+}
+
+FAKE_API void fake_cuda_free_managed(void* p) {
+  {
+    std::lock_guard<std::mutex> lock(g_streams_mu);
+    g_managed.erase(reinterpret_cast<uintptr_t>(p));
+  }
+  std::free(p);
+}
+
 // "Device memory": ordinary memory that cuPointerGetAttribute calls device 3's.
 FAKE_API void* fake_cuda_malloc(size_t bytes) {
   void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
@@ -234,6 +257,7 @@ FAKE_API void fake_cuda_free(void* p) {
   {
     std::lock_guard<std::mutex> lock(g_streams_mu);
     g_device.erase(reinterpret_cast<uintptr_t>(p));
+    g_other_context.erase(reinterpret_cast<uintptr_t>(p));
   }
   std::free(p);
 }
@@ -586,9 +610,41 @@ FAKE_API void fake_cuda_set_device_range(const void* p, size_t bytes) {
 // CUDA_SUCCESS (0) with the attribute for the device range; otherwise
 // CUDA_ERROR_INVALID_VALUE (1), what the driver answers for host memory it
 // never registered.
+// Device memory of another context on the same device (as a library that
+// made its own context would allocate): cuMemcpyAsync copies it, but the
+// current context's kernels cannot address it.
+FAKE_API void* fake_cuda_malloc_in_other_context(size_t bytes) {
+  void* p = fake_cuda_malloc(bytes);
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  g_other_context.insert(reinterpret_cast<uintptr_t>(p));
+  return p;
+}
+
 FAKE_API int cuPointerGetAttribute(void* data, int attribute, unsigned long long ptr) {
+  if (in_block(g_managed, ptr)) {
+    switch (attribute) {
+      case 2:  // CU_MEMORYTYPE_HOST
+        *static_cast<unsigned*>(data) = 1;
+        return 0;
+      case 8:
+        *static_cast<unsigned*>(data) = 1;
+        return 0;
+      case 9:
+        *static_cast<int*>(data) = 3;
+        return 0;
+      default:
+        return 1;
+    }
+  }
   if ((ptr < g_lo || ptr >= g_hi) && !in_device_block(ptr)) return 1;
   switch (attribute) {
+    case 1: {  // CU_POINTER_ATTRIBUTE_CONTEXT: the streams' (0x1), or another
+      std::lock_guard<std::mutex> lock(g_streams_mu);
+      auto it = g_device.upper_bound(ptr);
+      const bool other = it != g_device.begin() && g_other_context.count((--it)->first) != 0;
+      *static_cast<void**>(data) = reinterpret_cast<void*>(other ? 0x2 : 0x1);
+      return 0;
+    }
     case 2:  // CU_POINTER_ATTRIBUTE_MEMORY_TYPE: CU_MEMORYTYPE_DEVICE
       *static_cast<unsigned*>(data) = 2;
       return 0;

@@ -322,6 +322,35 @@ TEST(StreamOrdered, ACallThatFailsOnOneRankFailsItsPeersAtOnce) {
       120);
 }
 
+// Managed memory in a stream-ordered call is copied through the staging
+// block as device memory is: the host must not touch it while kernels run on
+// a device without concurrent managed access. A host-ordered call reads it
+// in place (the caller synchronized first).
+TEST(StreamOrdered, ManagedMemoryIsStagedLikeDeviceMemory) {
+  run_ranks(2, {}, [](braid_comm_t comm, int rank, int nranks) {
+    const FakeCuda& cu = fake_cuda();
+    void* s = cu.stream_create();
+    const size_t count = 1000;
+    auto* in = static_cast<float*>(cu.malloc_managed(count * sizeof(float)));
+    auto* out = static_cast<float*>(cu.malloc_managed(count * sizeof(float)));
+    std::fill(in, in + count, static_cast<float>(rank + 1));
+    std::fill(out, out + count, -2.0f);
+    const float sum = static_cast<float>(nranks * (nranks + 1) / 2);
+    int copies = cu.copies();
+    BRAID_ASSERT_OK(braid_all_reduce(in, out, count, BRAID_FLOAT32, BRAID_SUM, comm, s));
+    EXPECT_EQ(cu.copies() - copies, 2);  // in and out through the block
+    cu.stream_synchronize(s);
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[i], sum) << i;
+    copies = cu.copies();
+    BRAID_ASSERT_OK(braid_all_reduce(out, out, count, BRAID_FLOAT32, BRAID_SUM, comm, nullptr));
+    EXPECT_EQ(cu.copies(), copies);
+    EXPECT_EQ(out[count - 1], nranks * sum);
+    cu.free_managed(in);
+    cu.free_managed(out);
+    cu.stream_destroy(s);
+  });
+}
+
 // A device error (an illegal address in some kernel) stops the context's
 // host functions, so the stream never tells braid it reached the call: the
 // event braid records behind it reports the error, and the call fails on

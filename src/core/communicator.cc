@@ -1344,11 +1344,14 @@ Status Communicator::prepare_stream_op(OpKind kind, const CollArgs& args, void* 
   if (ipc_candidate(kind)) {
     std::lock_guard<std::mutex> lock(ipc_mu_);
     if (ipc_state_ == IpcState::kUntried) BRAID_RETURN_IF_ERROR(connect_ipc(*cu, context.context()));
-    // Every buffer this rank passes is memory of the window's device (the
-    // kernels write outputs in place). A rank that decides otherwise than
-    // its peers is caught by the tag's path (BRAID_ERR_MISMATCH).
+    // Every buffer this rank passes is memory of the window's device and
+    // context (the kernels, launched in that context, write outputs in
+    // place; another context's allocation is not mapped there, even on the
+    // same GPU). A rank that decides otherwise than its peers is caught by
+    // the tag's path (BRAID_ERR_MISMATCH).
     auto on_window_device = [&](bool used, size_t bytes, const void* p) {
-      return !used || bytes == 0 || device_memory_ordinal(p) == ipc_->device();
+      return !used || bytes == 0 ||
+             (device_memory_ordinal(p) == ipc_->device() && device_memory_context(p) == ipc_->context());
     };
     if (ipc_state_ == IpcState::kUsable && ipc_->context() == context.context() &&
         on_window_device(g.uses_input, g.in_bytes, args.sendbuf) &&
@@ -1368,11 +1371,11 @@ Status Communicator::prepare_stream_op(OpKind kind, const CollArgs& args, void* 
       return staging_->take(*cu, context.context(), 0, &call->block);
     }
   }
-  // Device buffers are staged through the block; host buffers the op uses
-  // where they are, once the stream reached it (the driver would copy
-  // between host buffers at once, out of stream order).
-  const bool stage_in = g.uses_input && g.in_bytes > 0 && is_device_memory(args.sendbuf);
-  const bool stage_out = g.uses_output && g.out_bytes > 0 && is_device_memory(args.recvbuf);
+  // Device and managed buffers are staged through the block; host buffers
+  // the op uses where they are, once the stream reached it (the driver
+  // would copy between host buffers at once, out of stream order).
+  const bool stage_in = g.uses_input && g.in_bytes > 0 && is_stream_staged_memory(args.sendbuf);
+  const bool stage_out = g.uses_output && g.out_bytes > 0 && is_stream_staged_memory(args.recvbuf);
   const size_t in_bytes = stage_in ? g.in_bytes : 0;
   const size_t out_at = (in_bytes + 127) / 128 * 128;
   const size_t out_bytes = stage_out ? g.out_bytes : 0;

@@ -16,6 +16,7 @@ namespace {
 // memory that another library (torch) allocated.
 using CUresult = int;
 using PointerGetAttribute = CUresult (*)(void* data, int attribute, unsigned long long ptr);
+constexpr int kAttrContext = 1;        // CU_POINTER_ATTRIBUTE_CONTEXT
 constexpr int kAttrMemoryType = 2;     // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
 constexpr int kAttrIsManaged = 8;      // CU_POINTER_ATTRIBUTE_IS_MANAGED
 constexpr int kAttrDeviceOrdinal = 9;  // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
@@ -94,6 +95,25 @@ Status check_host_memory_slow(const void* p, const char* what) {
 bool is_device_memory(const void* p) {
   PointerGetAttribute query = driver_query();
   return query != nullptr && p != nullptr && device_memory(query, p);
+}
+
+bool is_stream_staged_memory(const void* p) {
+  PointerGetAttribute query = driver_query();
+  if (query == nullptr || p == nullptr) return false;
+  const auto addr = reinterpret_cast<unsigned long long>(p);
+  // Managed memory may say host or device, wherever it is (cuda.h): its own
+  // attribute decides.
+  unsigned type = 0, managed = 0;
+  if (query(&type, kAttrMemoryType, addr) == 0 && type == kMemoryTypeDevice) return true;
+  return query(&managed, kAttrIsManaged, addr) == 0 && managed != 0;
+}
+
+void* device_memory_context(const void* p) {
+  PointerGetAttribute query = driver_query();
+  if (query == nullptr || p == nullptr || !device_memory(query, p)) return nullptr;
+  void* ctx = nullptr;
+  if (query(&ctx, kAttrContext, reinterpret_cast<unsigned long long>(p)) != 0) return nullptr;
+  return ctx;
 }
 
 int device_memory_ordinal(const void* p) {

@@ -20,6 +20,13 @@ extern std::atomic<bool> g_cuda_driver_loaded;
 
 // True for memory of a CUDA device the host cannot read (not managed).
 bool is_device_memory(const void* p);
+// True for memory a stream-ordered call copies through its staging block
+// instead of touching from the host: device memory, and managed memory,
+// which the host must not touch while kernels run on a device without
+// concurrent managed access (and which migrates page by page if it does).
+bool is_stream_staged_memory(const void* p);
+// The CUDA context device memory `p` belongs to, else null.
+void* device_memory_context(const void* p);
 // The ordinal of the CUDA device whose memory `p` is (as is_device_memory
 // says), else -1.
 int device_memory_ordinal(const void* p);
