@@ -13,12 +13,17 @@ picks by what it measured, so there the ratio is the 'tuner' column's.
 
   bench/tune_sweep.py --build build --shapes 4x1,8x1,4x2,8x2 -b 8 -e 16M
 
+With --sweeps N each shape runs N times and every time printed is the median
+of the N (a near-tie changes sides from one run to the next on a shared
+machine; the median says which side it usually falls on).
+
 Simulated hosts: rank r of N gets BRAID_HOST_ID=sim-host-(r*H/N), so each
 host's ranks talk over shm and hosts over loopback TCP.
 """
 import argparse
 import os
 import re
+import statistics
 import subprocess
 import sys
 
@@ -125,15 +130,20 @@ def main():
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--repeat", type=int, default=3,
                    help="turns per algorithm and size, interleaved (perf --rounds); each keeps its best time")
+    p.add_argument("--sweeps", type=int, default=1,
+                   help="whole runs per shape; each time printed is the median over them (the machine's "
+                        "state drifts between runs more than within one)")
     args = p.parse_args()
     coll = args.collective
     worst = 0.0
     for shape in args.shapes.split(","):
         nranks, hosts = (int(x) for x in shape.split("x"))
         algos = [a for a in ALGOS[coll] if any(runs(a, nranks, hosts, s) for s in (args.b, args.e))]
-        results = run_perf(args, coll, nranks, hosts, algos + ["auto"])
-        print(f"\n{coll}, {nranks} ranks on {hosts} simulated host(s): time in us (forced algorithm), "
-              f"tuner/best")
+        sweeps = [run_perf(args, coll, nranks, hosts, algos + ["auto"]) for _ in range(max(1, args.sweeps))]
+        results = {a: {size: statistics.median(r[a][size] for r in sweeps if size in r[a])
+                       for size in sweeps[0][a]} for a in sweeps[0]}
+        print(f"\n{coll}, {nranks} ranks on {hosts} simulated host(s): time in us (forced algorithm"
+              f"{f', median of {len(sweeps)} runs' if len(sweeps) > 1 else ''}), tuner/best")
         tune = run_perf(args, coll, nranks, hosts)
         picks = parse_picks(tune, coll)
         print(f"tuner: {tune}")

@@ -303,9 +303,11 @@ TEST(Tuner, ExchangesWhereRanksShareCoresCostLessThanTwoSteps) {
   EXPECT_EQ(t.pick(Coll::kAllReduce, 128 << 10), Algo::kHierarchical);
   // Direct gathers post their messages as direct all_reduce does: 4 ranks
   // on 2 cores reduce-scattered 64 KiB 1.57x faster directly than on the
-  // ring, and were even with it at 256 KiB.
+  // ring, 128 KiB 1.2x, and were even with it at 256 KiB (whose 64 KiB
+  // blocks BRAID_DIRECT_MAX_BYTES leaves to the ring).
   const Tuner four(sharing_cores(one_host(4), 2), AlgoChoice{});
   EXPECT_EQ(four.pick(Coll::kReduceScatter, 64 << 10), Algo::kDirect);
+  EXPECT_EQ(four.pick(Coll::kReduceScatter, 128 << 10), Algo::kDirect);
   EXPECT_EQ(four.pick(Coll::kReduceScatter, 256 << 10), Algo::kRing);
 }
 

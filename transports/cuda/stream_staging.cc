@@ -256,7 +256,7 @@ namespace {
 
 // The op fails with the context's error. Its block will not come back from
 // the stream (step 5 never runs), so the pool stops waiting for it.
-Status device_error(StagingBlock* b) {
+Status device_failure(StagingBlock* b) {
   b->pool->abandon(b);
   return b->cu->error("the call's CUDA stream (its context has a device error: cuEventQuery)",
                       b->device_error);
@@ -268,7 +268,7 @@ Task stream_staged(StagingBlock* b, Task inner) {
   if (!is_staged(b))
     co_await Until{WaitPoint{staged_or_failed, b, -1, "for its CUDA stream to reach it", {}, {}}};
   if (!is_staged(b)) {
-    FailOp fail{device_error(b)};  // named: see checked_call (src/algo/collectives.cc)
+    FailOp fail{device_failure(b)};  // named: see checked_call (src/algo/collectives.cc)
     co_await fail;
   }
   co_await std::move(inner);
@@ -277,7 +277,7 @@ Task stream_staged(StagingBlock* b, Task inner) {
     co_await Until{
         WaitPoint{finished_or_failed, b, -1, "for its CUDA stream to copy the results back", {}, {}}};
   if (!is_finished(b)) {
-    FailOp fail{device_error(b)};
+    FailOp fail{device_failure(b)};
     co_await fail;
   }
 }
