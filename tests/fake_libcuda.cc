@@ -122,12 +122,34 @@ std::map<uintptr_t, size_t> g_device;   // fake_cuda_malloc's blocks: start -> b
 std::map<uintptr_t, size_t> g_managed;  // fake_cuda_malloc_managed's
 std::set<uintptr_t> g_other_context;    // fake_cuda_malloc_in_other_context's
 
+// The start of the block of `blocks` that holds p, or 0 (g_streams_mu held).
+uintptr_t block_holding(const std::map<uintptr_t, size_t>& blocks, uintptr_t p) {
+  auto it = blocks.upper_bound(p);
+  if (it == blocks.begin()) return 0;
+  --it;
+  return p < it->first + it->second ? it->first : 0;
+}
+
 bool in_block(const std::map<uintptr_t, size_t>& blocks, uintptr_t p) {
   std::lock_guard<std::mutex> lock(g_streams_mu);
-  auto it = blocks.upper_bound(p);
-  if (it == blocks.begin()) return false;
-  --it;
-  return p < it->first + it->second;
+  return block_holding(blocks, p) != 0;
+}
+
+// Ordinary memory the fake's pointer queries know by the map it is in.
+void* tracked_alloc(std::map<uintptr_t, size_t>& blocks, size_t bytes) {
+  void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  blocks[reinterpret_cast<uintptr_t>(p)] = bytes;
+  return p;
+}
+
+void tracked_free(std::map<uintptr_t, size_t>& blocks, void* p) {
+  {
+    std::lock_guard<std::mutex> lock(g_streams_mu);
+    blocks.erase(reinterpret_cast<uintptr_t>(p));
+    g_other_context.erase(reinterpret_cast<uintptr_t>(p));
+  }
+  std::free(p);
 }
 
 bool in_device_block(uintptr_t p) {
@@ -231,35 +253,20 @@ FAKE_API void fake_cuda_stream_synchronize(void* stream) {
 // "Managed memory": ordinary memory that cuPointerGetAttribute calls managed,
 // of memory type host (the driver may say host or device for it).
 FAKE_API void* fake_cuda_malloc_managed(size_t bytes) {
-  void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
-  std::lock_guard<std::mutex> lock(g_streams_mu);
-  g_managed[reinterpret_cast<uintptr_t>(p)] = bytes;
-  return p;
+  return tracked_alloc(g_managed, bytes);
 }
 
 FAKE_API void fake_cuda_free_managed(void* p) {
-  {
-    std::lock_guard<std::mutex> lock(g_streams_mu);
-    g_managed.erase(reinterpret_cast<uintptr_t>(p));
-  }
-  std::free(p);
+  tracked_free(g_managed, p);
 }
 
 // "Device memory": ordinary memory that cuPointerGetAttribute calls device 3's.
 FAKE_API void* fake_cuda_malloc(size_t bytes) {
-  void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
-  std::lock_guard<std::mutex> lock(g_streams_mu);
-  g_device[reinterpret_cast<uintptr_t>(p)] = bytes;
-  return p;
+  return tracked_alloc(g_device, bytes);
 }
 
 FAKE_API void fake_cuda_free(void* p) {
-  {
-    std::lock_guard<std::mutex> lock(g_streams_mu);
-    g_device.erase(reinterpret_cast<uintptr_t>(p));
-    g_other_context.erase(reinterpret_cast<uintptr_t>(p));
-  }
-  std::free(p);
+  tracked_free(g_device, p);
 }
 
 FAKE_API int fake_cuda_copies() {
@@ -621,35 +628,20 @@ FAKE_API void* fake_cuda_malloc_in_other_context(size_t bytes) {
 }
 
 FAKE_API int cuPointerGetAttribute(void* data, int attribute, unsigned long long ptr) {
-  if (in_block(g_managed, ptr)) {
-    switch (attribute) {
-      case 2:  // CU_MEMORYTYPE_HOST
-        *static_cast<unsigned*>(data) = 1;
-        return 0;
-      case 8:
-        *static_cast<unsigned*>(data) = 1;
-        return 0;
-      case 9:
-        *static_cast<int*>(data) = 3;
-        return 0;
-      default:
-        return 1;
-    }
-  }
-  if ((ptr < g_lo || ptr >= g_hi) && !in_device_block(ptr)) return 1;
+  const bool managed = in_block(g_managed, ptr);
+  if (!managed && (ptr < g_lo || ptr >= g_hi) && !in_device_block(ptr)) return 1;
   switch (attribute) {
     case 1: {  // CU_POINTER_ATTRIBUTE_CONTEXT: the streams' (0x1), or another
       std::lock_guard<std::mutex> lock(g_streams_mu);
-      auto it = g_device.upper_bound(ptr);
-      const bool other = it != g_device.begin() && g_other_context.count((--it)->first) != 0;
+      const bool other = g_other_context.count(block_holding(g_device, ptr)) != 0;
       *static_cast<void**>(data) = reinterpret_cast<void*>(other ? 0x2 : 0x1);
       return 0;
     }
-    case 2:  // CU_POINTER_ATTRIBUTE_MEMORY_TYPE: CU_MEMORYTYPE_DEVICE
-      *static_cast<unsigned*>(data) = 2;
+    case 2:  // CU_POINTER_ATTRIBUTE_MEMORY_TYPE: managed says host here, device memory device
+      *static_cast<unsigned*>(data) = managed ? 1 : 2;
       return 0;
     case 8:  // CU_POINTER_ATTRIBUTE_IS_MANAGED
-      *static_cast<unsigned*>(data) = 0;
+      *static_cast<unsigned*>(data) = managed ? 1 : 0;
       return 0;
     case 9:  // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
       *static_cast<int*>(data) = 3;

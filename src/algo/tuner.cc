@@ -324,8 +324,15 @@ double Tuner::modelled_us(Coll c, Algo a, size_t bytes) const {
   const LinkCost in = intra(), out = inter(), l = flat();
   // Ranks of one host that a host-ordered schedule keeps together.
   const double L = multi ? std::max(1, sh.ranks_per_host) : n;
-  const double msg_in = over ? kShmMessageUsPerRankPerCore * sh.ranks_per_core : kShmMessageUs;
+  // A direct send's message, and a byte of its reduction, on one host whose
+  // ranks share cores are priced apart (kDirectMessageUsPerRankPerCore).
+  const bool crowded_host = over && !multi;
+  const double msg_in =
+      !over
+          ? kShmMessageUs
+          : (crowded_host ? kDirectMessageUsPerRankPerCore : kShmMessageUsPerRankPerCore) * sh.ranks_per_core;
   const double msg_out = over ? kTcpMessageUsPerRankPerCore * sh.ranks_per_core : kTcpMessageUs;
+  const double reduce_work = crowded_host ? kDirectByteWorkOversubscribed : kDirectByteWork;
   // Untimed peer reads (braid-topo's table, or a job init did not time)
   // copy at the fixed rate of the VM the model was fitted on.
   const double pr_beta = peer_read_beta();
@@ -345,7 +352,7 @@ double Tuner::modelled_us(Coll c, Algo a, size_t bytes) const {
   // (8 ranks, 256 KiB: 2.3x the ring's time on the VM, where the model
   // without the fill chose the tree); on one host whose ranks share cores,
   // the fill is mostly hidden (kTreeFillOversubscribed).
-  const double fill = over && !multi ? kTreeFillOversubscribed : 1;
+  const double fill = crowded_host ? kTreeFillOversubscribed : 1;
   const double tree_us =
       2 * depth * l.alpha_us +
       2 * (S + fill * (depth - 1) * std::min(S, static_cast<double>(sh.piece_bytes))) * l.beta_us_per_byte;
@@ -354,11 +361,8 @@ double Tuner::modelled_us(Coll c, Algo a, size_t bytes) const {
       switch (a) {
         case Algo::kDirect:
           // All messages leave in one step; each is copied out and reduced in.
-          if (over && !multi)
-            return l.alpha_us + (L - 1) * (kDirectMessageUsPerRankPerCore * sh.ranks_per_core +
-                                           kDirectByteWorkOversubscribed * S * in.beta_us_per_byte);
-          return l.alpha_us + (L - 1) * (msg_in + kDirectByteWork * S * in.beta_us_per_byte) +
-                 (n - L) * (msg_out + kDirectByteWork * S * out.beta_us_per_byte);
+          return l.alpha_us + (L - 1) * (msg_in + reduce_work * S * in.beta_us_per_byte) +
+                 (n - L) * (msg_out + reduce_work * S * out.beta_us_per_byte);
         case Algo::kRecursiveDoubling: {
           const bool pow2 = p2 == sh.nranks;
           double t = pow2 ? 0 : 2 * (l.alpha_us + S * l.beta_us_per_byte);  // the fold in and out
@@ -507,15 +511,13 @@ double Tuner::modelled_us(Coll c, Algo a, size_t bytes) const {
         if (n == 2) return predict_us(c, Algo::kRing, bytes) - kFrameUs + (f - 1) * b * in.beta_us_per_byte;
         // As direct all_reduce, with a block of S / n per message: one wait
         // where the ring has n - 1 in a row, and n - 1 messages posted.
-        // Where ranks share cores its reduction costs what all_reduce's does
-        // (4 ranks on 2 cores: direct reduce_scatter ran 1.2x faster than the
-        // ring at 128 KiB, 3 runs, where 1.2 of a byte priced it out).
-        if (over && !multi)
-          return l.alpha_us + (L - 1) * (kDirectMessageUsPerRankPerCore * sh.ranks_per_core +
-                                         (c == Coll::kReduceScatter ? kDirectByteWorkOversubscribed : f) * b *
-                                             in.beta_us_per_byte);
-        return l.alpha_us + (L - 1) * (msg_in + f * b * in.beta_us_per_byte) +
-               (n - L) * (msg_out + f * b * out.beta_us_per_byte);
+        // Where ranks share cores reduce_scatter's reduction costs what
+        // all_reduce's does (4 ranks on 2 cores: direct reduce_scatter ran
+        // 1.2x faster than the ring at 128 KiB, 3 runs, where 1.2 of a byte
+        // priced it out).
+        const double work = c == Coll::kReduceScatter ? reduce_work : f;
+        return l.alpha_us + (L - 1) * (msg_in + work * b * in.beta_us_per_byte) +
+               (n - L) * (msg_out + work * b * out.beta_us_per_byte);
       }
       if (a == Algo::kPeerRead)
         return (c == Coll::kAllGather ? peer_read_rounds() : kPeerReadFittedRounds) * (n - 1) * in.alpha_us +

@@ -1350,8 +1350,10 @@ Status Communicator::prepare_stream_op(OpKind kind, const CollArgs& args, void* 
     // same GPU). A rank that decides otherwise than its peers is caught by
     // the tag's path (BRAID_ERR_MISMATCH).
     auto on_window_device = [&](bool used, size_t bytes, const void* p) {
+      DevicePlace where;
       return !used || bytes == 0 ||
-             (device_memory_ordinal(p) == ipc_->device() && device_memory_context(p) == ipc_->context());
+             (device_memory_place(p, &where) && where.ordinal == ipc_->device() &&
+              where.context == ipc_->context());
     };
     if (ipc_state_ == IpcState::kUsable && ipc_->context() == context.context() &&
         on_window_device(g.uses_input, g.in_bytes, args.sendbuf) &&

@@ -92,11 +92,6 @@ Status check_host_memory_slow(const void* p, const char* what) {
   return Status::ok();
 }
 
-bool is_device_memory(const void* p) {
-  PointerGetAttribute query = driver_query();
-  return query != nullptr && p != nullptr && device_memory(query, p);
-}
-
 bool is_stream_staged_memory(const void* p) {
   PointerGetAttribute query = driver_query();
   if (query == nullptr || p == nullptr) return false;
@@ -108,20 +103,11 @@ bool is_stream_staged_memory(const void* p) {
   return query(&managed, kAttrIsManaged, addr) == 0 && managed != 0;
 }
 
-void* device_memory_context(const void* p) {
+bool device_memory_place(const void* p, DevicePlace* out) {
   PointerGetAttribute query = driver_query();
-  if (query == nullptr || p == nullptr || !device_memory(query, p)) return nullptr;
-  void* ctx = nullptr;
-  if (query(&ctx, kAttrContext, reinterpret_cast<unsigned long long>(p)) != 0) return nullptr;
-  return ctx;
-}
-
-int device_memory_ordinal(const void* p) {
-  PointerGetAttribute query = driver_query();
-  if (query == nullptr || p == nullptr || !device_memory(query, p)) return -1;
-  int device = -1;
-  if (query(&device, kAttrDeviceOrdinal, reinterpret_cast<unsigned long long>(p)) != 0) return -1;
-  return device;
+  if (query == nullptr || p == nullptr || !device_memory(query, p)) return false;
+  const auto addr = reinterpret_cast<unsigned long long>(p);
+  return query(&out->ordinal, kAttrDeviceOrdinal, addr) == 0 && query(&out->context, kAttrContext, addr) == 0;
 }
 
 }  // namespace braid

@@ -18,18 +18,19 @@ namespace braid {
 extern BRAID_FAST_TLS __thread const void* t_host_seen[2];  // __thread: no C++ TLS wrapper call
 extern std::atomic<bool> g_cuda_driver_loaded;
 
-// True for memory of a CUDA device the host cannot read (not managed).
-bool is_device_memory(const void* p);
 // True for memory a stream-ordered call copies through its staging block
 // instead of touching from the host: device memory, and managed memory,
 // which the host must not touch while kernels run on a device without
 // concurrent managed access (and which migrates page by page if it does).
 bool is_stream_staged_memory(const void* p);
-// The CUDA context device memory `p` belongs to, else null.
-void* device_memory_context(const void* p);
-// The ordinal of the CUDA device whose memory `p` is (as is_device_memory
-// says), else -1.
-int device_memory_ordinal(const void* p);
+// Where memory of a CUDA device the host cannot read (not managed) lives:
+// the device's ordinal and the context that allocated it. False for any
+// other memory, or where the driver does not say.
+struct DevicePlace {
+  int ordinal = -1;
+  void* context = nullptr;
+};
+bool device_memory_place(const void* p, DevicePlace* out);
 
 // The query behind check_host_memory.
 Status check_host_memory_slow(const void* p, const char* what);

@@ -1,7 +1,5 @@
 #include "transports/cuda/stream_staging.h"
 
-#include <time.h>
-
 #include <algorithm>
 #include <chrono>
 #include <new>
@@ -38,11 +36,9 @@ bool is_finished(void* ctx) {
 // healthy stream answers through its host functions anyway.
 bool device_failed(StagingBlock* b) {
   if (b->device_error != 0) return true;
-  timespec now{};
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  const int64_t ns = int64_t{now.tv_sec} * 1000000000 + now.tv_nsec;
-  if (ns < b->next_probe_ns) return false;
-  b->next_probe_ns = ns + 1000000;
+  const auto now = std::chrono::steady_clock::now();
+  if (now < b->next_probe) return false;
+  b->next_probe = now + std::chrono::milliseconds(1);
   StreamContext context(*b->cu, StreamContext::Known{b->ctx});
   if (!context.status()) return false;
   const CUresult r = b->cu->event_query(b->probe);
@@ -109,7 +105,7 @@ Status StagingPool::take(const CudaDriver& cu, CUcontext ctx, size_t bytes, Stag
   b->finished.store(0, std::memory_order_relaxed);
   b->holders.store(2, std::memory_order_relaxed);
   b->device_error = 0;
-  b->next_probe_ns = 0;
+  b->next_probe = {};
   *out = b;
   return Status::ok();
 }

@@ -26,6 +26,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -53,9 +54,9 @@ struct StagingBlock {
   CUcontext ctx = nullptr;  // the context it was pinned in (to free it there)
   CUevent probe = nullptr;  // recorded after step 5; its query reports a device error
   // Engine thread only: the driver's error once the probe reported one, and
-  // when to query it next (steady clock, ns).
+  // when to query it next.
   CUresult device_error = 0;
-  int64_t next_probe_ns = 0;
+  std::chrono::steady_clock::time_point next_probe{};
   CUdeviceptr release_dev = 0;
   size_t capacity = 0;
   char* data = nullptr;
