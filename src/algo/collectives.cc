@@ -107,10 +107,13 @@ std::vector<std::vector<int>> host_groups(const std::vector<std::string>& host,
 // ---- binary trees: pieces flow up (reduce) and down (broadcast) ----
 
 BinaryTree::BinaryTree(int r, int n, int root) {
-  const int p = mod(r - root, n);
-  if (p > 0) parent = mod((p - 1) / 2 + root, n);
+  // Positions and ranks both lie in [0, n): a rotation is one conditional
+  // subtraction, not mod()'s divisions (this runs on every call).
+  auto rotate = [n](int q) { return q >= n ? q - n : q; };
+  const int p = r >= root ? r - root : r - root + n;
+  if (p > 0) parent = rotate((p - 1) / 2 + root);
   for (int k = 0; k < 2; ++k)
-    if (2 * p + 1 + k < n) child[children++] = mod(2 * p + 1 + k + root, n);
+    if (2 * p + 1 + k < n) child[children++] = rotate(2 * p + 1 + k + root);
 }
 
 namespace {
@@ -118,8 +121,9 @@ namespace {
 // One piece of a tree reduction: `acc` (piece-sized, this node's partial
 // result) = in op children's pieces, sent up toward the root; the root's
 // result lands in `out`.
-Task tree_reduce_piece(const Channel& ch, const BinaryTree& t, const CollArgs& a, size_t off, size_t len,
-                       char* out, char* scratch) {
+// Tree and arguments by value, as tree_broadcast_piece's (below).
+Task tree_reduce_piece(const Channel& ch, BinaryTree t, CollArgs a, size_t off, size_t len, char* out,
+                       char* scratch) {
   const char* in = static_cast<const char*>(a.sendbuf);
   // Where this node's partial sum is built: the output at the root, the
   // caller's scratch (one piece) elsewhere.
@@ -146,7 +150,9 @@ Task tree_reduce_piece(const Channel& ch, const BinaryTree& t, const CollArgs& a
 // `piece`. The root sends from `src` (its input) and then copies it to
 // `piece`: one read of the buffer, while the piece is in cache. Elsewhere
 // src is unused.
-Task tree_broadcast_piece(const Channel& ch, const BinaryTree& t, char* piece, const char* src, size_t len) {
+// The tree is taken by value: a single-piece broadcast returns this
+// coroutine as the op's task (below), past the frame that built the tree.
+Task tree_broadcast_piece(const Channel& ch, BinaryTree t, char* piece, const char* src, size_t len) {
   if (t.parent < 0) {
     for (int k = 0; k < t.children; ++k) co_await send_piece(ch, t.child[k], src, len);
     copy_if_distinct(piece, src, len);
@@ -163,17 +169,33 @@ size_t reduce_piece_bytes(const Channel& ch, braid_dtype_t dtype) {
   return ch.piece_bytes / esize * esize;
 }
 
-Task tree_reduce_pieces(const Channel& ch, const CollArgs& a, int root, char* out, char* scratch) {
-  const BinaryTree t(ch.rank, ch.nranks, root);
+Task tree_reduce_piece_by_piece(const Channel& ch, BinaryTree t, CollArgs a, char* out, char* scratch) {
   const size_t bytes = a.count * dtype_size(a.dtype), piece = reduce_piece_bytes(ch, a.dtype);
   for (size_t off = 0; off < bytes; off += piece)
     co_await tree_reduce_piece(ch, t, a, off, std::min(piece, bytes - off), out, scratch);
 }
 
-Task tree_broadcast_pieces(const Channel& ch, int root, char* buf, const char* src, size_t bytes) {
+// One piece is that piece's coroutine, as in tree_broadcast_pieces.
+Task tree_reduce_pieces(const Channel& ch, const CollArgs& a, int root, char* out, char* scratch) {
   const BinaryTree t(ch.rank, ch.nranks, root);
+  const size_t bytes = a.count * dtype_size(a.dtype);
+  if (bytes > 0 && bytes <= reduce_piece_bytes(ch, a.dtype))
+    return tree_reduce_piece(ch, t, a, 0, bytes, out, scratch);
+  return tree_reduce_piece_by_piece(ch, t, a, out, scratch);
+}
+
+Task tree_broadcast_piece_by_piece(const Channel& ch, BinaryTree t, char* buf, const char* src,
+                                   size_t bytes) {
   for (size_t off = 0; off < bytes; off += ch.piece_bytes)
     co_await tree_broadcast_piece(ch, t, buf + off, src + off, std::min(ch.piece_bytes, bytes - off));
+}
+
+// A broadcast of one piece is that piece's coroutine: no loop frame above
+// it, which a small call would pay for on every rank.
+Task tree_broadcast_pieces(const Channel& ch, int root, char* buf, const char* src, size_t bytes) {
+  const BinaryTree t(ch.rank, ch.nranks, root);
+  if (bytes > 0 && bytes <= ch.piece_bytes) return tree_broadcast_piece(ch, t, buf, src, bytes);
+  return tree_broadcast_piece_by_piece(ch, t, buf, src, bytes);
 }
 
 }  // namespace
@@ -222,15 +244,12 @@ Task double_tree_all_reduce(const Channel& ch, const Channel& mirror, CollArgs a
   }
 }
 
+// Not a coroutine: it hands back its pieces' task (one frame fewer). On one
+// rank the root's tree has no children, so the piece only copies.
 Task tree_broadcast(const Channel& ch, CollArgs a) {
-  const size_t bytes = a.count * dtype_size(a.dtype);
   char* out = static_cast<char*>(a.recvbuf);
-  const char* in = static_cast<const char*>(a.sendbuf);
-  if (ch.nranks == 1) {
-    copy_if_distinct(out, in, bytes);
-    co_return;
-  }
-  co_await tree_broadcast_pieces(ch, a.root, out, ch.rank == a.root ? in : out, bytes);
+  const char* src = ch.rank == a.root ? static_cast<const char*>(a.sendbuf) : out;
+  return tree_broadcast_pieces(ch, a.root, out, src, a.count * dtype_size(a.dtype));
 }
 
 Task tree_reduce(const Channel& ch, CollArgs a, char* scratch) {

@@ -10,7 +10,8 @@
 namespace braid {
 
 inline size_t dtype_size(braid_dtype_t dtype) {
-  constexpr size_t kSizes[BRAID_NUM_DTYPES] = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8};
+  // static: a plain constexpr local array is rebuilt on the stack per call.
+  static constexpr size_t kSizes[BRAID_NUM_DTYPES] = {1, 1, 4, 4, 8, 8, 2, 2, 4, 8};
   const int v = static_cast<int>(dtype);
   return v >= 0 && v < BRAID_NUM_DTYPES ? kSizes[v] : 0;
 }

@@ -157,6 +157,21 @@ class Op {
 // call of the same thread makes one.
 std::shared_ptr<Op> new_op();
 
+// The right to drive an engine. Only ever tried, never waited for (a
+// thread that does not get it leaves the work to the holder), so it needs
+// no futex and no waiter count: one exchange to take it, one to give it
+// back. Giving it back is a full barrier, as pthread's unlock is on x86:
+// release_driver's check for an abort right after, and abort()'s failed
+// try_lock after it raised the flag, rely on one seeing the other.
+class DriverRole {
+ public:
+  bool try_lock() { return !held_.load() && !held_.exchange(true, std::memory_order_acquire); }
+  void unlock() { held_.exchange(false); }
+
+ private:
+  std::atomic<bool> held_{false};
+};
+
 class Engine final : private CommitObserver {
  public:
   // `peers[r]` holds the connections to rank r (empty for this rank).
@@ -200,7 +215,11 @@ class Engine final : private CommitObserver {
   Status error() const;
   double timeout_s() const { return timeout_s_.load(); }
   void set_timeout_s(double s) { timeout_s_.store(s); }
-  uint64_t next_collective_seq() { return coll_seq_.fetch_add(1); }
+  uint64_t next_collective_seq() {
+    const uint64_t s = coll_seq_.load(std::memory_order_relaxed);
+    coll_seq_.store(s + 1, std::memory_order_relaxed);
+    return s;
+  }
   // The user's first collective is #0 whatever init ran before it: every
   // rank calls this at the same point, with no collective in flight.
   void restart_collective_seq() { coll_seq_.store(0); }
@@ -328,7 +347,7 @@ class Engine final : private CommitObserver {
   static constexpr double kAbortServeSeconds = 6;
   Status abort_status_;  // under post_mu_
 
-  std::mutex driver_mu_;     // held by the driving thread
+  DriverRole driver_mu_;     // held by the driving thread
   std::vector<Lane> lanes_;  // driver only
   // When peers and deadlines were last checked thoroughly, and the progress
   // rounds since the clock was last read for it (driver only).
