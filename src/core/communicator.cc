@@ -943,7 +943,10 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
   auto op = new_op();
   op->name = op_kind_name(kind);
   op->async = async;
-  CollArgs a = args;
+  // args is read where it lies: a copy of the caller's freshly built
+  // arguments reads them back 16 bytes at a time before their narrower
+  // stores landed (a stall per call). attach_collective copies once.
+  const CollArgs& a = args;
   const size_t esize = dtype_size(a.dtype);
   op->bytes = a.count * esize;
   op->algo = "p2p";
@@ -1011,8 +1014,9 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
 
 // make_op's collective part: the algorithm's task and its buffers. Leaves
 // `op` as it was where an allocation fails (std::bad_alloc).
-std::shared_ptr<Op> Communicator::attach_collective(OpKind kind, CollArgs a, Algo forced,
+std::shared_ptr<Op> Communicator::attach_collective(OpKind kind, const CollArgs& args, Algo forced,
                                                     std::shared_ptr<Op>& op) {
+  CollArgs a = args;
   auto pick = [&](Coll c, size_t bytes) { return forced != Algo::kAuto ? forced : tuner_.pick(c, bytes); };
   const size_t esize = dtype_size(a.dtype);
   Regions g;

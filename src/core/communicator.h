@@ -64,7 +64,8 @@ class Communicator {
   // beside the group's other ops even where it blocks.
   std::shared_ptr<Op> make_op(OpKind kind, const CollArgs& args, bool async, Algo algo = Algo::kAuto,
                               bool grouped = false);
-  std::shared_ptr<Op> attach_collective(OpKind kind, CollArgs a, Algo forced, std::shared_ptr<Op>& op);
+  std::shared_ptr<Op> attach_collective(OpKind kind, const CollArgs& args, Algo forced,
+                                        std::shared_ptr<Op>& op);
   // Point-to-point messages of this size and up may be read from the
   // sender's memory (make_op).
   size_t p2p_read_min_bytes() const;
