@@ -70,6 +70,8 @@ class RendezvousRoot {
   };
   void drop(size_t i, const char* why);
   Status accept_hello(const RootHello& h, int fd);
+  void refuse(int fd, const std::string& why);
+  void refuse_joined(int rank0_nranks);
   std::string missing_ranks() const;  // "ranks 3, 7 of 8 did not join ..."
 
   int listen_fd_;
@@ -95,6 +97,10 @@ void RendezvousRoot::drop(size_t i, const char* why) {
 Status RendezvousRoot::accept_hello(const RootHello& h, int fd) {
   RootHelloFields f;
   BRAID_RETURN_IF_ERROR(parse_root_hello(reinterpret_cast<const uint8_t*>(&h), sizeof(h), token_, &f));
+  // Rank 0's count is the job's. One taken from a rank that came first
+  // gives way to it, and the ranks that joined with it are refused: which
+  // side is refused must not depend on who connected first.
+  if (nranks_ >= 0 && f.rank == 0 && f.nranks != nranks_) refuse_joined(f.nranks);
   if (nranks_ < 0) {
     nranks_ = f.nranks;
     rank_fd_.assign(nranks_, -1);
@@ -110,6 +116,29 @@ Status RendezvousRoot::accept_hello(const RootHello& h, int fd) {
   rank_addr_[f.rank] = f.addr;
   ++joined_;
   return Status::ok();
+}
+
+void RendezvousRoot::refuse(int fd, const std::string& why) {
+  const std::vector<uint8_t> refusal = encode_refusal(why);
+  (void)send_all(fd, refusal.data(), refusal.size(), Deadline::after_seconds(kHandshakeSeconds));
+  close(fd);
+  // The job may still form (the refused one was a stray process), but if
+  // it does not, the others learn of this too.
+  last_refusal_ = why;
+}
+
+void RendezvousRoot::refuse_joined(int rank0_nranks) {
+  for (int r = 0; r < nranks_; ++r) {
+    if (rank_fd_[r] < 0) continue;
+    const std::string why = "rank " + std::to_string(r) + " says the job has " + std::to_string(nranks_) +
+                            " ranks, others said " + std::to_string(rank0_nranks);
+    BRAID_WARN("BOOTSTRAP", -1, "rendezvous root rejected a connection: %s", why.c_str());
+    refuse(rank_fd_[r], why);
+  }
+  nranks_ = -1;
+  joined_ = 0;
+  rank_fd_.clear();
+  rank_addr_.clear();
 }
 
 std::string RendezvousRoot::missing_ranks() const {
@@ -180,14 +209,10 @@ void RendezvousRoot::run() {
             BRAID_WARN("BOOTSTRAP", -1, "rendezvous root rejected a connection: %s", st.message().c_str());
             // A rank of this job is told why; a stranger is not answered.
             const bool ours = h.magic == kMagic && std::memcmp(h.token, token_.data(), kTokenBytes) == 0;
-            if (ours) {
-              const std::vector<uint8_t> refusal = encode_refusal(st.message());
-              (void)send_all(fd, refusal.data(), refusal.size(), Deadline::after_seconds(kHandshakeSeconds));
-            }
-            close(fd);
-            // The job may still form (the refused one was a stray process),
-            // but if it does not, the others learn of this too.
-            if (ours) last_refusal_ = st.message();
+            if (ours)
+              refuse(fd, st.message());
+            else
+              close(fd);
           }
           continue;
         }
