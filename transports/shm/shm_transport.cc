@@ -91,6 +91,20 @@ bool packable(size_t stride) {
 bool pack_area_full(size_t offset) {
   return offset + kCacheLine > kPackArea;
 }
+// The pack area's line starts as bits: where a packed message may begin.
+static_assert(kPackArea / kCacheLine == 64, "one bit per line start of the pack area");
+uint64_t line_bit(size_t offset) {
+  return uint64_t{1} << (offset / kCacheLine);
+}
+// The line starts a message at `offset` of `stride` bytes covers with its
+// payload (those after its header's line), within the pack area.
+uint64_t payload_lines(size_t offset, size_t stride) {
+  const size_t first = offset / kCacheLine + 1;
+  const size_t end = std::min(offset + stride, kPackArea) / kCacheLine;
+  if (end <= first) return 0;
+  const uint64_t below_end = end == 64 ? ~uint64_t{0} : (uint64_t{1} << end) - 1;
+  return below_end & ~((uint64_t{1} << first) - 1);
+}
 
 struct Layout {
   size_t slot_stride;  // SlotHeader + payload
@@ -204,6 +218,7 @@ class ShmConnection : public Connection {
         slot_bytes_(config.shm_slot_bytes),
         mine_(mine->header()),
         theirs_(theirs->header()),
+        payload_lines_(slots_, 0),
         peer_(peer) {
     recv_ = static_cast<char*>(mine->base) + layout.header_bytes + recv_fifo * layout.fifo_bytes;
     send_ = static_cast<char*>(theirs->base) + layout.header_bytes + send_fifo * layout.fifo_bytes;
@@ -247,18 +262,29 @@ class ShmConnection : public Connection {
   void commit_send(size_t bytes, const CallTag& tag) override {
     const size_t stride = stride_of(bytes);
     SlotHeader* h;
+    size_t at;
     if (next_in_open_) {
-      h = header(send_, taken_ - 1, fill_);
+      at = fill_;
       fill_ += stride;
     } else {
-      h = header(send_, taken_++, 0);
+      at = 0;
+      ++taken_;
       fill_ = stride;
       open_ = packable(stride);
     }
+    h = header(send_, taken_ - 1, at);
     if (open_ && pack_area_full(fill_)) open_ = false;
-    // The receiver looks for the next message where this one ends, a spot
-    // that may hold an old payload's bytes: clear its number first.
-    if (open_) header(send_, taken_ - 1, fill_)->seq.store(0, std::memory_order_relaxed);
+    uint64_t& stale = payload_lines_[(taken_ - 1) % slots_];
+    stale = (stale & ~line_bit(at)) | payload_lines(at, stride);
+    // The receiver looks for the next message where this one ends. Where an
+    // old payload's bytes lie there, they could read as its number: clear
+    // it first. Only there: clearing on every message wrote a second line
+    // per message, the one the receiver polls (a steady run of one size
+    // finds headers where it looks, lap after lap).
+    if (open_ && (stale & line_bit(fill_)) != 0) {
+      header(send_, taken_ - 1, fill_)->seq.store(0, std::memory_order_relaxed);
+      stale &= ~line_bit(fill_);
+    }
     h->bytes = bytes;
     h->tag = tag;
     h->seq.store(++sent_, std::memory_order_release);
@@ -369,6 +395,7 @@ class ShmConnection : public Connection {
   // slot, which the receiver learns from a skip mark where it would look.
   void close_open_slot() {
     open_ = false;
+    payload_lines_[(taken_ - 1) % slots_] &= ~line_bit(fill_);
     header(send_, taken_ - 1, fill_)->seq.store(kSkip | (sent_ + 1), std::memory_order_release);
     theirs_->bell.ring(true);  // a receiver asleep on the closed slot moves on and frees it
   }
@@ -409,7 +436,10 @@ class ShmConnection : public Connection {
   bool open_ = false;
   size_t fill_ = 0;
   bool next_in_open_ = false;
-  uint64_t consumed_seen_ = 0;              // the receiver's slot release count, as last read
+  uint64_t consumed_seen_ = 0;  // the receiver's slot release count, as last read
+  // Per slot, the pack area's line starts whose first word holds payload
+  // bytes (line_bit): where the next message's number must be cleared.
+  std::vector<uint64_t> payload_lines_;
   size_t stream_min_ = 0, stream_max_ = 0;  // copy_to_slot's streaming band (empty: none)
   // Receiver: messages released, and the slot and offset of the next one.
   uint64_t received_ = 0;
