@@ -93,7 +93,14 @@ TEST(RegisteredMemory, CollectivesMoveDataStraightBetweenBuffers) {
             }
             const uint64_t before = window_bytes(comm);
             BRAID_ASSERT_OK(braid_broadcast(in, out, count, BRAID_FLOAT32, root, comm, nullptr));
-            EXPECT_EQ(window_bytes(comm) - before, rank == root ? 0 : count * sizeof(float));
+            // Each rank copies its slice of the root's input into every
+            // output that lacks it: the others' and its own (the root's only
+            // out of place); the root's copy into its own output crosses no
+            // process and is not counted.
+            const size_t part = (count + nranks - 1) / nranks;
+            const size_t slice = std::min(count, (rank + 1) * part) - std::min(count, rank * part);
+            const size_t outputs = nranks - (in_place || rank == root ? 1 : 0);
+            EXPECT_EQ(window_bytes(comm) - before, slice * outputs * sizeof(float));
             for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[i], value(root, i)) << "element " << i;
           }
           // all_gather: block r from rank r (in place: already at its place).
@@ -434,20 +441,28 @@ TEST(RegisteredMemory, ADeadPeerFailsTheCallInsteadOfHanging) {
   ASSERT_TRUE(result.ok()) << result.describe();
 }
 
+// The collective the two tests below run: an all_reduce (sum), or a
+// broadcast from `root`, whose ranks each copy their slice of the root's
+// input into the other ranks' outputs.
+braid_result_t run_call(bool broadcast, int root, Registered* buf, size_t count, braid_comm_t comm) {
+  if (broadcast) return braid_broadcast(buf->send, buf->recv, count, BRAID_FLOAT32, root, comm, nullptr);
+  return braid_all_reduce(buf->send, buf->recv, count, BRAID_FLOAT32, BRAID_SUM, comm, nullptr);
+}
+
 // Rank 0 gives up (times out) waiting for a late rank 1 and returns. Rank 1
 // then finds rank 0's buffer spot already sent and needs no wait: it must
-// see rank 0's failure before storing its slice of the sum into rank 0's
-// output, which is rank 0's user's memory again.
-TEST(RegisteredMemory, ARankThatGaveUpGetsNoStoresFromALatePeer) {
+// see rank 0's failure before storing its slice of the sum (or of the
+// broadcast, rank 1 its root) into rank 0's output, which is rank 0's
+// user's memory again.
+void expect_no_stores_after_giving_up(bool broadcast) {
   Env env = kEverySize;
   env.push_back({"BRAID_TIMEOUT", "2"});  // seconds; rank 1 comes 5 s late
-  auto result = launch(2, env, [](braid_comm_t comm, int rank, int) {
+  auto result = launch(2, env, [broadcast](braid_comm_t comm, int rank, int) {
     const size_t count = 1 << 16;
     Registered* buf = new Registered(comm, count * sizeof(float));  // the comm breaks: never cleaned up
     for (size_t i = 0; i < count; ++i) buf->send[i] = value(rank, i);
     if (rank == 1) std::this_thread::sleep_for(std::chrono::seconds(5));
-    EXPECT_NE(braid_all_reduce(buf->send, buf->recv, count, BRAID_FLOAT32, BRAID_SUM, comm, nullptr),
-              BRAID_SUCCESS);
+    EXPECT_NE(run_call(broadcast, 1, buf, count, comm), BRAID_SUCCESS);
     if (rank == 0) {
       for (size_t i = 0; i < count; ++i) buf->recv[i] = -1.0f;
       std::this_thread::sleep_for(std::chrono::seconds(6));  // rank 1 calls meanwhile
@@ -460,19 +475,29 @@ TEST(RegisteredMemory, ARankThatGaveUpGetsNoStoresFromALatePeer) {
   ASSERT_TRUE(result.ok()) << result.describe();
 }
 
-// Rank 0 is stopped (SIGSTOP) right after its first piece of the sum went
-// out; rank 1 times out, aborts, destroys its communicator and reuses its
-// output, then resumes rank 0. Rank 0 reads rank 1's failure flag before
-// each piece it stores into rank 1's output, so at most the piece it was
-// storing when stopped lands there. Before, the rest of its slice did
-// (237568 of 16 M elements in the reviewer's run), and rank 0 succeeded.
-TEST(RegisteredMemory, APeerThatGaveUpMidCopyGetsAtMostOnePieceMore) {
-  auto result = launch(2, {}, [](braid_comm_t comm, int rank, int) {
+TEST(RegisteredMemory, ARankThatGaveUpGetsNoStoresFromALatePeer) {
+  expect_no_stores_after_giving_up(false);
+}
+
+TEST(RegisteredMemory, ARankThatGaveUpGetsNoStoresFromALateBroadcastRoot) {
+  expect_no_stores_after_giving_up(true);
+}
+
+// Rank 0 is stopped (SIGSTOP) right after its first piece of the sum (or of
+// the broadcast, rank 0 its root) went out; rank 1 times out, aborts,
+// destroys its communicator and reuses its output, then resumes rank 0.
+// Rank 0 reads rank 1's failure flag before each piece it stores into rank
+// 1's output, so at most the piece it was storing when stopped lands there.
+// Before, the rest of its slice did (237568 of 16 M elements in the
+// reviewer's run), and rank 0 succeeded.
+void expect_at_most_one_piece_after_giving_up(bool broadcast) {
+  auto result = launch(2, {}, [broadcast](braid_comm_t comm, int rank, int) {
     const size_t count = size_t{4} << 20;
     Registered* buf = new Registered(comm, count * sizeof(float));  // the comm breaks: never cleaned up
     int32_t pids[2] = {0, 0}, mine = static_cast<int32_t>(getpid());
     EXPECT_EQ(braid_all_gather(&mine, pids, 1, BRAID_INT32, comm, nullptr), BRAID_SUCCESS);
-    for (size_t i = 0; i < count; ++i) buf->send[i] = rank + 10.0f;  // the sum: 21
+    // The sum, and the root's input: 21.
+    for (size_t i = 0; i < count; ++i) buf->send[i] = broadcast ? 21.0f : rank + 10.0f;
     EXPECT_EQ(braid_comm_set_timeout(comm, 1.0), BRAID_SUCCESS);
     if (rank == 0) {
       std::thread([out = buf->recv] {
@@ -482,8 +507,7 @@ TEST(RegisteredMemory, APeerThatGaveUpMidCopyGetsAtMostOnePieceMore) {
         kill(getpid(), SIGSTOP);  // the whole process, inside its copy loop
       }).detach();
     }
-    const braid_result_t r =
-        braid_all_reduce(buf->send, buf->recv, count, BRAID_FLOAT32, BRAID_SUM, comm, nullptr);
+    const braid_result_t r = run_call(broadcast, 0, buf, count, comm);
     EXPECT_NE(r, BRAID_SUCCESS) << "rank " << rank;
     if (rank == 1) {
       braid_comm_abort(comm);
@@ -499,6 +523,14 @@ TEST(RegisteredMemory, APeerThatGaveUpMidCopyGetsAtMostOnePieceMore) {
     _exit(::testing::Test::HasFailure() ? 1 : 0);
   });
   ASSERT_TRUE(result.ok()) << result.describe();
+}
+
+TEST(RegisteredMemory, APeerThatGaveUpMidCopyGetsAtMostOnePieceMore) {
+  expect_at_most_one_piece_after_giving_up(false);
+}
+
+TEST(RegisteredMemory, ABroadcastRootThatWasStoppedMidCopyStoresAtMostOnePieceMore) {
+  expect_at_most_one_piece_after_giving_up(true);
 }
 
 TEST(RegisteredMemory, BadArgumentsAreNamed) {

@@ -114,6 +114,35 @@ Status all_reduce_over(const Channel& ch, const CollArgs& a, const std::vector<c
   return Status::ok();
 }
 
+// Rank r copies slice r of the root's input `src` into every output that
+// lacks it (the root's own too, out of place), a chunk at a time, so the
+// ranks share the n - 1 copies of the buffer, as bench/ceiling's threads
+// do, where each receiver copying all of it left the root idle. Starting
+// after this rank, ranks write different outputs at once. Before a chunk
+// goes into a peer's output its failure flag is read, as all_reduce_over
+// does. The root's copy into its own output is not counted: it crosses no
+// process.
+Status broadcast_over(const Channel& ch, const CollArgs& a, const char* src, const std::vector<char*>& out,
+                      bool streaming, std::atomic<uint64_t>* moved) {
+  const int n = ch.nranks, r = ch.rank;
+  const size_t esize = dtype_size(a.dtype);
+  Split slice(a.count, static_cast<size_t>(n));
+  const size_t begin = slice.begin(static_cast<size_t>(r)) * esize;
+  const size_t end = begin + slice.size(static_cast<size_t>(r)) * esize;
+  for (size_t off = begin; off < end; off += kScratchBytes) {
+    const size_t len = std::min(kScratchBytes, end - off);
+    for (int s = 1; s <= n; ++s) {
+      const int p = mod(r + s, n);
+      if (out[p] == src) continue;  // the root, in place
+      if (p != r)
+        if (Status st = ch.to(p)->peer_failure(); !st) return st;
+      place(out[p] + off, src + off, len, streaming);
+      if (p != r || r != a.root) count(moved, len);
+    }
+  }
+  return Status::ok();
+}
+
 // This rank's block: the reduction of block `rank` of every rank's input.
 void reduce_scatter_over(const Channel& ch, const CollArgs& a, const std::vector<char*>& in, char* out,
                          char* tmp, std::atomic<uint64_t>* moved) {
@@ -240,10 +269,13 @@ Task window_or(const Channel& ch, HostWindows windows, Coll c, CollArgs a, Task 
   }
   std::vector<char*> in(n), out(n);
   bool direct = true;
+  // A broadcast whose outputs are all mapped too shares its copies out.
+  bool shared_copies = c == Coll::kBroadcast;
   for (int p = 0; p < n; ++p) {
     const bool reads_input = c != Coll::kBroadcast || p == a.root;
     if (reads_input) direct = direct && (in[p] = mapped(windows, spots, p, true)) != nullptr;
     if (c == Coll::kAllReduce) direct = direct && (out[p] = mapped(windows, spots, p, false)) != nullptr;
+    if (shared_copies) shared_copies = (out[p] = mapped(windows, spots, p, false)) != nullptr;
   }
   if (!direct) {
     co_await std::move(otherwise);
@@ -277,6 +309,11 @@ Task window_or(const Channel& ch, HostWindows windows, Coll c, CollArgs a, Task 
       count(moved, (n - 1) * block);
       break;
     default:  // broadcast
+      if (shared_copies) {
+        if (Status st = broadcast_over(ch, a, in[a.root], out, streaming, moved); !st)
+          co_await FailOp{std::move(st)};
+        break;
+      }
       if (mine_out != in[a.root]) place(mine_out, in[a.root], block, streaming);
       if (r != a.root) count(moved, block);
       break;
