@@ -484,7 +484,7 @@ bool Engine::drive_a_moment(const Op& op) {
   // same moment, so waiting for it beats leaving the op unfinished.
   const Clock::time_point until = Clock::now() + std::chrono::microseconds(kEagerDriveUs);
   while (!is_done(op)) {
-    if (driver_mu_.try_lock()) {
+    if (driver_role_.try_lock()) {
       drive_briefly(op);
       release_driver();
       break;
@@ -727,7 +727,7 @@ void Engine::serve_dumps() {
 
 void Engine::request_dump() {
   dumps_requested_.fetch_add(1);
-  if (driver_mu_.try_lock()) {
+  if (driver_role_.try_lock()) {
     serve_dumps();
     release_driver();
     return;
@@ -1048,7 +1048,7 @@ void Engine::wait_all(Op* const* ops, size_t n) {
   };
   while (!all_done()) {
     Op& op = *ops[next];
-    bool driving = driver_mu_.try_lock();
+    bool driving = driver_role_.try_lock();
     if (!driving && progress_driving_.load()) {
       // The progress thread drives without spinning (it shares the cores
       // with the caller's computation), so every wait on a peer costs it a
@@ -1060,7 +1060,7 @@ void Engine::wait_all(Op* const* ops, size_t n) {
       // own ops are done, which may need this thread to return first.
       // Whoever drives completes this op and wakes its sleepers.
       for (;;) {
-        if (driver_mu_.try_lock()) {
+        if (driver_role_.try_lock()) {
           driving = true;
           break;
         }
@@ -1086,7 +1086,7 @@ void Engine::wait_all(Op* const* ops, size_t n) {
 
 bool Engine::run_blocking(const std::shared_ptr<Op>& op, Status* result) {
   if (op->lane != LaneKind::kCollective || active_.load(std::memory_order_acquire) != 0) return false;
-  if (!driver_mu_.try_lock()) return false;
+  if (!driver_role_.try_lock()) return false;
   // Under the driver's lock no fail_all can run, so broken_ is exact; an
   // abort in progress shows as abort_requested_, which the driver handles.
   if (active_.load() != 0 || broken_.load() || abort_requested_.load()) {
@@ -1158,7 +1158,7 @@ void Engine::drain() {
   };
   // idle() reads driver-owned state: evaluate it only while driving.
   for (;;) {
-    if (driver_mu_.try_lock()) {
+    if (driver_role_.try_lock()) {
       drive(idle, spin_us_);
       release_driver();
       return;
@@ -1175,7 +1175,7 @@ void Engine::progress_loop() {
     if (active_.load() == 0) {
       progress_sleep(100);
       // Idle: answer SIGUSR1 here, since no driver will.
-      if (g_dump_signals.load(std::memory_order_relaxed) != signals_served_ && driver_mu_.try_lock()) {
+      if (g_dump_signals.load(std::memory_order_relaxed) != signals_served_ && driver_role_.try_lock()) {
         serve_dumps();
         release_driver();
       }
@@ -1186,7 +1186,7 @@ void Engine::progress_loop() {
       progress_sleep(100);
       continue;
     }
-    if (!driver_mu_.try_lock()) {
+    if (!driver_role_.try_lock()) {
       // A caller drives (usually one that waits right after posting): it
       // wakes this thread when it gives up the role with work left
       // (release_driver). Queueing on the mutex instead cost a second
@@ -1194,7 +1194,7 @@ void Engine::progress_loop() {
       // wait. The flag is set before the second try, so a caller that
       // released in between is seen here, or sees the flag.
       progress_awaits_driver_.store(true);
-      if (!driver_mu_.try_lock()) {
+      if (!driver_role_.try_lock()) {
         progress_sleep(kBlockMs);
         progress_awaits_driver_.store(false);
         continue;
@@ -1231,7 +1231,7 @@ void Engine::abort(const Status& why) {
   wake_driver();
   // Nobody may be driving: take the driver role briefly to fail queued ops.
   // Else the driver serves it, before it gives up the role at the latest.
-  if (driver_mu_.try_lock()) release_driver();
+  if (driver_role_.try_lock()) release_driver();
   // Another thread drives (the progress thread, or one blocked in a call):
   // wait until it has failed the ops, so that no receive's buffer is
   // written after abort returns (braid.h). It looks within microseconds,
@@ -1257,10 +1257,10 @@ void Engine::release_driver() {
   // for the next call: peers would not learn of it meanwhile.
   for (;;) {
     if (abort_requested_.load(std::memory_order_relaxed)) serve_abort();
-    driver_mu_.unlock();
+    driver_role_.unlock();
     if (progress_awaits_driver_.load() && progress_awaits_driver_.exchange(false) && active_.load() > 0)
       wake_progress_thread();
-    if (!abort_requested_.load() || !driver_mu_.try_lock()) return;
+    if (!abort_requested_.load() || !driver_role_.try_lock()) return;
   }
 }
 

@@ -215,6 +215,9 @@ class Engine final : private CommitObserver {
   Status error() const;
   double timeout_s() const { return timeout_s_.load(); }
   void set_timeout_s(double s) { timeout_s_.store(s); }
+  // Not a read-modify-write (a locked instruction on every call): calls on
+  // one communicator are ordered by the caller (braid.h), and the setup ops
+  // that also take numbers run inside such calls.
   uint64_t next_collective_seq() {
     const uint64_t s = coll_seq_.load(std::memory_order_relaxed);
     coll_seq_.store(s + 1, std::memory_order_relaxed);
@@ -347,7 +350,7 @@ class Engine final : private CommitObserver {
   static constexpr double kAbortServeSeconds = 6;
   Status abort_status_;  // under post_mu_
 
-  DriverRole driver_mu_;     // held by the driving thread
+  DriverRole driver_role_;   // held by the driving thread
   std::vector<Lane> lanes_;  // driver only
   // When peers and deadlines were last checked thoroughly, and the progress
   // rounds since the clock was last read for it (driver only).
