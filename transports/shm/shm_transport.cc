@@ -261,8 +261,7 @@ class ShmConnection : public Connection {
   }
   void commit_send(size_t bytes, const CallTag& tag) override {
     const size_t stride = stride_of(bytes);
-    SlotHeader* h;
-    size_t at;
+    size_t at;  // the message's offset in its slot
     if (next_in_open_) {
       at = fill_;
       fill_ += stride;
@@ -272,7 +271,7 @@ class ShmConnection : public Connection {
       fill_ = stride;
       open_ = packable(stride);
     }
-    h = header(send_, taken_ - 1, at);
+    SlotHeader* h = header(send_, taken_ - 1, at);
     if (open_ && pack_area_full(fill_)) open_ = false;
     uint64_t& stale = payload_lines_[(taken_ - 1) % slots_];
     stale = (stale & ~line_bit(at)) | payload_lines(at, stride);
