@@ -85,14 +85,22 @@ void count(std::atomic<uint64_t>* moved, uint64_t bytes) {
   moved->store(moved->load(std::memory_order_relaxed) + bytes, std::memory_order_relaxed);
 }
 
+// A piece stored into rank p's output, unless p is a peer that failed since
+// the call began: it may have returned and reused its buffer, so at most
+// the piece being written when it failed lands there.
+Status store_into(const Channel& ch, int p, char* dst, const char* src, size_t bytes, bool streaming) {
+  if (p != ch.rank)
+    if (Status st = ch.to(p)->peer_failure(); !st) return st;
+  place(dst, src, bytes, streaming);
+  return Status::ok();
+}
+
 // Rank r reduces slice r of every rank's input, in rank order (so every
 // element is computed once, on one rank, and copied everywhere), and writes
 // it into every rank's output. Only rank r touches slice r anywhere, so in
 // place is safe: a piece is read everywhere before it is written anywhere.
-// Before each piece goes into a peer's output the peer's failure flag is
-// read: a peer that failed (timed out waiting for this rank, aborted) may
-// have returned and reused its buffer, so at most the piece being written
-// when it failed lands there (a slice's worth did before).
+// Pieces go into peers' outputs through store_into (a slice's worth landed
+// in a failed peer's buffer before it).
 Status all_reduce_over(const Channel& ch, const CollArgs& a, const std::vector<char*>& in,
                        const std::vector<char*>& out, bool streaming, char* tmp,
                        std::atomic<uint64_t>* moved) {
@@ -105,9 +113,7 @@ Status all_reduce_over(const Channel& ch, const CollArgs& a, const std::vector<c
     reduce_inputs(a, in, off, len, tmp);
     for (int s = 0; s < n; ++s) {
       const int p = mod(r + s, n);
-      if (p != r)
-        if (Status st = ch.to(p)->peer_failure(); !st) return st;
-      place(out[p] + off, tmp, bytes, streaming);
+      BRAID_RETURN_IF_ERROR(store_into(ch, p, out[p] + off, tmp, bytes, streaming));
     }
     count(moved, 2 * (n - 1) * len * esize);
   }
@@ -118,10 +124,9 @@ Status all_reduce_over(const Channel& ch, const CollArgs& a, const std::vector<c
 // lacks it (the root's own too, out of place), a chunk at a time, so the
 // ranks share the n - 1 copies of the buffer, as bench/ceiling's threads
 // do, where each receiver copying all of it left the root idle. Starting
-// after this rank, ranks write different outputs at once. Before a chunk
-// goes into a peer's output its failure flag is read, as all_reduce_over
-// does. The root's copy into its own output is not counted: it crosses no
-// process.
+// after this rank, ranks write different outputs at once, through
+// store_into. The root's copy into its own output is not counted: it
+// crosses no process.
 Status broadcast_over(const Channel& ch, const CollArgs& a, const char* src, const std::vector<char*>& out,
                       bool streaming, std::atomic<uint64_t>* moved) {
   const int n = ch.nranks, r = ch.rank;
@@ -134,9 +139,7 @@ Status broadcast_over(const Channel& ch, const CollArgs& a, const char* src, con
     for (int s = 1; s <= n; ++s) {
       const int p = mod(r + s, n);
       if (out[p] == src) continue;  // the root, in place
-      if (p != r)
-        if (Status st = ch.to(p)->peer_failure(); !st) return st;
-      place(out[p] + off, src + off, len, streaming);
+      BRAID_RETURN_IF_ERROR(store_into(ch, p, out[p] + off, src + off, len, streaming));
       if (p != r || r != a.root) count(moved, len);
     }
   }

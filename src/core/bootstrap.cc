@@ -94,6 +94,12 @@ void RendezvousRoot::drop(size_t i, const char* why) {
   pending_.erase(pending_.begin() + static_cast<long>(i));
 }
 
+// Why a rank whose count of ranks is not the job's is refused.
+std::string other_count(int rank, int said, int others) {
+  return "rank " + std::to_string(rank) + " says the job has " + std::to_string(said) +
+         " ranks, others said " + std::to_string(others);
+}
+
 Status RendezvousRoot::accept_hello(const RootHello& h, int fd) {
   RootHelloFields f;
   BRAID_RETURN_IF_ERROR(parse_root_hello(reinterpret_cast<const uint8_t*>(&h), sizeof(h), token_, &f));
@@ -106,10 +112,7 @@ Status RendezvousRoot::accept_hello(const RootHello& h, int fd) {
     rank_fd_.assign(nranks_, -1);
     rank_addr_.resize(nranks_);
   }
-  if (f.nranks != nranks_)
-    return Status::invalid_argument("rank " + std::to_string(f.rank) + " says the job has " +
-                                    std::to_string(f.nranks) + " ranks, others said " +
-                                    std::to_string(nranks_));
+  if (f.nranks != nranks_) return Status::invalid_argument(other_count(f.rank, f.nranks, nranks_));
   if (rank_fd_[f.rank] >= 0)
     return Status::invalid_argument("rank " + std::to_string(f.rank) + " joined twice");
   rank_fd_[f.rank] = fd;
@@ -130,8 +133,7 @@ void RendezvousRoot::refuse(int fd, const std::string& why) {
 void RendezvousRoot::refuse_joined(int rank0_nranks) {
   for (int r = 0; r < nranks_; ++r) {
     if (rank_fd_[r] < 0) continue;
-    const std::string why = "rank " + std::to_string(r) + " says the job has " + std::to_string(nranks_) +
-                            " ranks, others said " + std::to_string(rank0_nranks);
+    const std::string why = other_count(r, nranks_, rank0_nranks);
     BRAID_WARN("BOOTSTRAP", -1, "rendezvous root rejected a connection: %s", why.c_str());
     refuse(rank_fd_[r], why);
   }
