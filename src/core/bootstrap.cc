@@ -500,8 +500,11 @@ Status Bootstrap::connect_to_peer(int peer, uint32_t tag, Deadline deadline, int
   st = send_all(fd, &h, sizeof(h), deadline);
   if (!st) {
     close(fd);
+    // A peer that gave up between our connect and hello resets the
+    // connection: say so, as the other ways of seeing a peer go do.
     return st.with_context("rank " + std::to_string(rank_) + " handshake with rank " + std::to_string(peer) +
-                           " at " + peers_[peer].str());
+                           " at " + peers_[peer].str() +
+                           " (it closed the connection: it exited or gave up; its own error says why)");
   }
   *fd_out = fd;
   return Status::ok();
