@@ -648,6 +648,48 @@ TEST_P(Transports, SmallAndLargeMessagesRunAheadOfASlowReceiver) {
   });
 }
 
+// Small broadcasts are done inline, without an op, where the message is in
+// and the slots are free (Communicator::run_inline), and by an op otherwise:
+// roots that run ahead until the slots fill, receivers that sleep, a pending
+// receive that keeps the engine busy, and all_reduces between, over the
+// chain and the tree, must all deliver every broadcast whole and in order.
+TEST_P(Transports, SmallBroadcastsFromEveryRootArriveWholeAndInOrder) {
+  for (const char* algo : {"broadcast:chain", "broadcast:tree"}) {
+    Env env = transport_env(GetParam());
+    env.push_back({"BRAID_SHM_SLOTS", "2"});
+    env.push_back({"BRAID_ALGO", algo});
+    run_ranks(4, env, [algo](braid_comm_t comm, int rank, int nranks) {
+      int32_t pending = -1;
+      braid_request_t req = nullptr;
+      for (int i = 0; i < 400; ++i) {
+        const int root = (i / 7) % nranks;
+        const size_t count = 1 + static_cast<size_t>(i * 37 % 300);
+        std::vector<int32_t> buf(count, -1), want(count);
+        for (size_t k = 0; k < count; ++k) want[k] = i * 1000 + static_cast<int32_t>(k);
+        if (rank == root) buf = want;
+        if (rank == (i / 50) % nranks && i % 50 == 10) usleep(20 * 1000);  // the others run ahead
+        // Ranks 1 and 2: a receive pending from call 100 to 200.
+        if (i == 100 && (rank == 1 || rank == 2)) {
+          BRAID_ASSERT_OK(braid_irecv(&pending, 1, BRAID_INT32, 3 - rank, comm, nullptr, &req));
+        }
+        if (i == 200 && (rank == 1 || rank == 2)) {
+          int32_t mine = rank;
+          BRAID_ASSERT_OK(braid_send(&mine, 1, BRAID_INT32, 3 - rank, comm, nullptr));
+          BRAID_ASSERT_OK(braid_wait(&req));
+          EXPECT_EQ(pending, 3 - rank);
+        }
+        BRAID_ASSERT_OK(braid_broadcast(buf.data(), buf.data(), count, BRAID_INT32, root, comm, nullptr));
+        ASSERT_EQ(buf, want) << algo << ", call " << i << ", root " << root;
+        if (i % 25 == 24) {
+          int64_t x = i + rank, sum = 0;
+          BRAID_ASSERT_OK(braid_all_reduce(&x, &sum, 1, BRAID_INT64, BRAID_SUM, comm, nullptr));
+          ASSERT_EQ(sum, 4 * i + 6) << algo << ", after call " << i;
+        }
+      }
+    });
+  }
+}
+
 TEST_P(Transports, PendingReceiveDoesNotBlockCollectives) {
   run_ranks(2, transport_env(GetParam()), [](braid_comm_t comm, int rank, int) {
     int64_t msg = rank == 1 ? 42 : 0;

@@ -471,6 +471,20 @@ TEST_P(FailureTransports, MismatchedCountsAreReported) {
       for (size_t i = small; i < large; ++i) ASSERT_EQ(buf[i], 2.0f) << i;
     }
   });
+  // A small broadcast's root is done once its message is sent (inline,
+  // on shm): the receiver finds the count differs.
+  run_ranks(2, env, [](braid_comm_t comm, int rank, int) {
+    std::vector<float> buf(5, static_cast<float>(rank));
+    const braid_result_t r =
+        braid_broadcast(buf.data(), buf.data(), rank == 0 ? 3 : 5, BRAID_FLOAT32, 0, comm, nullptr);
+    if (rank == 0) {
+      EXPECT_TRUE(r == BRAID_SUCCESS || r == BRAID_ERR_MISMATCH) << braid_comm_get_last_error(comm);
+      return;
+    }
+    expect_mismatch(comm, r,
+                    {"broadcast #0 (count 3, float32, root 0)", "broadcast #0 (count 5, float32, root 0)"});
+    for (float v : buf) EXPECT_EQ(v, 1.0f);
+  });
   // (Over tcp the broadcast is a chain, whose root may finish sending
   // before the receiver sees the mismatch.)
   if (std::string(GetParam()) != "shm") return;

@@ -116,6 +116,39 @@ BinaryTree::BinaryTree(int r, int n, int root) {
     if (2 * p + 1 + k < n) child[children++] = rotate(2 * p + 1 + k + root);
 }
 
+BinaryTree BinaryTree::chain(int r, int n, int root) {
+  BinaryTree t;
+  const int p = r >= root ? r - root : r - root + n;
+  if (p > 0) t.parent = r == 0 ? n - 1 : r - 1;
+  if (p < n - 1) t.child[t.children++] = r == n - 1 ? 0 : r + 1;
+  return t;
+}
+
+bool broadcast_if_ready(const Channel& ch, const BinaryTree& t, const CollArgs& a, const CallTag& tag) {
+  const size_t bytes = a.count * dtype_size(a.dtype);
+  const char* src = static_cast<const char*>(a.sendbuf);
+  Connection* up = t.parent >= 0 ? ch.to(t.parent) : nullptr;
+  if (up != nullptr) {
+    const void* data = nullptr;
+    size_t got = 0;
+    // A message of another size or call is left for the op, which names it.
+    if (!up->recv_ready(&data, &got) || got != bytes || !(up->recv_tag() == tag)) return false;
+    src = static_cast<const char*>(data);
+  }
+  void* slot[2] = {nullptr, nullptr};
+  for (int k = 0; k < t.children; ++k)
+    if ((slot[k] = ch.to(t.child[k])->send_slot(bytes)) == nullptr) return false;
+  for (int k = 0; k < t.children; ++k) {
+    Connection* c = ch.to(t.child[k]);
+    c->copy_to_slot(slot[k], src, bytes);
+    c->count_moved(bytes);
+    c->commit_send(bytes, tag);
+  }
+  copy_if_distinct(a.recvbuf, src, bytes);
+  if (up != nullptr) up->release_recv();
+  return true;
+}
+
 namespace {
 
 // One piece of a tree reduction: `acc` (piece-sized, this node's partial
@@ -192,8 +225,7 @@ Task tree_broadcast_piece_by_piece(const Channel& ch, BinaryTree t, char* buf, c
 
 // A broadcast of one piece is that piece's coroutine: no loop frame above
 // it, which a small call would pay for on every rank.
-Task tree_broadcast_pieces(const Channel& ch, int root, char* buf, const char* src, size_t bytes) {
-  const BinaryTree t(ch.rank, ch.nranks, root);
+Task tree_broadcast_pieces(const Channel& ch, const BinaryTree& t, char* buf, const char* src, size_t bytes) {
   if (bytes > 0 && bytes <= ch.piece_bytes) return tree_broadcast_piece(ch, t, buf, src, bytes);
   return tree_broadcast_piece_by_piece(ch, t, buf, src, bytes);
 }
@@ -205,7 +237,7 @@ Task tree_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
   const size_t bytes = a.count * dtype_size(a.dtype);
   co_await tree_reduce_pieces(ch, a, 0, out, scratch);
   if (ch.rank == 0) finish_avg(a, out, a.count, ch.nranks);
-  co_await tree_broadcast_pieces(ch, 0, out, out, bytes);
+  co_await tree_broadcast_pieces(ch, BinaryTree(ch.rank, ch.nranks, 0), out, out, bytes);
 }
 
 // Two trees, each carrying half of the buffer: the heap tree over the
@@ -249,7 +281,18 @@ Task double_tree_all_reduce(const Channel& ch, const Channel& mirror, CollArgs a
 Task tree_broadcast(const Channel& ch, CollArgs a) {
   char* out = static_cast<char*>(a.recvbuf);
   const char* src = ch.rank == a.root ? static_cast<const char*>(a.sendbuf) : out;
-  return tree_broadcast_pieces(ch, a.root, out, src, a.count * dtype_size(a.dtype));
+  return tree_broadcast_pieces(ch, BinaryTree(ch.rank, ch.nranks, a.root), out, src,
+                               a.count * dtype_size(a.dtype));
+}
+
+// The tree broadcast's pieces over the chain's tree: the root sends each
+// piece on and copies it to its output while it is in cache, every other
+// rank copies it out and sends it on, the last only copies it out.
+Task chain_broadcast(const Channel& ch, CollArgs a) {
+  char* out = static_cast<char*>(a.recvbuf);
+  const char* src = ch.rank == a.root ? static_cast<const char*>(a.sendbuf) : out;
+  return tree_broadcast_pieces(ch, BinaryTree::chain(ch.rank, ch.nranks, a.root), out, src,
+                               a.count * dtype_size(a.dtype));
 }
 
 Task tree_reduce(const Channel& ch, CollArgs a, char* scratch) {
@@ -653,31 +696,6 @@ Task peer_read_broadcast(const Channel& ch, CollArgs a) {
                        bytes - share);
   }
   co_await sync_all(ch);
-}
-
-Task chain_broadcast(const Channel& ch, CollArgs a) {
-  const int n = ch.nranks, r = ch.rank;
-  const size_t bytes = a.count * dtype_size(a.dtype);
-  const int pos = mod(r - a.root, n);
-  const int next = mod(r + 1, n), prev = mod(r - 1, n);
-  const char* in = static_cast<const char*>(a.sendbuf);
-  char* out = static_cast<char*>(a.recvbuf);
-  if (n == 1) {
-    copy_if_distinct(out, in, bytes);
-    co_return;
-  }
-  for (size_t off = 0; off < bytes; off += ch.piece_bytes) {
-    size_t len = std::min(ch.piece_bytes, bytes - off);
-    if (pos == 0) {
-      // The root sends from its input and copies each piece to its output
-      // while the piece is in cache: the buffer is read once, not twice.
-      co_await send_piece(ch, next, in + off, len);
-      copy_if_distinct(out + off, in + off, len);
-    } else if (pos == n - 1)
-      co_await recv_piece(ch, prev, out + off, len);
-    else
-      co_await recv_copy_send(ch, prev, next, out + off, len);
-  }
 }
 
 Task chain_reduce(const Channel& ch, CollArgs a) {

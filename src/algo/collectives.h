@@ -78,6 +78,12 @@ std::vector<std::vector<int>> host_groups(const std::vector<std::string>& host_o
 struct BinaryTree {
   int parent = -1, child[2] = {-1, -1}, children = 0;
   BinaryTree(int rank, int nranks, int root);
+  // The chain from `root` through the ranks after it, as a tree whose every
+  // node has one child: broadcast's chain runs as one.
+  static BinaryTree chain(int rank, int nranks, int root);
+
+ private:
+  BinaryTree() = default;
 };
 // scratch: one piece (tree, for partial sums at inner nodes) or the whole
 // buffer (recursive doubling, for the partner's data).
@@ -86,6 +92,12 @@ Task tree_all_reduce(const Channel& ch, CollArgs a, char* scratch);
 // pieces.
 Task double_tree_all_reduce(const Channel& ch, const Channel& mirror, CollArgs a, char* scratch);
 Task tree_broadcast(const Channel& ch, CollArgs a);
+// A broadcast of one piece over `t`, done at once where it can be: where
+// this rank's piece has arrived (sent by the call `tag` names) and every
+// child has a free slot, it is sent on and copied out, and true returned;
+// otherwise nothing is done. No op, no coroutine: what a small blocking
+// call on an idle engine costs (Communicator::run_inline).
+bool broadcast_if_ready(const Channel& ch, const BinaryTree& t, const CollArgs& a, const CallTag& tag);
 Task tree_reduce(const Channel& ch, CollArgs a, char* scratch);
 Task recursive_doubling_all_reduce(const Channel& ch, CollArgs a, char* scratch);
 // scratch: the whole buffer (the partner's data, folded ranks too).

@@ -433,6 +433,7 @@ braid_result_t submit(const Call& c) {
   }
   if (c.stream != nullptr) return submit_stream_ordered(c, comm);
   const bool async = c.request != nullptr;
+  if (!async && t_group_depth == 0 && comm->run_inline(c.kind, c.args)) return BRAID_SUCCESS;
   std::shared_ptr<Op> op = comm->make_op(c.kind, c.args, async, Algo::kAuto, t_group_depth > 0);
   if (async)
     *c.request = reinterpret_cast<braid_request_t>(requests().add(std::make_shared<Request>(comm, op)));

@@ -66,6 +66,11 @@ class Communicator {
                               bool grouped = false);
   std::shared_ptr<Op> attach_collective(OpKind kind, const CollArgs& args, Algo forced,
                                         std::shared_ptr<Op>& op);
+  // A blocking call done at once on the calling thread, with no op, where
+  // it can be (Engine::run_inline): a broadcast of one piece over the chain
+  // or tree, on shared memory, whose message is in and whose slots are free.
+  // True: done, successfully. False: nothing done; make the op.
+  bool run_inline(OpKind kind, const CollArgs& args);
   // Point-to-point messages of this size and up may be read from the
   // sender's memory (make_op).
   size_t p2p_read_min_bytes() const;
@@ -153,6 +158,9 @@ class Communicator {
   std::mutex staging_mu_;
   StagingPool* staging_ = nullptr;  // made by the first stream-ordered call; ended by shut_down
   bool one_machine_ = false;        // every rank on this host and machine
+  // run_inline may run here: no connection of the collectives is tcp (whose
+  // commits the driver must still write), no trace, no call checks.
+  bool inline_calls_ = false;
   // Ranks of one host talk over shm (not under BRAID_TRANSPORT=tcp, nor
   // where shm could not be set up): the same on every rank.
   bool host_ranks_share_memory_ = true;

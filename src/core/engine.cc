@@ -333,14 +333,6 @@ constexpr long kMixedBlockUs = 100;
 // instead: a wake-up every 100 us cost 16% of a core over a 2 s wait.
 constexpr auto kMixedPollingFor = std::chrono::milliseconds(1);
 
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 }  // namespace
 
 Engine::Engine(int rank, const Config& config, const std::vector<std::vector<Connection*>>& peers,

@@ -172,6 +172,15 @@ class DriverRole {
   std::atomic<bool> held_{false};
 };
 
+// A spinning wait's pause between checks.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 class Engine final : private CommitObserver {
  public:
   // `peers[r]` holds the connections to rank r (empty for this rank).
@@ -203,6 +212,13 @@ class Engine final : private CommitObserver {
   // driver loop finishes it. Returns false, having done nothing, when the
   // engine is busy or broken: the caller then posts and waits.
   bool run_blocking(const std::shared_ptr<Op>& op, Status* result);
+  // Cheaper still, for a call that can be done at once without an op:
+  // where nothing is in flight, the engine is healthy and no other thread
+  // drives, tries `attempt` (which does all or nothing, and says which) a
+  // few times on the calling thread as the driver. False: nothing was done,
+  // and the call goes the op's way, which reports what stood in the way.
+  template <class Attempt>
+  bool run_inline(Attempt attempt);
   bool is_done(const Op& op) const { return op.done.load(std::memory_order_acquire) != 0; }
   // Moves the engine along for a moment on the caller's thread (an i-call's
   // post, braid_test): drives if no other thread does, else gives the
@@ -218,6 +234,7 @@ class Engine final : private CommitObserver {
   // Not a read-modify-write (a locked instruction on every call): calls on
   // one communicator are ordered by the caller (braid.h), and the setup ops
   // that also take numbers run inside such calls.
+  uint64_t collective_seq() const { return coll_seq_.load(std::memory_order_relaxed); }
   uint64_t next_collective_seq() {
     const uint64_t s = coll_seq_.load(std::memory_order_relaxed);
     coll_seq_.store(s + 1, std::memory_order_relaxed);
@@ -379,5 +396,19 @@ class Engine final : private CommitObserver {
   uint32_t signals_served_ = 0;  // driver only
   std::thread progress_thread_;
 };
+
+template <class Attempt>
+bool Engine::run_inline(Attempt attempt) {
+  if (active_.load(std::memory_order_acquire) != 0 || !driver_role_.try_lock()) return false;
+  bool done = false;
+  // Under the driver's role no fail_all runs (see run_blocking).
+  if (active_.load() == 0 && !broken_.load() && !abort_requested_.load()) {
+    const unsigned checks = std::min(spins_per_yield_, 16u);
+    for (unsigned k = 0; !(done = attempt()) && k + 1 < checks; ++k) cpu_relax();
+  }
+  release_driver();
+  if (active_.load() > 0) wake_progress_thread();
+  return done;
+}
 
 }  // namespace braid
