@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
@@ -688,6 +689,61 @@ TEST_P(Transports, SmallBroadcastsFromEveryRootArriveWholeAndInOrder) {
       }
     });
   }
+}
+
+// Small all_reduces, all_gathers and reduce_scatters run direct, and on shm
+// inline where they can (Communicator::run_inline): whole where every
+// peer's message is in, else their sends inline and the rest by an op.
+// Ranks that come late by turns make each case happen; every result is
+// exact, in place and out, with an op whose operand order shows (MAX of
+// +0 and -0 keeps the first: the op's order everywhere) and AVG.
+TEST_P(Transports, SmallDirectCollectivesDoneInlineOrByOpsAgree) {
+  run_ranks(3, transport_env(GetParam()), [](braid_comm_t comm, int rank, int nranks) {
+    for (int i = 0; i < 240; ++i) {
+      if (rank == (i / 20) % nranks && i % 20 < 3) usleep(2000);  // a late rank, by turns
+      const size_t count = 1 + static_cast<size_t>(i * 13 % 50);
+      const bool in_place = i % 2 == 1;
+      auto value = [&](int r, size_t k) {
+        return static_cast<float>((r + 1) * 100 + static_cast<int>(k) + i);
+      };
+      // all_reduce: SUM, then MAX over +0/-0 (rank 0 gives -0), then AVG.
+      std::vector<float> in(count), out(count, -1.0f);
+      for (size_t k = 0; k < count; ++k) in[k] = value(rank, k);
+      float* dst = in_place ? in.data() : out.data();
+      BRAID_ASSERT_OK(braid_all_reduce(in.data(), dst, count, BRAID_FLOAT32, BRAID_SUM, comm, nullptr));
+      for (size_t k = 0; k < count; ++k)
+        ASSERT_EQ(dst[k], value(0, k) + value(1, k) + value(2, k)) << "all_reduce sum, call " << i;
+      float z = rank == 0 ? -0.0f : 0.0f, zmax = 1.0f;
+      BRAID_ASSERT_OK(
+          braid_all_reduce(&z, in_place ? &z : &zmax, 1, BRAID_FLOAT32, BRAID_MAX, comm, nullptr));
+      EXPECT_TRUE(std::signbit(in_place ? z : zmax)) << "max of -0 and +0 keeps rank 0's -0, call " << i;
+      for (size_t k = 0; k < count; ++k) in[k] = value(rank, k);
+      BRAID_ASSERT_OK(braid_all_reduce(in.data(), dst, count, BRAID_FLOAT32, BRAID_AVG, comm, nullptr));
+      for (size_t k = 0; k < count; ++k)
+        ASSERT_EQ(dst[k], (value(0, k) + value(1, k) + value(2, k)) / 3) << "all_reduce avg, call " << i;
+      // all_gather: rank r's block at r.
+      std::vector<int32_t> gathered(count * nranks, -1), block(count);
+      for (size_t k = 0; k < count; ++k) block[k] = rank * 100000 + i * 100 + static_cast<int32_t>(k);
+      if (in_place) std::copy(block.begin(), block.end(), gathered.begin() + rank * count);
+      BRAID_ASSERT_OK(braid_all_gather(in_place ? gathered.data() + rank * count : block.data(),
+                                       gathered.data(), count, BRAID_INT32, comm, nullptr));
+      for (int r = 0; r < nranks; ++r)
+        for (size_t k = 0; k < count; ++k)
+          ASSERT_EQ(gathered[r * count + k], r * 100000 + i * 100 + static_cast<int32_t>(k))
+              << "all_gather, call " << i;
+      // reduce_scatter: block b of rank r holds r + b + k.
+      std::vector<int64_t> scatter_in(count * nranks), scatter_out(count, -1);
+      for (int b = 0; b < nranks; ++b)
+        for (size_t k = 0; k < count; ++k)
+          scatter_in[b * count + k] = rank * 1000 + b * 10 + static_cast<int64_t>(k);
+      int64_t* rs_out = in_place ? scatter_in.data() + rank * count : scatter_out.data();
+      BRAID_ASSERT_OK(
+          braid_reduce_scatter(scatter_in.data(), rs_out, count, BRAID_INT64, BRAID_SUM, comm, nullptr));
+      for (size_t k = 0; k < count; ++k)
+        ASSERT_EQ(rs_out[k], (0 + 1000 + 2000) + 3 * (rank * 10 + static_cast<int64_t>(k)))
+            << "reduce_scatter, call " << i;
+    }
+  });
 }
 
 TEST_P(Transports, PendingReceiveDoesNotBlockCollectives) {

@@ -62,7 +62,7 @@ Task ring_all_reduce(const Channel& ch, CollArgs a) {
   finish_avg(a, out, a.count, n);
 }
 
-Task direct_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
+Task direct_all_reduce(const Channel& ch, CollArgs a, char* scratch, bool sent) {
   const int n = ch.nranks, r = ch.rank;
   const size_t bytes = a.count * dtype_size(a.dtype);
   // Keep our input if accumulating into recvbuf would overwrite it first.
@@ -71,7 +71,8 @@ Task direct_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
     std::memcpy(scratch, a.sendbuf, bytes);
     mine = scratch;
   }
-  for (int s = 1; s < n; ++s) co_await send_message(ch, mod(r + s, n), mine, bytes);
+  if (!sent)
+    for (int s = 1; s < n; ++s) co_await send_message(ch, mod(r + s, n), mine, bytes);
   // Every rank reduces in rank order, so all ranks get bit-identical results.
   for (int p = 0; p < n; ++p) {
     if (p == 0) {
@@ -88,6 +89,95 @@ Task direct_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
     }
   }
   finish_avg(a, a.recvbuf, a.count, n);
+}
+
+bool direct_sends_if_free(const Channel& ch, const void* base, size_t stride, size_t bytes,
+                          const CallTag& tag) {
+  const int n = ch.nranks, r = ch.rank;
+  for (int s = 1; s < n; ++s)
+    if (ch.to(mod(r + s, n))->send_slot(bytes) == nullptr) return false;
+  for (int s = 1; s < n; ++s) {
+    const int p = mod(r + s, n);
+    Connection* c = ch.to(p);
+    // send_slot again: the room found above.
+    c->copy_to_slot(c->send_slot(bytes), static_cast<const char*>(base) + stride * ch.global(p), bytes);
+    c->count_moved(bytes);
+    c->commit_send(bytes, tag);
+  }
+  return true;
+}
+
+namespace {
+
+// Every peer's next message is in, `bytes` long and sent by the call `tag`
+// names: one from another call or of another size is the op's to report.
+bool every_message_in(const Channel& ch, size_t bytes, const CallTag& tag) {
+  for (int p = 0; p < ch.nranks; ++p) {
+    const void* data = nullptr;
+    size_t got = 0;
+    Connection* c = ch.to(p);
+    if (p != ch.rank && (!c->recv_ready(&data, &got) || got != bytes || !(c->recv_tag() == tag)))
+      return false;
+  }
+  return true;
+}
+
+// The message every_message_in found from `p`.
+const void* message_from(const Channel& ch, int p) {
+  const void* data = nullptr;
+  size_t got = 0;
+  ch.to(p)->recv_ready(&data, &got);
+  return data;
+}
+
+}  // namespace
+
+// direct_all_reduce's receives and reductions, from the slots.
+bool direct_all_reduce_if_ready(const Channel& ch, const CollArgs& a, const void* mine, const CallTag& tag) {
+  const int n = ch.nranks, r = ch.rank;
+  const size_t bytes = a.count * dtype_size(a.dtype);
+  if (!every_message_in(ch, bytes, tag)) return false;
+  for (int p = 0; p < n; ++p) {
+    const void* data = p == r ? mine : message_from(ch, p);
+    if (p == 0)
+      copy_if_distinct(a.recvbuf, data, bytes);
+    else
+      kernels::reduce(a.dtype, a.op, a.recvbuf, data, a.recvbuf, a.count);
+    if (p != r) ch.to(p)->release_recv();
+  }
+  finish_avg(a, a.recvbuf, a.count, n);
+  return true;
+}
+
+// direct_all_gather's receives, from the slots.
+bool direct_all_gather_if_ready(const Channel& ch, const CollArgs& a, const CallTag& tag) {
+  const int n = ch.nranks, r = ch.rank;
+  const size_t block = a.count * dtype_size(a.dtype);
+  if (!every_message_in(ch, block, tag)) return false;
+  char* out = static_cast<char*>(a.recvbuf);
+  copy_if_distinct(out + static_cast<size_t>(ch.global(r)) * block, a.sendbuf, block);
+  for (int s = 1; s < n; ++s) {
+    const int p = mod(r - s, n);
+    std::memcpy(out + static_cast<size_t>(ch.global(p)) * block, message_from(ch, p), block);
+    ch.to(p)->release_recv();
+  }
+  return true;
+}
+
+// direct_reduce_scatter's receives and reductions, from the slots.
+bool direct_reduce_scatter_if_ready(const Channel& ch, const CollArgs& a, const CallTag& tag) {
+  const int n = ch.nranks, r = ch.rank;
+  const size_t block = a.count * dtype_size(a.dtype);
+  if (!every_message_in(ch, block, tag)) return false;
+  copy_if_distinct(a.recvbuf, static_cast<const char*>(a.sendbuf) + static_cast<size_t>(ch.global(r)) * block,
+                   block);
+  for (int s = 1; s < n; ++s) {
+    const int p = mod(r - s, n);
+    kernels::reduce(a.dtype, a.op, a.recvbuf, message_from(ch, p), a.recvbuf, a.count);
+    ch.to(p)->release_recv();
+  }
+  finish_avg(a, a.recvbuf, a.count, n);
+  return true;
 }
 
 std::vector<std::vector<int>> host_groups(const std::vector<std::string>& host,
@@ -785,12 +875,13 @@ Task ring_reduce_scatter(const Channel& ch, CollArgs a) {
 // Every rank sends its block to every other in one step and takes theirs:
 // one wait on the slowest peer instead of the ring's n - 1 in a row, which
 // is what small calls pay for when ranks wait to be scheduled.
-Task direct_all_gather(const Channel& ch, CollArgs a) {
+Task direct_all_gather(const Channel& ch, CollArgs a, bool sent) {
   const int n = ch.nranks, r = ch.rank;
   const size_t block = a.count * dtype_size(a.dtype);
   char* out = static_cast<char*>(a.recvbuf);
   auto at = [&ch, out, block](int k) { return out + static_cast<size_t>(ch.global(k)) * block; };
-  for (int s = 1; s < n; ++s) co_await send_message(ch, mod(r + s, n), a.sendbuf, block);
+  if (!sent)
+    for (int s = 1; s < n; ++s) co_await send_message(ch, mod(r + s, n), a.sendbuf, block);
   copy_if_distinct(at(r), a.sendbuf, block);
   for (int s = 1; s < n; ++s) {
     const int p = mod(r - s, n);
@@ -801,12 +892,12 @@ Task direct_all_gather(const Channel& ch, CollArgs a) {
 // Every rank sends each peer that peer's block in one step and reduces what
 // it receives into its own. In place, the own block is recvbuf: it is
 // reduced into itself first, before anything arrives in it.
-Task direct_reduce_scatter(const Channel& ch, CollArgs a) {
+Task direct_reduce_scatter(const Channel& ch, CollArgs a, bool sent) {
   const int n = ch.nranks, r = ch.rank;
   const size_t block = a.count * dtype_size(a.dtype);
   const char* in = static_cast<const char*>(a.sendbuf);
   auto blk = [&ch, in, block](int k) { return in + static_cast<size_t>(ch.global(k)) * block; };
-  for (int s = 1; s < n; ++s) {
+  for (int s = 1; s < n && !sent; ++s) {
     const int p = mod(r + s, n);
     co_await send_message(ch, p, blk(p), block);
   }

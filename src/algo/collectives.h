@@ -48,7 +48,21 @@ Task sync_all(const Channel& ch);
 bool channel_reads_peers(const Channel& ch);
 
 Task ring_all_reduce(const Channel& ch, CollArgs a);
-Task direct_all_reduce(const Channel& ch, CollArgs a, char* scratch);
+// `sent`: the call's sends were made already (direct_sends_if_free, by
+// Communicator::run_inline); the op does the rest.
+Task direct_all_reduce(const Channel& ch, CollArgs a, char* scratch, bool sent = false);
+// The halves of the direct collectives for a call done inline, each done
+// whole or not at all (true: done). First the sends, once every peer has a
+// free slot: `bytes` from base + stride x (the peer's rank) to each peer.
+// Then, once every peer's message of the call `tag` names is in, what the
+// op does with them, in the op's order (reductions too: the results are
+// the op's to the bit). `mine`: all_reduce's input, or its copy where the
+// input is also the output.
+bool direct_sends_if_free(const Channel& ch, const void* base, size_t stride, size_t bytes,
+                          const CallTag& tag);
+bool direct_all_reduce_if_ready(const Channel& ch, const CollArgs& a, const void* mine, const CallTag& tag);
+bool direct_all_gather_if_ready(const Channel& ch, const CollArgs& a, const CallTag& tag);
+bool direct_reduce_scatter_if_ready(const Channel& ch, const CollArgs& a, const CallTag& tag);
 // Read peers' buffers directly (channel_reads_peers); scratch: 2 * piece_bytes.
 Task peer_read_all_reduce(const Channel& ch, CollArgs a, char* scratch);
 Task peer_read_reduce_scatter(const Channel& ch, CollArgs a, char* scratch);
@@ -130,8 +144,8 @@ Task ring_reduce_blocks(const Channel& ch, size_t count, braid_dtype_t dtype, br
 Task ring_all_gather(const Channel& ch, CollArgs a);
 Task ring_reduce_scatter(const Channel& ch, CollArgs a);
 // One step: every block straight to its destination (each at most a piece).
-Task direct_all_gather(const Channel& ch, CollArgs a);
-Task direct_reduce_scatter(const Channel& ch, CollArgs a);
+Task direct_all_gather(const Channel& ch, CollArgs a, bool sent = false);
+Task direct_reduce_scatter(const Channel& ch, CollArgs a, bool sent = false);
 // grid[h][j]: the communicator rank at index j on host h (every host alike).
 using HostGrid = std::vector<std::vector<int>>;
 Task hierarchical_all_gather(const Channel& host, const Channel& across, const HostGrid& grid, CollArgs a);

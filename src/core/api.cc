@@ -433,8 +433,13 @@ braid_result_t submit(const Call& c) {
   }
   if (c.stream != nullptr) return submit_stream_ordered(c, comm);
   const bool async = c.request != nullptr;
-  if (!async && t_group_depth == 0 && comm->run_inline(c.kind, c.args)) return BRAID_SUCCESS;
-  std::shared_ptr<Op> op = comm->make_op(c.kind, c.args, async, Algo::kAuto, t_group_depth > 0);
+  const Communicator::Inline part =
+      !async && t_group_depth == 0 ? comm->run_inline(c.kind, c.args) : Communicator::Inline::kNothing;
+  if (part == Communicator::Inline::kDone) return BRAID_SUCCESS;
+  // Sends made inline leave a direct collective's receives to its op.
+  const bool sent = part == Communicator::Inline::kSent;
+  std::shared_ptr<Op> op =
+      comm->make_op(c.kind, c.args, async, sent ? Algo::kDirect : Algo::kAuto, t_group_depth > 0, sent);
   if (async)
     *c.request = reinterpret_cast<braid_request_t>(requests().add(std::make_shared<Request>(comm, op)));
   if (t_group_depth > 0) {

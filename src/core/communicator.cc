@@ -903,6 +903,16 @@ inline __attribute__((always_inline)) Regions regions_of(OpKind kind, const Coll
   return g;
 }
 
+// Where the input overlaps the output other than in place: the op copies
+// the input first.
+bool copies_input_first(const Regions& g, const CollArgs& a) {
+  if (!g.uses_input || !g.uses_output) return false;
+  const char* in = static_cast<const char*>(a.sendbuf);
+  const char* out = static_cast<const char*>(a.recvbuf);
+  const bool overlap = in < out + g.out_bytes && out < in + g.in_bytes;
+  return overlap && reinterpret_cast<uintptr_t>(in) != g.canonical_in;
+}
+
 // The input copied into `copy` as the op starts (divided by `divisor` unless
 // it is 0: a float16 AVG's, see avg_scales_inputs), then the algorithm that
 // reads the copy.
@@ -942,7 +952,7 @@ size_t Communicator::p2p_read_min_bytes() const {
 }
 
 std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, bool async, Algo forced,
-                                          bool grouped) {
+                                          bool grouped, bool sent_inline) {
   auto op = new_op();
   op->name = op_kind_name(kind);
   op->async = async;
@@ -1003,7 +1013,7 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
   }
 
   try {
-    return attach_collective(kind, a, forced, op);
+    return attach_collective(kind, a, forced, op, sent_inline);
   } catch (const std::bad_alloc&) {
     // The collective fails here, and with it the communicator: its peers
     // learn why at once rather than wait for this rank until the deadline.
@@ -1015,32 +1025,72 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
   }
 }
 
-bool Communicator::run_inline(OpKind kind, const CollArgs& a) {
-  if (kind != OpKind::kBroadcast || !inline_calls_) return false;
-  const size_t bytes = a.count * dtype_size(a.dtype);
-  if (bytes == 0 || bytes > ordered_channel_.piece_bytes || bytes >= window_min_bytes_) return false;
-  const Algo algo = tuner_.pick(Coll::kBroadcast, bytes);
-  if (algo != Algo::kRing && algo != Algo::kTree) return false;
-  if (rank_ == a.root && a.sendbuf != a.recvbuf) {
-    // An input that overlaps its output other than in place is the op's.
-    const char *in = static_cast<const char*>(a.sendbuf), *out = static_cast<const char*>(a.recvbuf);
-    if (in < out + bytes && out < in + bytes) return false;
-  }
-  const Channel& ch = ordered_channel_;
-  const int root = position_[a.root];
-  const BinaryTree t = algo == Algo::kTree ? BinaryTree(ch.rank, ch.nranks, root)
-                                           : BinaryTree::chain(ch.rank, ch.nranks, root);
+Communicator::Inline Communicator::run_inline(OpKind kind, const CollArgs& a) {
+  const bool direct_kind =
+      kind == OpKind::kAllReduce || kind == OpKind::kAllGather || kind == OpKind::kReduceScatter;
+  if ((kind != OpKind::kBroadcast && !direct_kind) || !inline_calls_) return Inline::kNothing;
+  const size_t esize = dtype_size(a.dtype), bytes = a.count * esize;  // per message
+  const Regions g = regions_of(kind, a, rank_, nranks_);
+  if (bytes == 0 || bytes > coll_channel_.piece_bytes ||
+      std::max(g.in_bytes, g.out_bytes) >= window_min_bytes_ || copies_input_first(g, a))
+    return Inline::kNothing;
   CallTag tag;
   fill_call_tag(tag, kind, engine_->collective_seq(), a);
-  if (!engine_->run_inline([&] { return broadcast_if_ready(ch, t, a, tag); })) return false;
+  bool sent = false, done = false;
+  switch (kind) {
+    case OpKind::kBroadcast: {
+      const Algo algo = tuner_.pick(Coll::kBroadcast, bytes);
+      if (algo != Algo::kRing && algo != Algo::kTree) return Inline::kNothing;
+      const Channel& ch = ordered_channel_;
+      const int root = position_[a.root];
+      const BinaryTree t = algo == Algo::kTree ? BinaryTree(ch.rank, ch.nranks, root)
+                                               : BinaryTree::chain(ch.rank, ch.nranks, root);
+      done = engine_->run_inline([&] { return broadcast_if_ready(ch, t, a, tag); });
+      break;
+    }
+    case OpKind::kAllReduce: {
+      if (avg_scales_inputs(a) || tuner_.pick_all_reduce(a.count, esize) != Algo::kDirect)
+        return Inline::kNothing;
+      // Kept as direct_all_reduce keeps it: accumulating overwrites it.
+      const void* mine = a.sendbuf;
+      if (a.sendbuf == a.recvbuf && rank_ != 0) {
+        if (inline_scratch_.size() < bytes) inline_scratch_.resize(coll_channel_.piece_bytes);
+        std::memcpy(inline_scratch_.data(), a.sendbuf, bytes);
+        mine = inline_scratch_.data();
+      }
+      done = engine_->run_inline([&] {
+        if (!sent) sent = direct_sends_if_free(coll_channel_, mine, 0, bytes, tag);
+        return sent && direct_all_reduce_if_ready(coll_channel_, a, mine, tag);
+      });
+      break;
+    }
+    case OpKind::kAllGather:
+      if (tuner_.pick(Coll::kAllGather, g.out_bytes) != Algo::kDirect) return Inline::kNothing;
+      done = engine_->run_inline([&] {
+        if (!sent) sent = direct_sends_if_free(coll_channel_, a.sendbuf, 0, bytes, tag);
+        return sent && direct_all_gather_if_ready(coll_channel_, a, tag);
+      });
+      break;
+    case OpKind::kReduceScatter:
+      if (avg_scales_inputs(a) || tuner_.pick(Coll::kReduceScatter, g.in_bytes) != Algo::kDirect)
+        return Inline::kNothing;
+      done = engine_->run_inline([&] {
+        if (!sent) sent = direct_sends_if_free(coll_channel_, a.sendbuf, bytes, bytes, tag);
+        return sent && direct_reduce_scatter_if_ready(coll_channel_, a, tag);
+      });
+      break;
+    default:
+      return Inline::kNothing;
+  }
+  if (!done) return sent ? Inline::kSent : Inline::kNothing;
   engine_->next_collective_seq();
-  return true;
+  return Inline::kDone;
 }
 
 // make_op's collective part: the algorithm's task and its buffers. Leaves
 // `op` as it was where an allocation fails (std::bad_alloc).
 std::shared_ptr<Op> Communicator::attach_collective(OpKind kind, const CollArgs& args, Algo forced,
-                                                    std::shared_ptr<Op>& op) {
+                                                    std::shared_ptr<Op>& op, bool sent_inline) {
   CollArgs a = args;
   auto pick = [&](Coll c, size_t bytes) { return forced != Algo::kAuto ? forced : tuner_.pick(c, bytes); };
   const size_t esize = dtype_size(a.dtype);
@@ -1053,12 +1103,7 @@ std::shared_ptr<Op> Communicator::attach_collective(OpKind kind, const CollArgs&
   // and for a float16 AVG, whose copy is divided by the number of ranks.
   const void* copied_input = nullptr;
   bool divided = false;
-  if (g.uses_input && g.uses_output) {
-    const char* in = static_cast<const char*>(a.sendbuf);
-    const char* out = static_cast<const char*>(a.recvbuf);
-    bool overlap = in < out + out_bytes && out < in + in_bytes;
-    if (overlap && reinterpret_cast<uintptr_t>(in) != g.canonical_in) copied_input = a.sendbuf;
-  }
+  if (copies_input_first(g, a)) copied_input = a.sendbuf;
   const bool reducing =
       kind == OpKind::kAllReduce || kind == OpKind::kReduce || kind == OpKind::kReduceScatter;
   if (reducing && avg_scales_inputs(a) && in_bytes > 0) {
@@ -1072,8 +1117,8 @@ std::shared_ptr<Op> Communicator::attach_collective(OpKind kind, const CollArgs&
   }
   switch (kind) {
     case OpKind::kAllReduce:
-      op->task = all_reduce_task(op.get(), a,
-                                 forced != Algo::kAuto ? forced : tuner_.pick_all_reduce(a.count, esize));
+      op->task = all_reduce_task(
+          op.get(), a, forced != Algo::kAuto ? forced : tuner_.pick_all_reduce(a.count, esize), sent_inline);
       break;
     case OpKind::kBroadcast:
     case OpKind::kReduce: {
@@ -1116,7 +1161,7 @@ std::shared_ptr<Op> Communicator::attach_collective(OpKind kind, const CollArgs&
       if (algo == Algo::kPeerRead) {
         op->task = peer_read_all_gather(coll_channel_, a);
       } else if (algo == Algo::kDirect) {
-        op->task = direct_all_gather(coll_channel_, a);
+        op->task = direct_all_gather(coll_channel_, a, sent_inline);
       } else if (algo == Algo::kHierarchical) {
         op->task = hierarchical_all_gather(host_channel_, across_channel_, grid_, a);
       } else {
@@ -1132,7 +1177,7 @@ std::shared_ptr<Op> Communicator::attach_collective(OpKind kind, const CollArgs&
         op->work.resize(2 * std::min(coll_channel_.piece_bytes, out_bytes));
         op->task = peer_read_reduce_scatter(coll_channel_, a, op->work.data());
       } else if (algo == Algo::kDirect) {
-        op->task = direct_reduce_scatter(coll_channel_, a);
+        op->task = direct_reduce_scatter(coll_channel_, a, sent_inline);
       } else if (algo == Algo::kHierarchical) {
         op->work.resize(out_bytes * grid_.size());
         op->task = hierarchical_reduce_scatter(host_channel_, across_channel_, grid_, a, op->work.data());
@@ -1310,14 +1355,14 @@ Status Communicator::deregister_window(void* buf) {
   return Status::ok();
 }
 
-Task Communicator::all_reduce_task(Op* op, const CollArgs& a, Algo algo) {
+Task Communicator::all_reduce_task(Op* op, const CollArgs& a, Algo algo, bool sent_inline) {
   const size_t bytes = a.count * dtype_size(a.dtype);
   op->algo = algo_name(algo);
   switch (algo) {
     case Algo::kDirect:
       // In place, every rank but 0 must keep its input while it accumulates.
       if (a.sendbuf == a.recvbuf && rank_ != 0) op->work.resize(bytes);
-      return direct_all_reduce(coll_channel_, a, op->work.data());
+      return direct_all_reduce(coll_channel_, a, op->work.data(), sent_inline);
     case Algo::kPeerRead:
       op->work.resize(2 * std::min(coll_channel_.piece_bytes, bytes));
       return peer_read_all_reduce(coll_channel_, a, op->work.data());

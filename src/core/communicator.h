@@ -62,15 +62,21 @@ class Communicator {
   // other than kAuto runs that algorithm where the tuner would pick.
   // grouped: made between braid_group_start and braid_group_end, so it runs
   // beside the group's other ops even where it blocks.
+  // sent_inline: run_inline made the call's sends (Inline::kSent); the op,
+  // a direct all_reduce, all_gather or reduce_scatter then, does the rest.
   std::shared_ptr<Op> make_op(OpKind kind, const CollArgs& args, bool async, Algo algo = Algo::kAuto,
-                              bool grouped = false);
+                              bool grouped = false, bool sent_inline = false);
   std::shared_ptr<Op> attach_collective(OpKind kind, const CollArgs& args, Algo forced,
-                                        std::shared_ptr<Op>& op);
-  // A blocking call done at once on the calling thread, with no op, where
-  // it can be (Engine::run_inline): a broadcast of one piece over the chain
-  // or tree, on shared memory, whose message is in and whose slots are free.
-  // True: done, successfully. False: nothing done; make the op.
-  bool run_inline(OpKind kind, const CollArgs& args);
+                                        std::shared_ptr<Op>& op, bool sent_inline);
+  // A blocking call done on the calling thread with no op, where it can be
+  // (Engine::run_inline), on shared memory: a broadcast of one piece over
+  // the chain or tree whose piece is in and whose slots are free; a direct
+  // all_reduce, all_gather or reduce_scatter of one piece per message whose
+  // slots are free (kSent) and whose peers' messages are in (kDone). kDone:
+  // done, successfully. kNothing: nothing done; make the op. kSent: make the
+  // op with sent_inline.
+  enum class Inline { kNothing, kDone, kSent };
+  Inline run_inline(OpKind kind, const CollArgs& args);
   // Point-to-point messages of this size and up may be read from the
   // sender's memory (make_op).
   size_t p2p_read_min_bytes() const;
@@ -109,7 +115,7 @@ class Communicator {
   // every rank calls it at init.
   Status probe_peer_reads(Deadline deadline);
   std::vector<uint64_t> probe_shape_key() const;
-  Task all_reduce_task(Op* op, const CollArgs& a, Algo algo);
+  Task all_reduce_task(Op* op, const CollArgs& a, Algo algo, bool sent_inline);
   void log_summary() const;
   // With BRAID_CHECK_CALLS, runs the op's task behind a comparison of calls.
   std::shared_ptr<Op> checked(std::shared_ptr<Op> op);
@@ -161,6 +167,7 @@ class Communicator {
   // run_inline may run here: no connection of the collectives is tcp (whose
   // commits the driver must still write), no trace, no call checks.
   bool inline_calls_ = false;
+  std::vector<char> inline_scratch_;  // an in-place direct all_reduce's input, kept
   // Ranks of one host talk over shm (not under BRAID_TRANSPORT=tcp, nor
   // where shm could not be set up): the same on every rank.
   bool host_ranks_share_memory_ = true;
