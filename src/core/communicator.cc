@@ -1054,7 +1054,13 @@ Communicator::Inline Communicator::run_inline(OpKind kind, const CollArgs& a) {
       // Kept as direct_all_reduce keeps it: accumulating overwrites it.
       const void* mine = a.sendbuf;
       if (a.sendbuf == a.recvbuf && rank_ != 0) {
-        if (inline_scratch_.size() < bytes) inline_scratch_.resize(coll_channel_.piece_bytes);
+        if (inline_scratch_.size() < bytes) {
+          try {
+            inline_scratch_.resize(coll_channel_.piece_bytes);
+          } catch (const std::bad_alloc&) {
+            return Inline::kNothing;  // the op reports it
+          }
+        }
         std::memcpy(inline_scratch_.data(), a.sendbuf, bytes);
         mine = inline_scratch_.data();
       }
