@@ -691,6 +691,43 @@ TEST_P(Transports, SmallBroadcastsFromEveryRootArriveWholeAndInOrder) {
   }
 }
 
+// Small reduces, like small broadcasts, are done inline where every child's
+// piece is in and the parent's slot is free, and by an op otherwise; the
+// chain reduce is the tree reduce over the chain. Every root gets the exact
+// sum and average, and no other rank's output is written.
+TEST_P(Transports, SmallReducesToEveryRootAddUpWhetherInlineOrNot) {
+  for (const char* algo : {"reduce:chain", "reduce:tree"}) {
+    Env env = transport_env(GetParam());
+    env.push_back({"BRAID_SHM_SLOTS", "2"});
+    env.push_back({"BRAID_ALGO", algo});
+    run_ranks(4, env, [algo](braid_comm_t comm, int rank, int nranks) {
+      for (int i = 0; i < 300; ++i) {
+        const int root = (i / 7) % nranks;
+        const size_t count = 1 + static_cast<size_t>(i * 29 % 200);
+        if (rank == (i / 40) % nranks && i % 40 == 5) usleep(20 * 1000);  // the others run ahead
+        std::vector<int64_t> in(count), out(count, -1);
+        for (size_t k = 0; k < count; ++k) in[k] = (rank + 1) * 1000 + i + static_cast<int64_t>(k);
+        int64_t* dst = i % 3 == 0 ? in.data() : out.data();  // in place every third call
+        BRAID_ASSERT_OK(braid_reduce(in.data(), dst, count, BRAID_INT64, BRAID_SUM, root, comm, nullptr));
+        for (size_t k = 0; k < count; ++k) {
+          const int64_t sum = 10 * 1000 + 4 * (i + static_cast<int64_t>(k));
+          if (rank == root) {
+            ASSERT_EQ(dst[k], sum) << algo << ", call " << i << ", root " << root;
+          } else if (dst == out.data()) {
+            ASSERT_EQ(dst[k], -1) << algo << ": a rank other than the root had its output written, call "
+                                  << i;
+          }
+        }
+        float x = static_cast<float>(2 * rank + i % 5), avg = -1.0f;
+        BRAID_ASSERT_OK(braid_reduce(&x, &avg, 1, BRAID_FLOAT32, BRAID_AVG, root, comm, nullptr));
+        if (rank == root) {
+          ASSERT_EQ(avg, static_cast<float>(3 + i % 5)) << algo << ", call " << i;
+        }
+      }
+    });
+  }
+}
+
 // Small all_reduces, all_gathers and reduce_scatters run direct, and on shm
 // inline where they can (Communicator::run_inline): whole where every
 // peer's message is in, else their sends inline and the rest by an op.

@@ -206,6 +206,14 @@ BinaryTree::BinaryTree(int r, int n, int root) {
     if (2 * p + 1 + k < n) child[children++] = rotate(2 * p + 1 + k + root);
 }
 
+BinaryTree BinaryTree::chain_into(int r, int n, int root) {
+  BinaryTree t;
+  const int p = r >= root ? r - root : r - root + n;
+  if (p > 0) t.parent = r == n - 1 ? 0 : r + 1;
+  if (n > 1 && p != 1) t.child[t.children++] = r == 0 ? n - 1 : r - 1;
+  return t;
+}
+
 BinaryTree BinaryTree::chain(int r, int n, int root) {
   BinaryTree t;
   const int p = r >= root ? r - root : r - root + n;
@@ -299,8 +307,7 @@ Task tree_reduce_piece_by_piece(const Channel& ch, BinaryTree t, CollArgs a, cha
 }
 
 // One piece is that piece's coroutine, as in tree_broadcast_pieces.
-Task tree_reduce_pieces(const Channel& ch, const CollArgs& a, int root, char* out, char* scratch) {
-  const BinaryTree t(ch.rank, ch.nranks, root);
+Task tree_reduce_pieces(const Channel& ch, const BinaryTree& t, const CollArgs& a, char* out, char* scratch) {
   const size_t bytes = a.count * dtype_size(a.dtype);
   if (bytes > 0 && bytes <= reduce_piece_bytes(ch, a.dtype))
     return tree_reduce_piece(ch, t, a, 0, bytes, out, scratch);
@@ -325,7 +332,7 @@ Task tree_broadcast_pieces(const Channel& ch, const BinaryTree& t, char* buf, co
 Task tree_all_reduce(const Channel& ch, CollArgs a, char* scratch) {
   char* out = static_cast<char*>(a.recvbuf);
   const size_t bytes = a.count * dtype_size(a.dtype);
-  co_await tree_reduce_pieces(ch, a, 0, out, scratch);
+  co_await tree_reduce_pieces(ch, BinaryTree(ch.rank, ch.nranks, 0), a, out, scratch);
   if (ch.rank == 0) finish_avg(a, out, a.count, ch.nranks);
   co_await tree_broadcast_pieces(ch, BinaryTree(ch.rank, ch.nranks, 0), out, out, bytes);
 }
@@ -385,9 +392,60 @@ Task chain_broadcast(const Channel& ch, CollArgs a) {
                                a.count * dtype_size(a.dtype));
 }
 
+namespace {
+
+Task tree_reduce_over(const Channel& ch, BinaryTree t, CollArgs a, char* scratch) {
+  co_await tree_reduce_pieces(ch, t, a, static_cast<char*>(a.recvbuf), scratch);
+  if (t.parent < 0) finish_avg(a, a.recvbuf, a.count, ch.nranks);
+}
+
+}  // namespace
+
 Task tree_reduce(const Channel& ch, CollArgs a, char* scratch) {
-  co_await tree_reduce_pieces(ch, a, a.root, static_cast<char*>(a.recvbuf), scratch);
-  if (ch.rank == a.root) finish_avg(a, a.recvbuf, a.count, ch.nranks);
+  return tree_reduce_over(ch, BinaryTree(ch.rank, ch.nranks, a.root), a, scratch);
+}
+
+// The tree reduction over the chain's tree: the first rank after the root
+// sends its input on, every other rank adds what came in to its own and
+// sends that on, the root adds the last into its output. No node has two
+// children, so no scratch.
+Task chain_reduce(const Channel& ch, CollArgs a) {
+  return tree_reduce_over(ch, BinaryTree::chain_into(ch.rank, ch.nranks, a.root), a, nullptr);
+}
+
+bool reduce_if_ready(const Channel& ch, const BinaryTree& t, const CollArgs& a, const CallTag& tag) {
+  const size_t bytes = a.count * dtype_size(a.dtype);
+  const void* piece[2] = {nullptr, nullptr};
+  for (int k = 0; k < t.children; ++k) {
+    Connection* c = ch.to(t.child[k]);
+    size_t got = 0;
+    if (!c->recv_ready(&piece[k], &got) || got != bytes || !(c->recv_tag() == tag)) return false;
+  }
+  Connection* up = t.parent >= 0 ? ch.to(t.parent) : nullptr;
+  void* acc = up != nullptr ? up->send_slot(bytes) : a.recvbuf;
+  if (acc == nullptr) return false;
+  // In tree_reduce_piece's order: the first child's piece with this rank's
+  // input, then the second child's with that (into the slot, where the op
+  // goes through a piece of scratch: the same values).
+  if (t.children == 0) {
+    if (up != nullptr)
+      up->copy_to_slot(acc, a.sendbuf, bytes);
+    else
+      copy_if_distinct(acc, a.sendbuf, bytes);
+  }
+  const void* local = a.sendbuf;
+  for (int k = 0; k < t.children; ++k) {
+    kernels::reduce(a.dtype, a.op, acc, piece[k], local, a.count);
+    local = acc;
+  }
+  for (int k = 0; k < t.children; ++k) ch.to(t.child[k])->release_recv();
+  if (up != nullptr) {
+    up->count_moved(bytes);
+    up->commit_send(bytes, tag);
+  } else {
+    finish_avg(a, a.recvbuf, a.count, ch.nranks);
+  }
+  return true;
 }
 
 // ---- recursive doubling: log2(n) exchanges of the whole buffer ----
@@ -786,31 +844,6 @@ Task peer_read_broadcast(const Channel& ch, CollArgs a) {
                        bytes - share);
   }
   co_await sync_all(ch);
-}
-
-Task chain_reduce(const Channel& ch, CollArgs a) {
-  const int n = ch.nranks, r = ch.rank;
-  const size_t esize = dtype_size(a.dtype), bytes = a.count * esize;
-  // The chain starts after the root and ends at it.
-  const int pos = mod(r - a.root - 1, n);
-  const int next = mod(r + 1, n), prev = mod(r - 1, n);
-  const char* in = static_cast<const char*>(a.sendbuf);
-  char* out = static_cast<char*>(a.recvbuf);
-  if (n == 1) {
-    copy_if_distinct(out, in, bytes);
-  } else {
-    const size_t piece = ch.piece_bytes / esize * esize;
-    for (size_t off = 0; off < bytes; off += piece) {
-      size_t len = std::min(piece, bytes - off);
-      if (pos == 0)
-        co_await send_piece(ch, next, in + off, len);
-      else if (pos == n - 1)
-        co_await recv_reduce_copy(ch, prev, out + off, in + off, len, a.dtype, a.op);
-      else
-        co_await recv_reduce_send(ch, prev, next, in + off, len, a.dtype, a.op);
-    }
-  }
-  if (r == a.root) finish_avg(a, out, a.count, n);
 }
 
 Task ring_gather_blocks(const Channel& ch, size_t block, BlockAt at, const void* own) {

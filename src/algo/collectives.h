@@ -95,6 +95,9 @@ struct BinaryTree {
   // The chain from `root` through the ranks after it, as a tree whose every
   // node has one child: broadcast's chain runs as one.
   static BinaryTree chain(int rank, int nranks, int root);
+  // The chain that starts after `root` and ends at it, each rank the child
+  // of the next: reduce's chain runs as one.
+  static BinaryTree chain_into(int rank, int nranks, int root);
 
  private:
   BinaryTree() = default;
@@ -113,6 +116,11 @@ Task tree_broadcast(const Channel& ch, CollArgs a);
 // call on an idle engine costs (Communicator::run_inline).
 bool broadcast_if_ready(const Channel& ch, const BinaryTree& t, const CollArgs& a, const CallTag& tag);
 Task tree_reduce(const Channel& ch, CollArgs a, char* scratch);
+// A reduce of one piece over `t`, done at once where it can be: where every
+// child's piece has arrived (sent by the call `tag` names) and the parent
+// has a free slot, this rank's sum goes up (or into the root's output) and
+// true is returned; otherwise nothing is done (Communicator::run_inline).
+bool reduce_if_ready(const Channel& ch, const BinaryTree& t, const CollArgs& a, const CallTag& tag);
 Task recursive_doubling_all_reduce(const Channel& ch, CollArgs a, char* scratch);
 // scratch: the whole buffer (the partner's data, folded ranks too).
 Task rabenseifner_all_reduce(const Channel& ch, CollArgs a, char* scratch);

@@ -1028,7 +1028,8 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
 Communicator::Inline Communicator::run_inline(OpKind kind, const CollArgs& a) {
   const bool direct_kind =
       kind == OpKind::kAllReduce || kind == OpKind::kAllGather || kind == OpKind::kReduceScatter;
-  if ((kind != OpKind::kBroadcast && !direct_kind) || !inline_calls_) return Inline::kNothing;
+  const bool rooted = kind == OpKind::kBroadcast || kind == OpKind::kReduce;
+  if ((!rooted && !direct_kind) || !inline_calls_) return Inline::kNothing;
   const size_t esize = dtype_size(a.dtype), bytes = a.count * esize;  // per message
   const Regions g = regions_of(kind, a, rank_, nranks_);
   if (bytes == 0 || bytes > coll_channel_.piece_bytes ||
@@ -1038,14 +1039,20 @@ Communicator::Inline Communicator::run_inline(OpKind kind, const CollArgs& a) {
   fill_call_tag(tag, kind, engine_->collective_seq(), a);
   bool sent = false, done = false;
   switch (kind) {
-    case OpKind::kBroadcast: {
-      const Algo algo = tuner_.pick(Coll::kBroadcast, bytes);
-      if (algo != Algo::kRing && algo != Algo::kTree) return Inline::kNothing;
+    case OpKind::kBroadcast:
+    case OpKind::kReduce: {
+      const bool broadcast = kind == OpKind::kBroadcast;
+      const Algo algo = tuner_.pick(broadcast ? Coll::kBroadcast : Coll::kReduce, bytes);
+      if ((algo != Algo::kRing && algo != Algo::kTree) || (!broadcast && avg_scales_inputs(a)))
+        return Inline::kNothing;
+      // Over the ranks in host order, as attach_collective runs them.
       const Channel& ch = ordered_channel_;
       const int root = position_[a.root];
       const BinaryTree t = algo == Algo::kTree ? BinaryTree(ch.rank, ch.nranks, root)
-                                               : BinaryTree::chain(ch.rank, ch.nranks, root);
-      done = engine_->run_inline([&] { return broadcast_if_ready(ch, t, a, tag); });
+                           : broadcast         ? BinaryTree::chain(ch.rank, ch.nranks, root)
+                                               : BinaryTree::chain_into(ch.rank, ch.nranks, root);
+      done = engine_->run_inline(
+          [&] { return broadcast ? broadcast_if_ready(ch, t, a, tag) : reduce_if_ready(ch, t, a, tag); });
       break;
     }
     case OpKind::kAllReduce: {

@@ -69,8 +69,9 @@ class Communicator {
   std::shared_ptr<Op> attach_collective(OpKind kind, const CollArgs& args, Algo forced,
                                         std::shared_ptr<Op>& op, bool sent_inline);
   // A blocking call done on the calling thread with no op, where it can be
-  // (Engine::run_inline), on shared memory: a broadcast of one piece over
-  // the chain or tree whose piece is in and whose slots are free; a direct
+  // (Engine::run_inline), on shared memory: a broadcast or reduce of one
+  // piece over the chain or tree whose pieces are in and whose slots are
+  // free; a direct
   // all_reduce, all_gather or reduce_scatter of one piece per message whose
   // slots are free (kSent) and whose peers' messages are in (kDone). kDone:
   // done, successfully. kNothing: nothing done; make the op. kSent: make the
