@@ -649,6 +649,15 @@ TEST_P(Transports, SmallAndLargeMessagesRunAheadOfASlowReceiver) {
   });
 }
 
+// Two slots per peer (a root runs only that far ahead of a child) and
+// `algo` forced.
+Env two_slot_env(const std::string& transport, const char* algo) {
+  Env env = transport_env(transport);
+  env.push_back({"BRAID_SHM_SLOTS", "2"});
+  env.push_back({"BRAID_ALGO", algo});
+  return env;
+}
+
 // Small broadcasts are done inline, without an op, where the message is in
 // and the slots are free (Communicator::run_inline), and by an op otherwise:
 // roots that run ahead until the slots fill, receivers that sleep, a pending
@@ -656,10 +665,7 @@ TEST_P(Transports, SmallAndLargeMessagesRunAheadOfASlowReceiver) {
 // chain and the tree, must all deliver every broadcast whole and in order.
 TEST_P(Transports, SmallBroadcastsFromEveryRootArriveWholeAndInOrder) {
   for (const char* algo : {"broadcast:chain", "broadcast:tree"}) {
-    Env env = transport_env(GetParam());
-    env.push_back({"BRAID_SHM_SLOTS", "2"});
-    env.push_back({"BRAID_ALGO", algo});
-    run_ranks(4, env, [algo](braid_comm_t comm, int rank, int nranks) {
+    run_ranks(4, two_slot_env(GetParam(), algo), [algo](braid_comm_t comm, int rank, int nranks) {
       int32_t pending = -1;
       braid_request_t req = nullptr;
       for (int i = 0; i < 400; ++i) {
@@ -697,10 +703,7 @@ TEST_P(Transports, SmallBroadcastsFromEveryRootArriveWholeAndInOrder) {
 // sum and average, and no other rank's output is written.
 TEST_P(Transports, SmallReducesToEveryRootAddUpWhetherInlineOrNot) {
   for (const char* algo : {"reduce:chain", "reduce:tree"}) {
-    Env env = transport_env(GetParam());
-    env.push_back({"BRAID_SHM_SLOTS", "2"});
-    env.push_back({"BRAID_ALGO", algo});
-    run_ranks(4, env, [algo](braid_comm_t comm, int rank, int nranks) {
+    run_ranks(4, two_slot_env(GetParam(), algo), [algo](braid_comm_t comm, int rank, int nranks) {
       for (int i = 0; i < 300; ++i) {
         const int root = (i / 7) % nranks;
         const size_t count = 1 + static_cast<size_t>(i * 29 % 200);
