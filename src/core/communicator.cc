@@ -1038,6 +1038,14 @@ Communicator::Inline Communicator::run_inline(OpKind kind, const CollArgs& a) {
   CallTag tag;
   fill_call_tag(tag, kind, engine_->collective_seq(), a);
   bool sent = false, done = false;
+  // A direct collective: its sends of `bytes` from base + stride x (the
+  // peer's rank), once made, then what it does with its peers' messages.
+  auto direct = [&](const void* base, size_t stride, auto received) {
+    return engine_->run_inline([&] {
+      if (!sent) sent = direct_sends_if_free(coll_channel_, base, stride, bytes, tag);
+      return sent && received();
+    });
+  };
   switch (kind) {
     case OpKind::kBroadcast:
     case OpKind::kReduce: {
@@ -1071,26 +1079,17 @@ Communicator::Inline Communicator::run_inline(OpKind kind, const CollArgs& a) {
         std::memcpy(inline_scratch_.data(), a.sendbuf, bytes);
         mine = inline_scratch_.data();
       }
-      done = engine_->run_inline([&] {
-        if (!sent) sent = direct_sends_if_free(coll_channel_, mine, 0, bytes, tag);
-        return sent && direct_all_reduce_if_ready(coll_channel_, a, mine, tag);
-      });
+      done = direct(mine, 0, [&] { return direct_all_reduce_if_ready(coll_channel_, a, mine, tag); });
       break;
     }
     case OpKind::kAllGather:
       if (tuner_.pick(Coll::kAllGather, g.out_bytes) != Algo::kDirect) return Inline::kNothing;
-      done = engine_->run_inline([&] {
-        if (!sent) sent = direct_sends_if_free(coll_channel_, a.sendbuf, 0, bytes, tag);
-        return sent && direct_all_gather_if_ready(coll_channel_, a, tag);
-      });
+      done = direct(a.sendbuf, 0, [&] { return direct_all_gather_if_ready(coll_channel_, a, tag); });
       break;
     case OpKind::kReduceScatter:
       if (avg_scales_inputs(a) || tuner_.pick(Coll::kReduceScatter, g.in_bytes) != Algo::kDirect)
         return Inline::kNothing;
-      done = engine_->run_inline([&] {
-        if (!sent) sent = direct_sends_if_free(coll_channel_, a.sendbuf, bytes, bytes, tag);
-        return sent && direct_reduce_scatter_if_ready(coll_channel_, a, tag);
-      });
+      done = direct(a.sendbuf, bytes, [&] { return direct_reduce_scatter_if_ready(coll_channel_, a, tag); });
       break;
     default:
       return Inline::kNothing;
