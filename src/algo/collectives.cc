@@ -109,15 +109,19 @@ bool direct_sends_if_free(const Channel& ch, const void* base, size_t stride, si
 
 namespace {
 
-// Every peer's next message is in, `bytes` long and sent by the call `tag`
-// names: one from another call or of another size is the op's to report.
+// The next message from `c` is in, `bytes` long and sent by the call `tag`
+// names (*data: its bytes): one from another call or of another size is
+// the op's to report.
+bool message_in(Connection* c, size_t bytes, const CallTag& tag, const void** data) {
+  size_t got = 0;
+  return c->recv_ready(data, &got) && got == bytes && c->recv_tag() == tag;
+}
+
+// message_in for every peer.
 bool every_message_in(const Channel& ch, size_t bytes, const CallTag& tag) {
   for (int p = 0; p < ch.nranks; ++p) {
     const void* data = nullptr;
-    size_t got = 0;
-    Connection* c = ch.to(p);
-    if (p != ch.rank && (!c->recv_ready(&data, &got) || got != bytes || !(c->recv_tag() == tag)))
-      return false;
+    if (p != ch.rank && !message_in(ch.to(p), bytes, tag, &data)) return false;
   }
   return true;
 }
@@ -228,9 +232,7 @@ bool broadcast_if_ready(const Channel& ch, const BinaryTree& t, const CollArgs& 
   Connection* up = t.parent >= 0 ? ch.to(t.parent) : nullptr;
   if (up != nullptr) {
     const void* data = nullptr;
-    size_t got = 0;
-    // A message of another size or call is left for the op, which names it.
-    if (!up->recv_ready(&data, &got) || got != bytes || !(up->recv_tag() == tag)) return false;
+    if (!message_in(up, bytes, tag, &data)) return false;
     src = static_cast<const char*>(data);
   }
   void* slot[2] = {nullptr, nullptr};
@@ -373,23 +375,27 @@ Task double_tree_all_reduce(const Channel& ch, const Channel& mirror, CollArgs a
   }
 }
 
+namespace {
+
 // Not a coroutine: it hands back its pieces' task (one frame fewer). On one
 // rank the root's tree has no children, so the piece only copies.
-Task tree_broadcast(const Channel& ch, CollArgs a) {
+Task broadcast_down(const Channel& ch, const BinaryTree& t, const CollArgs& a) {
   char* out = static_cast<char*>(a.recvbuf);
   const char* src = ch.rank == a.root ? static_cast<const char*>(a.sendbuf) : out;
-  return tree_broadcast_pieces(ch, BinaryTree(ch.rank, ch.nranks, a.root), out, src,
-                               a.count * dtype_size(a.dtype));
+  return tree_broadcast_pieces(ch, t, out, src, a.count * dtype_size(a.dtype));
+}
+
+}  // namespace
+
+Task tree_broadcast(const Channel& ch, CollArgs a) {
+  return broadcast_down(ch, BinaryTree(ch.rank, ch.nranks, a.root), a);
 }
 
 // The tree broadcast's pieces over the chain's tree: the root sends each
 // piece on and copies it to its output while it is in cache, every other
 // rank copies it out and sends it on, the last only copies it out.
 Task chain_broadcast(const Channel& ch, CollArgs a) {
-  char* out = static_cast<char*>(a.recvbuf);
-  const char* src = ch.rank == a.root ? static_cast<const char*>(a.sendbuf) : out;
-  return tree_broadcast_pieces(ch, BinaryTree::chain(ch.rank, ch.nranks, a.root), out, src,
-                               a.count * dtype_size(a.dtype));
+  return broadcast_down(ch, BinaryTree::chain(ch.rank, ch.nranks, a.root), a);
 }
 
 namespace {
@@ -416,11 +422,8 @@ Task chain_reduce(const Channel& ch, CollArgs a) {
 bool reduce_if_ready(const Channel& ch, const BinaryTree& t, const CollArgs& a, const CallTag& tag) {
   const size_t bytes = a.count * dtype_size(a.dtype);
   const void* piece[2] = {nullptr, nullptr};
-  for (int k = 0; k < t.children; ++k) {
-    Connection* c = ch.to(t.child[k]);
-    size_t got = 0;
-    if (!c->recv_ready(&piece[k], &got) || got != bytes || !(c->recv_tag() == tag)) return false;
-  }
+  for (int k = 0; k < t.children; ++k)
+    if (!message_in(ch.to(t.child[k]), bytes, tag, &piece[k])) return false;
   Connection* up = t.parent >= 0 ? ch.to(t.parent) : nullptr;
   void* acc = up != nullptr ? up->send_slot(bytes) : a.recvbuf;
   if (acc == nullptr) return false;

@@ -71,11 +71,10 @@ class Communicator {
   // A blocking call done on the calling thread with no op, where it can be
   // (Engine::run_inline), on shared memory: a broadcast or reduce of one
   // piece over the chain or tree whose pieces are in and whose slots are
-  // free; a direct
-  // all_reduce, all_gather or reduce_scatter of one piece per message whose
-  // slots are free (kSent) and whose peers' messages are in (kDone). kDone:
-  // done, successfully. kNothing: nothing done; make the op. kSent: make the
-  // op with sent_inline.
+  // free; a direct all_reduce, all_gather or reduce_scatter of one piece per
+  // message whose slots are free (kSent) and whose peers' messages are in
+  // (kDone). kDone: done, successfully. kNothing: nothing done; make the
+  // op. kSent: make the op with sent_inline.
   enum class Inline { kNothing, kDone, kSent };
   Inline run_inline(OpKind kind, const CollArgs& args);
   // Point-to-point messages of this size and up may be read from the

@@ -1076,15 +1076,17 @@ void Engine::wait_all(Op* const* ops, size_t n) {
   }
 }
 
-bool Engine::run_blocking(const std::shared_ptr<Op>& op, Status* result) {
-  if (op->lane != LaneKind::kCollective || active_.load(std::memory_order_acquire) != 0) return false;
-  if (!driver_role_.try_lock()) return false;
-  // Under the driver's lock no fail_all can run, so broken_ is exact; an
+bool Engine::take_role_if_idle() {
+  if (active_.load(std::memory_order_acquire) != 0 || !driver_role_.try_lock()) return false;
+  // Under the driver's role no fail_all can run, so broken_ is exact; an
   // abort in progress shows as abort_requested_, which the driver handles.
-  if (active_.load() != 0 || broken_.load() || abort_requested_.load()) {
-    release_driver();
-    return false;
-  }
+  if (active_.load() == 0 && !broken_.load() && !abort_requested_.load()) return true;
+  release_driver();
+  return false;
+}
+
+bool Engine::run_blocking(const std::shared_ptr<Op>& op, Status* result) {
+  if (op->lane != LaneKind::kCollective || !take_role_if_idle()) return false;
   // Not counted in active_ while it runs here: no other thread can see it,
   // and the driver's lock keeps every other driver out.
   // The deadline is set if the op has to wait in its lane (below): an op

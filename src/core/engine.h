@@ -231,10 +231,12 @@ class Engine final : private CommitObserver {
   Status error() const;
   double timeout_s() const { return timeout_s_.load(); }
   void set_timeout_s(double s) { timeout_s_.store(s); }
+  // The number the next collective takes (a call done inline takes it only
+  // once done).
+  uint64_t collective_seq() const { return coll_seq_.load(std::memory_order_relaxed); }
   // Not a read-modify-write (a locked instruction on every call): calls on
   // one communicator are ordered by the caller (braid.h), and the setup ops
   // that also take numbers run inside such calls.
-  uint64_t collective_seq() const { return coll_seq_.load(std::memory_order_relaxed); }
   uint64_t next_collective_seq() {
     const uint64_t s = coll_seq_.load(std::memory_order_relaxed);
     coll_seq_.store(s + 1, std::memory_order_relaxed);
@@ -328,6 +330,9 @@ class Engine final : private CommitObserver {
   // Gives up the driver's role, serving an abort that arrived while this
   // thread held it (abort() found the lock taken and left the work to it).
   void release_driver();
+  // Takes the driver's role where nothing is in flight and the engine is
+  // healthy (run_blocking and run_inline start so); false: not taken.
+  bool take_role_if_idle();
   void complete(const std::shared_ptr<Op>& op, const Status& st);
   // What complete() does besides counting the op out of active_: frees its
   // frames, marks it done (wakes waiters, runs its callbacks), traces it.
@@ -399,13 +404,10 @@ class Engine final : private CommitObserver {
 
 template <class Attempt>
 bool Engine::run_inline(Attempt attempt) {
-  if (active_.load(std::memory_order_acquire) != 0 || !driver_role_.try_lock()) return false;
+  if (!take_role_if_idle()) return false;
   bool done = false;
-  // Under the driver's role no fail_all runs (see run_blocking).
-  if (active_.load() == 0 && !broken_.load() && !abort_requested_.load()) {
-    const unsigned checks = std::min(spins_per_yield_, 16u);
-    for (unsigned k = 0; !(done = attempt()) && k + 1 < checks; ++k) cpu_relax();
-  }
+  const unsigned checks = std::min(spins_per_yield_, 16u);
+  for (unsigned k = 0; !(done = attempt()) && k + 1 < checks; ++k) cpu_relax();
   release_driver();
   if (active_.load() > 0) wake_progress_thread();
   return done;
