@@ -450,6 +450,22 @@ TEST_F(OneRank, DestroyInsideAGroupHoldingItsOperationsIsRefused) {
   EXPECT_EQ(x, 1.0f);
 }
 
+// The same for a group of small sends and receives, which make no ops
+// until group_end (they may be done there without any).
+TEST_F(OneRank, DestroyInsideAGroupHoldingItsSendsIsRefused) {
+  int32_t x = 7, y = 0;
+  BRAID_ASSERT_OK(braid_group_start());
+  BRAID_ASSERT_OK(braid_send(&x, 1, BRAID_INT32, 0, comm_, nullptr));
+  BRAID_ASSERT_OK(braid_recv(&y, 1, BRAID_INT32, 0, comm_, nullptr));
+  EXPECT_EQ(braid_comm_destroy(comm_), BRAID_ERR_INVALID_USAGE);
+  EXPECT_NE(std::string(braid_get_last_error()).find("open group holds operations on the communicator"),
+            std::string::npos)
+      << braid_get_last_error();
+  EXPECT_EQ(y, 0) << "a grouped receive ran before group_end";
+  BRAID_ASSERT_OK(braid_group_end());
+  EXPECT_EQ(y, 7);
+}
+
 // A completion callback runs on a thread that drives the engine: braid
 // calls from it are refused (a wait there waited on itself, forever, and a
 // destroy spun forever on the driver's lock).

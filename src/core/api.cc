@@ -158,6 +158,12 @@ struct Pending {
 };
 struct GroupState {
   std::vector<Pending> ops;
+  // The group's first calls, while they are all blocking sends and receives
+  // on one communicator that run_p2p_inline may do: no op is made for them
+  // unless a later call of the group needs one (make_deferred_ops keeps the
+  // order) or they are not all done inline at group_end.
+  std::vector<Communicator::P2pCall> deferred;
+  std::shared_ptr<Communicator> deferred_comm;
   // The first call the group refused (bad arguments), and its communicator.
   Status refused;
   std::shared_ptr<Communicator> refused_comm;
@@ -171,6 +177,19 @@ GroupState& group() {
 }
 // How deep in group_start this thread is; every call looks (BRAID_FAST_TLS).
 BRAID_FAST_TLS thread_local int t_group_depth = 0;
+
+// The group's deferred calls not done inline become ops, in their order,
+// ahead of any the group makes later.
+void make_deferred_ops() {
+  GroupState& g = group();
+  for (const Communicator::P2pCall& call : g.deferred)
+    if (!call.done)
+      g.ops.push_back({g.deferred_comm,
+                       g.deferred_comm->make_op(call.kind, call.args, false, Algo::kAuto, true), true,
+                       nullptr});
+  g.deferred.clear();
+  g.deferred_comm.reset();
+}
 
 // ---- argument checks ----
 
@@ -431,8 +450,23 @@ braid_result_t submit(const Call& c) {
     }
     return finish(st, comm.get());
   }
-  if (c.stream != nullptr) return submit_stream_ordered(c, comm);
   const bool async = c.request != nullptr;
+  if (t_group_depth > 0) {
+    GroupState& g = group();
+    // Deferred while the group holds nothing else, so its ops keep the
+    // calls' order.
+    if (!async && c.stream == nullptr && g.ops.empty() && (g.deferred.empty() || g.deferred_comm == comm) &&
+        comm->p2p_inline_candidate(c.kind, c.args)) {
+      if (g.deferred.empty()) g.deferred_comm = comm;
+      g.deferred.push_back({c.kind, c.args});
+      return BRAID_SUCCESS;
+    }
+    if (!g.deferred.empty()) make_deferred_ops();
+  } else if (!async && c.stream == nullptr && comm->p2p_inline_candidate(c.kind, c.args)) {
+    Communicator::P2pCall call{c.kind, c.args};
+    if (comm->run_p2p_inline(&call, 1)) return BRAID_SUCCESS;
+  }
+  if (c.stream != nullptr) return submit_stream_ordered(c, comm);
   const Communicator::Inline part =
       !async && t_group_depth == 0 ? comm->run_inline(c.kind, c.args) : Communicator::Inline::kNothing;
   if (part == Communicator::Inline::kDone) return BRAID_SUCCESS;
@@ -671,12 +705,16 @@ BRAID_API braid_result_t braid_comm_destroy(braid_comm_t handle) {
   if (t_group_depth > 0) {
     // Its ops would start at group_end on a destroyed communicator.
     std::shared_ptr<Communicator> live;
-    if (lookup(handle, &live))
+    const auto holds = [&] {
+      if (group().deferred_comm == live) return true;
       for (const Pending& p : group().ops)
-        if (p.comm == live)
-          return finish(Status::invalid_usage(
-              "comm_destroy: this thread's open group holds operations on the communicator; end the group "
-              "first"));
+        if (p.comm == live) return true;
+      return false;
+    };
+    if (lookup(handle, &live) && holds())
+      return finish(Status::invalid_usage(
+          "comm_destroy: this thread's open group holds operations on the communicator; end the group "
+          "first"));
   }
   std::shared_ptr<Communicator> comm = comms().take(id_of(handle));
   if (!comm)
@@ -911,6 +949,14 @@ BRAID_API braid_result_t braid_group_end(void) {
   BRAID_REFUSE_IN_CALLBACK("group_end");
   if (t_group_depth == 0) return finish(Status::invalid_usage("group_end without a matching group_start"));
   if (--t_group_depth > 0) return BRAID_SUCCESS;
+  if (GroupState& g = group(); !g.deferred.empty()) {
+    if (g.refused.is_ok() && g.deferred_comm->run_p2p_inline(g.deferred.data(), g.deferred.size())) {
+      g.deferred.clear();
+      g.deferred_comm.reset();
+      return BRAID_SUCCESS;
+    }
+    make_deferred_ops();  // those not done; a refused call's group makes them all
+  }
   std::vector<Pending> ops;
   ops.swap(group().ops);
   Status first;

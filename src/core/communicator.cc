@@ -251,7 +251,8 @@ Status Communicator::setup_transports() {
   engine_->set_trace(trace_.get());
   engine_->set_collective_conns(coll_channel_.conns);
   engine_->set_oversubscribed(tuner_.shape().oversubscribed);
-  inline_calls_ = trace_ == nullptr && !config_.check_calls;
+  inline_calls_ = inline_p2p_ = trace_ == nullptr && !config_.check_calls;
+  p2p_stalled_.assign(2 * static_cast<size_t>(nranks_), 0);
   for (const Connection* c : coll_channel_.conns)
     if (c != nullptr && c->pollable()) inline_calls_ = false;
   // Offering windows costs a call two rounds of messages; where ranks share
@@ -1097,6 +1098,40 @@ Communicator::Inline Communicator::run_inline(OpKind kind, const CollArgs& a) {
   if (!done) return sent ? Inline::kSent : Inline::kNothing;
   engine_->next_collective_seq();
   return Inline::kDone;
+}
+
+bool Communicator::p2p_inline_candidate(OpKind kind, const CollArgs& a) const {
+  if (!inline_p2p_ || (kind != OpKind::kSend && kind != OpKind::kRecv)) return false;
+  const size_t bytes = a.count * dtype_size(a.dtype);
+  const Connection* c = p2p_channel_.to(a.peer);
+  return c != nullptr && !c->pollable() && bytes <= p2p_channel_.piece_bytes && bytes < p2p_read_min_bytes();
+}
+
+bool Communicator::run_p2p_inline(P2pCall* calls, size_t n) {
+  size_t left = 0;
+  for (size_t i = 0; i < n; ++i) left += !calls[i].done;
+  return engine_->run_inline([&] {
+    const uint64_t attempt = ++p2p_attempt_;
+    for (size_t i = 0; i < n && left > 0; ++i) {
+      P2pCall& call = calls[i];
+      const bool send = call.kind == OpKind::kSend;
+      uint64_t& stalled = p2p_stalled_[2 * static_cast<size_t>(call.args.peer) + !send];
+      if (call.done || stalled == attempt) continue;
+      Connection* c = p2p_channel_.to(call.args.peer);
+      const size_t bytes = call.args.count * dtype_size(call.args.dtype);
+      CallTag tag;
+      fill_call_tag(tag, call.kind, 0, call.args);
+      if (send ? c->send_from(call.args.sendbuf, bytes, tag)
+               : c->recv_into(call.args.recvbuf, bytes, tag) == Connection::Received::kDone) {
+        if (send) c->count_moved(bytes);
+        call.done = true;
+        --left;
+      } else {
+        stalled = attempt;
+      }
+    }
+    return left == 0;
+  });
 }
 
 // make_op's collective part: the algorithm's task and its buffers. Leaves

@@ -80,6 +80,21 @@ class Communicator {
   // Point-to-point messages of this size and up may be read from the
   // sender's memory (make_op).
   size_t p2p_read_min_bytes() const;
+  // A blocking send or receive that run_p2p_inline may do: one piece, below
+  // p2p_read_min_bytes, to a peer over shared memory, with no trace and no
+  // call checks.
+  bool p2p_inline_candidate(OpKind kind, const CollArgs& args) const;
+  struct P2pCall {
+    OpKind kind;  // kSend or kRecv
+    CollArgs args;
+    bool done = false;
+  };
+  // Does on the calling thread, with no op (Engine::run_inline), each send
+  // whose peer has a free slot and each receive whose message is in, in
+  // each peer's order: a call waits for the earlier ones to the same peer in
+  // the same direction. Marks those done; true when all are. A message of
+  // another size or tag is left to the receive's op to report.
+  bool run_p2p_inline(P2pCall* calls, size_t n);
   // A stream-ordered call (transports/cuda/stream_staging.h), in two steps:
   // the staging it needs (a block taken, copies listed, the stream's context
   // current on this thread), then, once that is enqueued, the op to post.
@@ -168,6 +183,12 @@ class Communicator {
   // commits the driver must still write), no trace, no call checks.
   bool inline_calls_ = false;
   std::vector<char> inline_scratch_;  // an in-place direct all_reduce's input, kept
+  bool inline_p2p_ = false;           // no trace, no call checks
+  // run_p2p_inline's record of the peers and directions whose next call
+  // could not be done in this attempt: entry 2 x peer + (receive), equal to
+  // the attempt's number.
+  std::vector<uint64_t> p2p_stalled_;
+  uint64_t p2p_attempt_ = 0;
   // Ranks of one host talk over shm (not under BRAID_TRANSPORT=tcp, nor
   // where shm could not be set up): the same on every rank.
   bool host_ranks_share_memory_ = true;
