@@ -529,6 +529,29 @@ TEST(KernelsReduceKnown, BFloat16) {
   check_reduce(BRAID_BFLOAT16, BRAID_MAX, a, b, V{0x3F80, 0x3F81, 0x7F7F, 0x3F00, 0x4040, 0x7F80});
 }
 
+// Sums and products whose results are subnormal, as the only such lane of
+// a vector block or with others: AVX512_BF16's conversion would flush them
+// to zero, so those blocks must round them as the scalar code does.
+TEST(KernelsReduceKnown, BFloat16SubnormalResults) {
+  using V = std::vector<uint16_t>;
+  // 2^-130 + 2^-131 and 2^-64 * 2^-66 (subnormal), then 1 + 1 and 2 * 3.
+  const V a = {0x0010, 0x8010, 0x1f80, 0x3f80, 0x4000, 0x0001, 0x0001, 0x0003};
+  const V b = {0x0008, 0x0008, 0x1e80, 0x3f80, 0x4040, 0x0001, 0x8000, 0x3f80};
+  for (braid_redop_t op : {BRAID_SUM, BRAID_PROD}) {
+    V want(a.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      const float x = bfloat16_to_float(a[i]), y = bfloat16_to_float(b[i]);
+      want[i] = float_to_bfloat16(op == BRAID_SUM ? x + y : x * y);
+    }
+    check_reduce(BRAID_BFLOAT16, op, a, b, want);
+  }
+  // The first one by hand: 2^-130 + 2^-131 = 0x0018.
+  V one(1);
+  const uint16_t x = 0x0010, y = 0x0008;
+  reduce(BRAID_BFLOAT16, BRAID_SUM, one.data(), &x, &y, 1);
+  EXPECT_EQ(one[0], 0x0018);
+}
+
 // MIN and MAX propagate a NaN from either side, for every floating type.
 template <class T>
 void check_nan_minmax(braid_dtype_t dt, T nan, T one, bool (*is_nan)(T)) {

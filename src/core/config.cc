@@ -213,7 +213,7 @@ Status Config::from_env(Config* out) {
       return bad("BRAID_TRANSPORT", t, "auto, shm or tcp");
   }
   if (const char* v = env("BRAID_CPU_ISA"); v && !kernels::valid_isa_cap(v))
-    return bad("BRAID_CPU_ISA", v, "default, avx2 or avx512");
+    return bad("BRAID_CPU_ISA", v, "default, avx2, avx512 or avx512_bf16");
   if (const char* v = env("BRAID_SOCKET_IFNAME")) c.socket_ifname = v;
   if (const char* v = env("BRAID_HOST_ID")) {
     c.host_id = v;
