@@ -279,7 +279,18 @@ Status Communicator::setup_transports() {
   });
   // Nobody may send before every rank has its engine (and its slots) ready.
   BRAID_RETURN_IF_ERROR(bootstrap_->barrier(deadline));
-  return probe_peer_reads(deadline);
+  BRAID_RETURN_IF_ERROR(probe_peer_reads(deadline));
+  // A read beat two copies through slots from 8-16 KiB on the VM where
+  // sends first read (2 ranks, bench/sendrecv_perf). On another,
+  // process_vm_readv ran at a third of memcpy's speed and reads lost at
+  // every size (a send one way: 1.8-2.3x slower from 64 KiB to 16 MiB), as
+  // the probe's broadcast of one rank reading another's buffer found
+  // against the chain's slots; there sends take the slots. Every rank
+  // decides from the same numbers. BRAID_PEER_READ_MIN_BYTES decides alone.
+  p2p_read_min_bytes_ = std::min<size_t>(config_.copy_peer_read_min_bytes, 16 * 1024);
+  if (!config_.peer_read_min_set && tuner_.shape().peer_read_vs_ring[static_cast<int>(Coll::kBroadcast)] >= 1)
+    p2p_read_min_bytes_ = SIZE_MAX;
+  return Status::ok();
 }
 
 namespace {
@@ -945,12 +956,6 @@ bool keep_args_or_skip(OpKind kind, Op& op, CollArgs& a, int rank, int nranks, R
 }
 
 }  // namespace
-
-// Measured on 2 ranks (bench/sendrecv_perf): a read beats two copies
-// through slots from 8-16 KiB. BRAID_PEER_READ_MIN_BYTES may lower it.
-size_t Communicator::p2p_read_min_bytes() const {
-  return std::min<size_t>(config_.copy_peer_read_min_bytes, 16 * 1024);
-}
 
 std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, bool async, Algo forced,
                                           bool grouped, bool sent_inline) {

@@ -78,8 +78,8 @@ class Communicator {
   enum class Inline { kNothing, kDone, kSent };
   Inline run_inline(OpKind kind, const CollArgs& args);
   // Point-to-point messages of this size and up may be read from the
-  // sender's memory (make_op).
-  size_t p2p_read_min_bytes() const;
+  // sender's memory (make_op); SIZE_MAX where reads lost at init.
+  size_t p2p_read_min_bytes() const { return p2p_read_min_bytes_; }
   // A blocking send or receive that run_p2p_inline may do: one piece, below
   // p2p_read_min_bytes, to a peer over shared memory, with no trace and no
   // call checks.
@@ -184,6 +184,7 @@ class Communicator {
   bool inline_calls_ = false;
   std::vector<char> inline_scratch_;  // an in-place direct all_reduce's input, kept
   bool inline_p2p_ = false;           // no trace, no call checks
+  size_t p2p_read_min_bytes_ = SIZE_MAX;
   // run_p2p_inline's record of the peers and directions whose next call
   // could not be done in this attempt: entry 2 x peer + (receive), equal to
   // the attempt's number.

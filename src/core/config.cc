@@ -233,6 +233,7 @@ Status Config::from_env(Config* out) {
   BRAID_RETURN_IF_ERROR(
       env_size("BRAID_PEER_READ_MIN_BYTES", 0, size_t{1} << 40, &c.peer_read_min_bytes, &present));
   if (present) c.copy_peer_read_min_bytes = c.peer_read_min_bytes;
+  c.peer_read_min_set = present;
   long probe = 1;
   BRAID_RETURN_IF_ERROR(env_int("BRAID_TUNE_PROBE", 0, 1, &probe, &present));
   c.tune_probe = probe != 0;

@@ -26,6 +26,7 @@ struct Config {
   bool shm_peer_reads = true;                          // BRAID_SHM_PEER_READS=0: no process_vm_readv
   size_t peer_read_min_bytes = 256 * 1024;             // BRAID_PEER_READ_MIN_BYTES
   size_t copy_peer_read_min_bytes = 64 * 1024;         // the same for broadcast and all_gather; set by it too
+  bool peer_read_min_set = false;                      // BRAID_PEER_READ_MIN_BYTES was set
   bool tune_probe = true;  // BRAID_TUNE_PROBE=0: peer reads priced by the model, not timed at init
   // Copies into shm slots of [min, max) bytes use streaming stores, by
   // default only where every rank of the machine has a core of its own;
