@@ -783,7 +783,8 @@ TEST_P(Transports, SmallReducesToEveryRootAddUpWhetherInlineOrNot) {
   }
 }
 
-// Small all_reduces, all_gathers and reduce_scatters run direct, and on shm
+// Small all_reduces, all_gathers and reduce_scatters run direct (all_to_alls
+// pairwise, the same messages), and on shm
 // inline where they can (Communicator::run_inline): whole where every
 // peer's message is in, else their sends inline and the rest by an op.
 // Ranks that come late by turns make each case happen; every result is
@@ -834,6 +835,19 @@ TEST_P(Transports, SmallDirectCollectivesDoneInlineOrByOpsAgree) {
       for (size_t k = 0; k < count; ++k)
         ASSERT_EQ(rs_out[k], (0 + 1000 + 2000) + 3 * (rank * 10 + static_cast<int64_t>(k)))
             << "reduce_scatter, call " << i;
+      // all_to_all: rank r's block b goes to rank b, which keeps it at r.
+      auto sent = [&](int from, int to, size_t k) {
+        return static_cast<uint8_t>(from * 50 + to * 7 + static_cast<int>(k) + i);
+      };
+      std::vector<uint8_t> a2a_in(count * nranks), a2a_out(count * nranks, 0xEE);
+      for (int b = 0; b < nranks; ++b)
+        for (size_t k = 0; k < count; ++k) a2a_in[b * count + k] = sent(rank, b, k);
+      uint8_t* a2a_dst = in_place ? a2a_in.data() : a2a_out.data();
+      BRAID_ASSERT_OK(braid_all_to_all(a2a_in.data(), a2a_dst, count, BRAID_UINT8, comm, nullptr));
+      for (int r = 0; r < nranks; ++r)
+        for (size_t k = 0; k < count; ++k)
+          ASSERT_EQ(a2a_dst[r * count + k], sent(r, rank, k))
+              << "all_to_all from rank " << r << ", call " << i;
     }
   });
 }

@@ -153,19 +153,36 @@ bool direct_all_reduce_if_ready(const Channel& ch, const CollArgs& a, const void
   return true;
 }
 
-// direct_all_gather's receives, from the slots.
-bool direct_all_gather_if_ready(const Channel& ch, const CollArgs& a, const CallTag& tag) {
+namespace {
+
+// Each peer's block into its place in `out` (block x its rank), this
+// rank's from `mine`: the receives of direct_all_gather and of
+// pairwise_all_to_all, from the slots.
+bool blocks_in_place_if_ready(const Channel& ch, char* out, const void* mine, size_t block,
+                              const CallTag& tag) {
   const int n = ch.nranks, r = ch.rank;
-  const size_t block = a.count * dtype_size(a.dtype);
   if (!every_message_in(ch, block, tag)) return false;
-  char* out = static_cast<char*>(a.recvbuf);
-  copy_if_distinct(out + static_cast<size_t>(ch.global(r)) * block, a.sendbuf, block);
+  copy_if_distinct(out + static_cast<size_t>(ch.global(r)) * block, mine, block);
   for (int s = 1; s < n; ++s) {
     const int p = mod(r - s, n);
     std::memcpy(out + static_cast<size_t>(ch.global(p)) * block, message_from(ch, p), block);
     ch.to(p)->release_recv();
   }
   return true;
+}
+
+}  // namespace
+
+bool direct_all_gather_if_ready(const Channel& ch, const CollArgs& a, const CallTag& tag) {
+  return blocks_in_place_if_ready(ch, static_cast<char*>(a.recvbuf), a.sendbuf, a.count * dtype_size(a.dtype),
+                                  tag);
+}
+
+bool all_to_all_if_ready(const Channel& ch, const CollArgs& a, const CallTag& tag) {
+  const size_t block = a.count * dtype_size(a.dtype);
+  return blocks_in_place_if_ready(
+      ch, static_cast<char*>(a.recvbuf),
+      static_cast<const char*>(a.sendbuf) + static_cast<size_t>(ch.global(ch.rank)) * block, block, tag);
 }
 
 // direct_reduce_scatter's receives and reductions, from the slots.
@@ -971,7 +988,7 @@ Task direct_scatter(const Channel& ch, CollArgs a) {
   copy_if_distinct(a.recvbuf, in + r * block, block);
 }
 
-Task pairwise_all_to_all(const Channel& ch, CollArgs a) {
+Task pairwise_all_to_all(const Channel& ch, CollArgs a, bool sent) {
   const int n = ch.nranks, r = ch.rank;
   const size_t block = a.count * dtype_size(a.dtype);
   const char* in = static_cast<const char*>(a.sendbuf);
@@ -981,7 +998,10 @@ Task pairwise_all_to_all(const Channel& ch, CollArgs a) {
   // receives once per step.
   for (int s = 1; s < n; ++s) {
     int to = mod(r + s, n), from = mod(r - s, n);
-    co_await exchange(ch, to, in + to * block, block, from, out + from * block, block);
+    if (sent)
+      co_await recv_message(ch, from, out + from * block, block);
+    else
+      co_await exchange(ch, to, in + to * block, block, from, out + from * block, block);
   }
 }
 

@@ -63,6 +63,8 @@ bool direct_sends_if_free(const Channel& ch, const void* base, size_t stride, si
 bool direct_all_reduce_if_ready(const Channel& ch, const CollArgs& a, const void* mine, const CallTag& tag);
 bool direct_all_gather_if_ready(const Channel& ch, const CollArgs& a, const CallTag& tag);
 bool direct_reduce_scatter_if_ready(const Channel& ch, const CollArgs& a, const CallTag& tag);
+// pairwise_all_to_all's receives, the same way (its sends: direct_sends_if_free).
+bool all_to_all_if_ready(const Channel& ch, const CollArgs& a, const CallTag& tag);
 // Read peers' buffers directly (channel_reads_peers); scratch: 2 * piece_bytes.
 Task peer_read_all_reduce(const Channel& ch, CollArgs a, char* scratch);
 Task peer_read_reduce_scatter(const Channel& ch, CollArgs a, char* scratch);
@@ -162,7 +164,8 @@ Task hierarchical_reduce_scatter(const Channel& host, const Channel& across, con
                                  char* scratch);
 Task direct_gather(const Channel& ch, CollArgs a);
 Task direct_scatter(const Channel& ch, CollArgs a);
-Task pairwise_all_to_all(const Channel& ch, CollArgs a);
+// `sent`: every block went out already (Communicator::run_inline).
+Task pairwise_all_to_all(const Channel& ch, CollArgs a, bool sent = false);
 Task pairwise_all_to_allv(const Channel& ch, CollArgs a);
 Task dissemination_barrier(const Channel& ch);
 

@@ -451,18 +451,19 @@ braid_result_t submit(const Call& c) {
     return finish(st, comm.get());
   }
   const bool async = c.request != nullptr;
+  const bool p2p_inline = (c.kind == OpKind::kSend || c.kind == OpKind::kRecv) && !async && c.stream == nullptr &&
+                          comm->p2p_inline_candidate(c.kind, c.args);
   if (t_group_depth > 0) {
     GroupState& g = group();
     // Deferred while the group holds nothing else, so its ops keep the
     // calls' order.
-    if (!async && c.stream == nullptr && g.ops.empty() && (g.deferred.empty() || g.deferred_comm == comm) &&
-        comm->p2p_inline_candidate(c.kind, c.args)) {
+    if (p2p_inline && g.ops.empty() && (g.deferred.empty() || g.deferred_comm == comm)) {
       if (g.deferred.empty()) g.deferred_comm = comm;
       g.deferred.push_back({c.kind, c.args});
       return BRAID_SUCCESS;
     }
     if (!g.deferred.empty()) make_deferred_ops();
-  } else if (!async && c.stream == nullptr && comm->p2p_inline_candidate(c.kind, c.args)) {
+  } else if (p2p_inline) {
     Communicator::P2pCall call{c.kind, c.args};
     if (comm->run_p2p_inline(&call, 1)) return BRAID_SUCCESS;
   }

@@ -1032,8 +1032,8 @@ std::shared_ptr<Op> Communicator::make_op(OpKind kind, const CollArgs& args, boo
 }
 
 Communicator::Inline Communicator::run_inline(OpKind kind, const CollArgs& a) {
-  const bool direct_kind =
-      kind == OpKind::kAllReduce || kind == OpKind::kAllGather || kind == OpKind::kReduceScatter;
+  const bool direct_kind = kind == OpKind::kAllReduce || kind == OpKind::kAllGather ||
+                           kind == OpKind::kReduceScatter || kind == OpKind::kAllToAll;
   const bool rooted = kind == OpKind::kBroadcast || kind == OpKind::kReduce;
   if ((!rooted && !direct_kind) || !inline_calls_) return Inline::kNothing;
   const size_t esize = dtype_size(a.dtype), bytes = a.count * esize;  // per message
@@ -1096,6 +1096,9 @@ Communicator::Inline Communicator::run_inline(OpKind kind, const CollArgs& a) {
       if (avg_scales_inputs(a) || tuner_.pick(Coll::kReduceScatter, g.in_bytes) != Algo::kDirect)
         return Inline::kNothing;
       done = direct(a.sendbuf, bytes, [&] { return direct_reduce_scatter_if_ready(coll_channel_, a, tag); });
+      break;
+    case OpKind::kAllToAll:  // pairwise, whose messages are these
+      done = direct(a.sendbuf, bytes, [&] { return all_to_all_if_ready(coll_channel_, a, tag); });
       break;
     default:
       return Inline::kNothing;
@@ -1249,7 +1252,7 @@ std::shared_ptr<Op> Communicator::attach_collective(OpKind kind, const CollArgs&
       break;
     case OpKind::kAllToAll:
       op->algo = "pairwise";
-      op->task = pairwise_all_to_all(coll_channel_, a);
+      op->task = pairwise_all_to_all(coll_channel_, a, sent_inline);
       break;
     case OpKind::kAllToAllv:
       op->algo = "pairwise";

@@ -63,7 +63,8 @@ class Communicator {
   // grouped: made between braid_group_start and braid_group_end, so it runs
   // beside the group's other ops even where it blocks.
   // sent_inline: run_inline made the call's sends (Inline::kSent); the op,
-  // a direct all_reduce, all_gather or reduce_scatter then, does the rest.
+  // a direct all_reduce, all_gather or reduce_scatter, or a pairwise
+  // all_to_all then, does the rest.
   std::shared_ptr<Op> make_op(OpKind kind, const CollArgs& args, bool async, Algo algo = Algo::kAuto,
                               bool grouped = false, bool sent_inline = false);
   std::shared_ptr<Op> attach_collective(OpKind kind, const CollArgs& args, Algo forced,
@@ -71,8 +72,9 @@ class Communicator {
   // A blocking call done on the calling thread with no op, where it can be
   // (Engine::run_inline), on shared memory: a broadcast or reduce of one
   // piece over the chain or tree whose pieces are in and whose slots are
-  // free; a direct all_reduce, all_gather or reduce_scatter of one piece per
-  // message whose slots are free (kSent) and whose peers' messages are in
+  // free; a direct all_reduce, all_gather or reduce_scatter, or an
+  // all_to_all, of one piece per message whose slots are free (kSent) and
+  // whose peers' messages are in
   // (kDone). kDone: done, successfully. kNothing: nothing done; make the
   // op. kSent: make the op with sent_inline.
   enum class Inline { kNothing, kDone, kSent };
