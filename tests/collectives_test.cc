@@ -783,6 +783,41 @@ TEST_P(Transports, SmallReducesToEveryRootAddUpWhetherInlineOrNot) {
   }
 }
 
+// Small gathers and scatters are done inline, each rank's part whole or not
+// at all (a root's sends once every slot is free, its receives once every
+// block is in), and by an op otherwise: rotating roots, two slots that a
+// root running ahead fills, a rank asleep by turns. Every block must land
+// whole in its place, and nothing else be written.
+TEST_P(Transports, SmallGathersAndScattersFromEveryRootLandInPlace) {
+  Env env = transport_env(GetParam());
+  env.push_back({"BRAID_SHM_SLOTS", "2"});
+  run_ranks(4, env, [](braid_comm_t comm, int rank, int nranks) {
+    auto value = [](int i, int from, int to, size_t k) {
+      return i * 10000 + from * 1000 + to * 100 + static_cast<int32_t>(k);
+    };
+    for (int i = 0; i < 300; ++i) {
+      const int root = (i / 5) % nranks;
+      const size_t count = 1 + static_cast<size_t>(i * 29 % 200);
+      if (rank == (i / 40) % nranks && i % 40 == 7) usleep(20 * 1000);  // the others run ahead
+      // gather: rank r's block lands at r on the root.
+      std::vector<int32_t> mine(count), all(count * nranks, -1);
+      for (size_t k = 0; k < count; ++k) mine[k] = value(i, rank, root, k);
+      BRAID_ASSERT_OK(braid_gather(mine.data(), all.data(), count, BRAID_INT32, root, comm, nullptr));
+      for (int r = 0; r < nranks; ++r)
+        for (size_t k = 0; k < count; ++k)
+          ASSERT_EQ(all[r * count + k], rank == root ? value(i, r, root, k) : -1)
+              << "gather " << i << ", root " << root << ", block of rank " << r;
+      // scatter: the root's block p lands on rank p.
+      std::vector<int32_t> blocks(count * nranks), got(count, -1);
+      for (int p = 0; p < nranks; ++p)
+        for (size_t k = 0; k < count; ++k) blocks[p * count + k] = value(i, root, p, k);
+      BRAID_ASSERT_OK(braid_scatter(blocks.data(), got.data(), count, BRAID_INT32, root, comm, nullptr));
+      for (size_t k = 0; k < count; ++k)
+        ASSERT_EQ(got[k], value(i, root, rank, k)) << "scatter " << i << ", root " << root;
+    }
+  });
+}
+
 // Small all_reduces, all_gathers and reduce_scatters run direct (all_to_alls
 // pairwise, the same messages), and on shm
 // inline where they can (Communicator::run_inline): whole where every

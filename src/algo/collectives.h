@@ -65,6 +65,11 @@ bool direct_all_gather_if_ready(const Channel& ch, const CollArgs& a, const Call
 bool direct_reduce_scatter_if_ready(const Channel& ch, const CollArgs& a, const CallTag& tag);
 // pairwise_all_to_all's receives, the same way (its sends: direct_sends_if_free).
 bool all_to_all_if_ready(const Channel& ch, const CollArgs& a, const CallTag& tag);
+// direct_gather and direct_scatter, each rank's part whole or not at all: a
+// rank that only sends (gather's non-roots, scatter's root) once every slot
+// it needs is free, one that only receives once every message is in.
+bool gather_if_ready(const Channel& ch, const CollArgs& a, const CallTag& tag);
+bool scatter_if_ready(const Channel& ch, const CollArgs& a, const CallTag& tag);
 // Read peers' buffers directly (channel_reads_peers); scratch: 2 * piece_bytes.
 Task peer_read_all_reduce(const Channel& ch, CollArgs a, char* scratch);
 Task peer_read_reduce_scatter(const Channel& ch, CollArgs a, char* scratch);

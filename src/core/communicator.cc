@@ -1035,7 +1035,8 @@ Communicator::Inline Communicator::run_inline(OpKind kind, const CollArgs& a) {
   const bool direct_kind = kind == OpKind::kAllReduce || kind == OpKind::kAllGather ||
                            kind == OpKind::kReduceScatter || kind == OpKind::kAllToAll;
   const bool rooted = kind == OpKind::kBroadcast || kind == OpKind::kReduce;
-  if ((!rooted && !direct_kind) || !inline_calls_) return Inline::kNothing;
+  const bool rooted_direct = kind == OpKind::kGather || kind == OpKind::kScatter;
+  if ((!rooted && !direct_kind && !rooted_direct) || !inline_calls_) return Inline::kNothing;
   const size_t esize = dtype_size(a.dtype), bytes = a.count * esize;  // per message
   const Regions g = regions_of(kind, a, rank_, nranks_);
   if (bytes == 0 || bytes > coll_channel_.piece_bytes ||
@@ -1096,6 +1097,13 @@ Communicator::Inline Communicator::run_inline(OpKind kind, const CollArgs& a) {
       if (avg_scales_inputs(a) || tuner_.pick(Coll::kReduceScatter, g.in_bytes) != Algo::kDirect)
         return Inline::kNothing;
       done = direct(a.sendbuf, bytes, [&] { return direct_reduce_scatter_if_ready(coll_channel_, a, tag); });
+      break;
+    case OpKind::kGather:
+    case OpKind::kScatter:
+      done = engine_->run_inline([&] {
+        return kind == OpKind::kGather ? gather_if_ready(coll_channel_, a, tag)
+                                       : scatter_if_ready(coll_channel_, a, tag);
+      });
       break;
     case OpKind::kAllToAll:  // pairwise, whose messages are these
       done = direct(a.sendbuf, bytes, [&] { return all_to_all_if_ready(coll_channel_, a, tag); });

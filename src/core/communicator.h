@@ -74,9 +74,10 @@ class Communicator {
   // piece over the chain or tree whose pieces are in and whose slots are
   // free; a direct all_reduce, all_gather or reduce_scatter, or an
   // all_to_all, of one piece per message whose slots are free (kSent) and
-  // whose peers' messages are in
-  // (kDone). kDone: done, successfully. kNothing: nothing done; make the
-  // op. kSent: make the op with sent_inline.
+  // whose peers' messages are in (kDone); a gather or scatter whose rank's
+  // part (only sends or only receives) can be done whole. kDone: done,
+  // successfully. kNothing: nothing done; make the op. kSent: make the op
+  // with sent_inline.
   enum class Inline { kNothing, kDone, kSent };
   Inline run_inline(OpKind kind, const CollArgs& args);
   // Point-to-point messages of this size and up may be read from the
