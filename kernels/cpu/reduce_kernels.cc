@@ -15,8 +15,9 @@
 // The same template is compiled three times: baseline (SSE2 on x86-64), AVX2
 // with F16C, and AVX-512 (F/BW/DQ/VL), with a fourth variant of bfloat16's
 // for AVX512_BF16's conversion; the variant is chosen once, at the first
-// call, from CPUID. BRAID_CPU_ISA=default|avx2|avx512 caps the choice (to
-// exercise the fallbacks); nothing raises it above what the CPU supports.
+// call, from CPUID. BRAID_CPU_ISA=default|avx2|avx512|avx512_bf16 caps the
+// choice (to exercise the fallbacks); nothing raises it above what the CPU
+// supports.
 #include "kernels/cpu/reduce_kernels.h"
 
 #include <bit>
@@ -277,8 +278,8 @@ struct HalfAvx512 : HalfSoft {
 // 512-bit registers (unpack and pack stay inside 128-bit lanes there too, so
 // they still undo each other), with a mask register for the NaN select. The
 // AVX2 loop ran at 20-40% of memcpy's speed from cache, bound by its
-// instruction count. AVX512_BF16's conversion is not used: it flushes
-// subnormals to zero, which the scalar rounding does not.
+// instruction count. Where the CPU has AVX512_BF16, BFloat16Avx512Bf16
+// narrows with its conversion and falls back to this one's narrow().
 struct BFloat16Avx512 : BFloat16 {
   __attribute__((target(BRAID_AVX512_TARGET), always_inline)) static inline __m512i narrow(
       const Float16v& x) {

@@ -19,12 +19,14 @@ bool is_floating(braid_dtype_t dtype);
 // AVG reduces as SUM: the collective divides once at the end.
 void reduce(braid_dtype_t dtype, braid_redop_t op, void* dst, const void* a, const void* b, size_t count);
 
-// The instruction set the kernels run with on this CPU: "avx512", "avx2"
-// (with F16C) or "default" (SSE2 on x86-64), after any BRAID_CPU_ISA cap.
+// The instruction set the kernels run with on this CPU: "avx512_bf16"
+// (AVX-512 with its bfloat16 conversion), "avx512", "avx2" (with F16C) or
+// "default" (SSE2 on x86-64), after any BRAID_CPU_ISA cap.
 const char* active_isa();
 
-// Whether `cap` is a value BRAID_CPU_ISA takes: "default", "avx2" or
-// "avx512" (the most the kernels use; no cap below what the CPU offers).
+// Whether `cap` is a value BRAID_CPU_ISA takes: "default", "avx2", "avx512"
+// or "avx512_bf16" (the most the kernels use; no cap below what the CPU
+// offers).
 bool valid_isa_cap(const char* cap);
 
 // out[i] = in[i] / divisor, for floating dtypes (the AVG finish, and a

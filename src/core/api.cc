@@ -180,13 +180,17 @@ BRAID_FAST_TLS thread_local int t_group_depth = 0;
 
 // The group's deferred calls not done inline become ops, in their order,
 // ahead of any the group makes later.
+// Each is marked done as its op joins the group, so a make_op that throws
+// (std::bad_alloc) leaves none to be made twice.
 void make_deferred_ops() {
   GroupState& g = group();
-  for (const Communicator::P2pCall& call : g.deferred)
-    if (!call.done)
-      g.ops.push_back({g.deferred_comm,
-                       g.deferred_comm->make_op(call.kind, call.args, false, Algo::kAuto, true), true,
-                       nullptr});
+  for (Communicator::P2pCall& call : g.deferred) {
+    if (call.done) continue;
+    g.ops.push_back({g.deferred_comm,
+                     g.deferred_comm->make_op(call.kind, call.args, false, Algo::kAuto, true), true,
+                     nullptr});
+    call.done = true;
+  }
   g.deferred.clear();
   g.deferred_comm.reset();
 }
@@ -451,8 +455,8 @@ braid_result_t submit(const Call& c) {
     return finish(st, comm.get());
   }
   const bool async = c.request != nullptr;
-  const bool p2p_inline = (c.kind == OpKind::kSend || c.kind == OpKind::kRecv) && !async && c.stream == nullptr &&
-                          comm->p2p_inline_candidate(c.kind, c.args);
+  const bool p2p_inline = (c.kind == OpKind::kSend || c.kind == OpKind::kRecv) && !async &&
+                          c.stream == nullptr && comm->p2p_inline_candidate(c.kind, c.args);
   if (t_group_depth > 0) {
     GroupState& g = group();
     // Deferred while the group holds nothing else, so its ops keep the
