@@ -228,10 +228,12 @@ struct BFloat16Avx2 : BFloat16 {
 };
 
 // GCC 12 reports AVX-512 intrinsics' undefined pass-through operands as
-// "may be used uninitialized" once inlined (GCC bug 105593, fixed in 13).
+// "may be used uninitialized" once inlined (GCC bug 105593, fixed in 13),
+// and as "used uninitialized" in the sanitizer builds.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #define BRAID_AVX512_TARGET "avx512f,avx512bw,avx512dq,avx512vl,avx2,f16c"
 typedef float Float16v __attribute__((vector_size(64)));
