@@ -368,24 +368,20 @@ TEST_P(FailureTransports, AbortEndsACommSplitInProgress) {
   });
 }
 
-// `calls` makes the group's calls, with `second` as the dtype of one of
-// them: a bad one on rank 1 only. Every rank's group_end must fail at once,
-// rank 1's naming `refused`.
+// `calls` makes the group's calls, one of them bad on rank 1 only, over
+// `a` and `b` (which live until group_end, as a group's buffers must).
+// Every rank's group_end must fail at once, rank 1's naming `refused`.
 void expect_refused_group_fails(const std::string& transport,
-                                const std::function<void(braid_comm_t, int, braid_dtype_t)>& calls,
+                                const std::function<void(braid_comm_t, int, float*, float*)>& calls,
                                 const char* refused) {
   Env env = transport_env(transport);
   env.push_back({"BRAID_DEBUG", "NONE"});
   env.push_back({"BRAID_TIMEOUT", "60"});
   run_ranks(2, env, [&](braid_comm_t comm, int rank, int) {
     const auto start = std::chrono::steady_clock::now();
-    braid_dtype_t second = BRAID_FLOAT32;
-    if (rank == 1) {
-      const int bad = 99;
-      std::memcpy(&second, &bad, sizeof(bad));
-    }
+    float a = 1, b = 2;
     BRAID_ASSERT_OK(braid_group_start());
-    calls(comm, rank, second);
+    calls(comm, rank, &a, &b);
     const braid_result_t end = braid_group_end();
     const std::string msg = braid_get_last_error();
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20)) << "rank " << rank;
@@ -407,27 +403,30 @@ void expect_refused_group_fails(const std::string& transport,
 TEST_P(FailureTransports, ARefusedCallFailsItsGroupOnEveryRank) {
   expect_refused_group_fails(
       GetParam(),
-      [](braid_comm_t comm, int rank, braid_dtype_t second) {
-        float a = 1, b = 2;
-        EXPECT_EQ(braid_all_reduce(&a, &a, 1, BRAID_FLOAT32, BRAID_SUM, comm, nullptr), BRAID_SUCCESS);
-        EXPECT_EQ(braid_all_reduce(&b, &b, 1, second, BRAID_SUM, comm, nullptr),
+      [](braid_comm_t comm, int rank, float* a, float* b) {
+        braid_dtype_t second = BRAID_FLOAT32;
+        if (rank == 1) {
+          const int bad = 99;
+          std::memcpy(&second, &bad, sizeof(bad));
+        }
+        EXPECT_EQ(braid_all_reduce(a, a, 1, BRAID_FLOAT32, BRAID_SUM, comm, nullptr), BRAID_SUCCESS);
+        EXPECT_EQ(braid_all_reduce(b, b, 1, second, BRAID_SUM, comm, nullptr),
                   rank == 1 ? BRAID_ERR_INVALID_ARGUMENT : BRAID_SUCCESS);
       },
       "a call in this group was refused: rank 1: all_reduce");
 }
 
 // The same where the group holds small sends and receives, which make no
-// ops until group_end.
+// ops until group_end (the bad call: a peer out of range).
 TEST_P(FailureTransports, ARefusedCallFailsAGroupOfSendsOnEveryRank) {
   expect_refused_group_fails(
       GetParam(),
-      [](braid_comm_t comm, int rank, braid_dtype_t second) {
-        float a = 1, b = 2;
-        EXPECT_EQ(braid_send(&a, 1, BRAID_FLOAT32, 1 - rank, comm, nullptr), BRAID_SUCCESS);
-        EXPECT_EQ(braid_recv(&b, 1, BRAID_FLOAT32, 1 - rank, comm, nullptr), BRAID_SUCCESS);
-        EXPECT_EQ(braid_send(&a, 1, second, 1 - rank, comm, nullptr),
+      [](braid_comm_t comm, int rank, float* a, float* b) {
+        EXPECT_EQ(braid_send(a, 1, BRAID_FLOAT32, 1 - rank, comm, nullptr), BRAID_SUCCESS);
+        EXPECT_EQ(braid_recv(b, 1, BRAID_FLOAT32, 1 - rank, comm, nullptr), BRAID_SUCCESS);
+        EXPECT_EQ(braid_send(a, 1, BRAID_FLOAT32, rank == 1 ? 99 : 1, comm, nullptr),
                   rank == 1 ? BRAID_ERR_INVALID_ARGUMENT : BRAID_SUCCESS);
-        EXPECT_EQ(braid_recv(&b, 1, BRAID_FLOAT32, 1 - rank, comm, nullptr), BRAID_SUCCESS);
+        EXPECT_EQ(braid_recv(b, 1, BRAID_FLOAT32, 1 - rank, comm, nullptr), BRAID_SUCCESS);
       },
       "a call in this group was refused: rank 1: send");
 }
