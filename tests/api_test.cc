@@ -101,7 +101,8 @@ TEST(Api, BadEnvironmentNamesTheVariable) {
       {"BRAID_TUNE_PROBE", "yes", "BRAID_TUNE_PROBE='yes'"},
       {"BRAID_CUDA_P2P_LEVEL", "NV2",
        "BRAID_CUDA_P2P_LEVEL='NV2' is invalid: expected LOC, NVL, PIX, PXB, PHB, NODE or SYS"},
-      {"BRAID_CPU_ISA", "sse9", "BRAID_CPU_ISA='sse9' is invalid: expected default, avx2, avx512 or avx512_bf16"},
+      {"BRAID_CPU_ISA", "sse9",
+       "BRAID_CPU_ISA='sse9' is invalid: expected default, avx2, avx512 or avx512_bf16"},
       // Cut to what ranks exchange, two hosts' ids would become one.
       {"BRAID_HOST_ID", long_host_id.c_str(), "expected at most 191 bytes (it has 200)"},
   };

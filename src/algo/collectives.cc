@@ -182,22 +182,13 @@ bool gather_if_ready(const Channel& ch, const CollArgs& a, const CallTag& tag) {
   const size_t block = a.count * dtype_size(a.dtype);
   if (ch.rank == a.root)
     return blocks_in_place_if_ready(ch, static_cast<char*>(a.recvbuf), a.sendbuf, block, tag);
-  Connection* c = ch.to(a.root);
-  if (!c->send_from(a.sendbuf, block, tag)) return false;
-  c->count_moved(block);
-  return true;
+  return send_counted(ch.to(a.root), a.sendbuf, block, tag);
 }
 
 bool scatter_if_ready(const Channel& ch, const CollArgs& a, const CallTag& tag) {
   const size_t block = a.count * dtype_size(a.dtype);
-  if (ch.rank != a.root) {
-    Connection* c = ch.to(a.root);
-    const void* data = nullptr;
-    if (!message_in(c, block, tag, &data)) return false;
-    std::memcpy(a.recvbuf, data, block);
-    c->release_recv();
-    return true;
-  }
+  if (ch.rank != a.root)
+    return ch.to(a.root)->recv_into(a.recvbuf, block, tag) == Connection::Received::kDone;
   if (!direct_sends_if_free(ch, a.sendbuf, block, block, tag)) return false;
   copy_if_distinct(a.recvbuf,
                    static_cast<const char*>(a.sendbuf) + static_cast<size_t>(ch.global(ch.rank)) * block,

@@ -18,6 +18,12 @@ namespace braid {
 
 void (*test_hook_before_chunk_copy)(bool) = nullptr;
 
+bool send_counted(Connection* c, const void* src, size_t bytes, const CallTag& tag) {
+  if (!c->send_from(src, bytes, tag)) return false;
+  c->count_moved(bytes);
+  return true;
+}
+
 namespace {
 
 struct RecvWait {
@@ -89,13 +95,6 @@ Until wait_both(BothWait* w, int from) {
 void commit(Connection* c, size_t bytes) {
   c->count_moved(bytes);
   c->commit_send(bytes, current_op()->tag);
-}
-
-// send_from, counting what it sent.
-bool send_counted(Connection* c, const void* src, size_t bytes, const CallTag& tag) {
-  if (!c->send_from(src, bytes, tag)) return false;
-  c->count_moved(bytes);
-  return true;
 }
 
 // The message that arrived from a peer was sent by the same call as this

@@ -38,6 +38,9 @@ inline size_t num_pieces(size_t bytes, size_t piece) {
   return bytes == 0 ? 1 : (bytes + piece - 1) / piece;
 }
 
+// Connection::send_from, counting what it sent (false: no slot free,
+// nothing sent). For sends made without an op, too (the inline attempts).
+bool send_counted(Connection* c, const void* src, size_t bytes, const CallTag& tag);
 Step send_piece(const Channel& ch, int to, const void* src, size_t bytes);
 Step recv_piece(const Channel& ch, int from, void* dst, size_t bytes);
 // dst (this rank's output) = received op local.

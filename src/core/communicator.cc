@@ -1137,9 +1137,8 @@ bool Communicator::run_p2p_inline(P2pCall* calls, size_t n) {
       const size_t bytes = call.args.count * dtype_size(call.args.dtype);
       CallTag tag;
       fill_call_tag(tag, call.kind, 0, call.args);
-      if (send ? c->send_from(call.args.sendbuf, bytes, tag)
+      if (send ? send_counted(c, call.args.sendbuf, bytes, tag)
                : c->recv_into(call.args.recvbuf, bytes, tag) == Connection::Received::kDone) {
-        if (send) c->count_moved(bytes);
         call.done = true;
         --left;
       } else {
