@@ -28,6 +28,8 @@
 //   mpirun -np 4 build/bench/ddp_overlap [--layers 24] [--layer-params 1M]
 //          [--compute-us auto|N] [--compute sleep|spin] [--iters 10] [--buckets 1M,4M,25M,...]
 //          [--grad-copies]   (gradients in their own arrays instead of views into the buckets)
+//          [--plain-buckets] (Options::register_buckets = false: buckets in plain memory, all-reduced
+//                             through the transport's slots instead of between the ranks' buckets)
 // The last line reads `overlap/sequential = X.XX` for the default bucket size (25 MiB).
 #include <braid/braid.h>
 #include <braid/ddp.hpp>
@@ -56,7 +58,8 @@ struct Config {
   size_t layer_params = size_t{1} << 20;
   long compute_us = -1;  // -1: auto, the backward as long as the all_reduce of every gradient
   bool spin = false;
-  bool grad_copies = false;  // gradients outside the buckets, copied in and out
+  bool grad_copies = false;    // gradients outside the buckets, copied in and out
+  bool plain_buckets = false;  // Options::register_buckets = false
   long iters = 10;
   std::vector<size_t> buckets = {size_t{1} << 20, size_t{4} << 20, size_t{25} << 20, size_t{64} << 20,
                                  size_t{256} << 20};
@@ -89,6 +92,9 @@ bool parse(int argc, char** argv, Config* c, std::string* error) {
       if (ok) c->spin = std::strcmp(v, "spin") == 0;
     } else if (a == "--grad-copies") {
       c->grad_copies = true;
+      continue;
+    } else if (a == "--plain-buckets") {
+      c->plain_buckets = true;
       continue;
     } else if (a == "--iters") {
       ok = ok && braid_bench::parse_long(v, 1, 100000, &c->iters);
@@ -236,8 +242,8 @@ int main(int argc, char** argv) {
     std::printf("# one all_reduce of every gradient: %.1f ms\n", allreduce_ms);
     std::printf("# compute %ld us per layer, %s; step = median of %ld, slowest rank\n", cfg.compute_us,
                 cfg.spin ? "spin (CPU busy)" : "sleep (CPU free, as under an accelerator)", cfg.iters);
-    std::printf("# %10s %8s %14s %12s %18s %8s\n", "bucket", "buckets", "sequential_ms", "overlap_ms",
-                "overlap/sequential", "correct");
+    std::printf("# %10s %8s %10s %14s %12s %18s %8s\n", "bucket", "buckets", "registered", "sequential_ms",
+                "overlap_ms", "overlap/sequential", "correct");
   }
   const size_t default_bucket = braid::ddp::Options{}.bucket_bytes;
   double default_ratio = -1;
@@ -245,6 +251,7 @@ int main(int argc, char** argv) {
   for (size_t bucket : cfg.buckets) {
     braid::ddp::Options opt;
     opt.bucket_bytes = bucket;
+    opt.register_buckets = !cfg.plain_buckets;
     std::unique_ptr<braid::ddp::Reducer> ddp;
     if (auto r = braid::ddp::Reducer::create(comm, params, {}, opt, &ddp); !r) {
       std::fprintf(stderr, "ddp_overlap: rank %d: %s\n", rank, r.message.c_str());
@@ -258,8 +265,9 @@ int main(int argc, char** argv) {
     all_correct &= ok != 0;
     if (bucket == default_bucket) default_ratio = ovl / seq;
     if (rank == 0) {
-      std::printf("  %8.0fMiB %8zu %14.1f %12.1f %18.2f %8s\n", static_cast<double>(bucket) / (1 << 20),
-                  ddp->buckets().size(), seq * 1e3, ovl * 1e3, ovl / seq, ok ? "yes" : "NO");
+      std::printf("  %8.0fMiB %8zu %10s %14.1f %12.1f %18.2f %8s\n", static_cast<double>(bucket) / (1 << 20),
+                  ddp->buckets().size(), ddp->buckets_registered() ? "yes" : "no", seq * 1e3, ovl * 1e3,
+                  ovl / seq, ok ? "yes" : "NO");
     }
   }
   // For reference: the backward alone, without communication.

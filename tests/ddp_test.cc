@@ -74,8 +74,18 @@ Mlp train_alone(const Dataset& data, int steps, int micro_batches) {
   return m;
 }
 
-void train_on_shards(int nranks, const braid::ddp::Options& options, bool grads_in_buckets) {
-  braid::test::run_ranks(nranks, {}, [&](braid_comm_t comm, int rank, int n) {
+uint64_t window_bytes(braid_comm_t comm) {
+  uint64_t b = 0;
+  EXPECT_EQ(braid_comm_transport_bytes(comm, "shm_window", &b), BRAID_SUCCESS) << braid_get_last_error();
+  return b;
+}
+
+// expect_windows: the buckets are registered and their all_reduces moved
+// data between the ranks' buckets (run with a low BRAID_WINDOW_MIN_BYTES:
+// these buckets are small).
+void train_on_shards(int nranks, const braid::ddp::Options& options, bool grads_in_buckets,
+                     const braid::test::Env& env = {}, bool expect_windows = false) {
+  braid::test::run_ranks(nranks, env, [&](braid_comm_t comm, int rank, int n) {
     const Dataset data(kBatch, kIn, kOut, 1234);
     // Ranks other than 0 start from other values: the Reducer must replace them with rank 0's.
     Mlp m(kIn, kHidden, kOut, rank == 0 ? 7 : 100 + rank);
@@ -93,6 +103,17 @@ void train_on_shards(int nranks, const braid::ddp::Options& options, bool grads_
       r = ddp->finish();
       ASSERT_TRUE(r.ok()) << r.message;
       m.sgd(kLr);
+    }
+    EXPECT_EQ(ddp->buckets_registered(), options.register_buckets);
+    if (options.register_buckets) {
+      EXPECT_NE(ddp->bucket_comm(), comm) << "registered buckets run on the Reducer's own communicator";
+    } else {
+      EXPECT_EQ(ddp->bucket_comm(), comm);
+    }
+    if (expect_windows) {
+      EXPECT_GT(window_bytes(ddp->bucket_comm()), 0u) << "the buckets' all_reduces went through the slots";
+    } else if (!options.register_buckets) {
+      EXPECT_EQ(window_bytes(comm), 0u);
     }
     const double worst = expect_close(m, train_alone(data, kSteps, 1), 1e-5, "rank " + std::to_string(rank));
     if (rank == 0) {
@@ -119,6 +140,37 @@ TEST(Ddp, ThreeRanksTrainLikeOneProcessWithGradientsInBuckets) {
 }
 TEST(Ddp, FourRanksTrainLikeOneProcessWithDefaultBuckets) {
   train_on_shards(4, braid::ddp::Options{}, false);
+}
+
+TEST(Ddp, RegisteredBucketsTrainLikeOneProcessThroughTheWindows) {
+  train_on_shards(3, small_buckets(), true, {{"BRAID_WINDOW_MIN_BYTES", "1"}}, true);
+}
+TEST(Ddp, PlainBucketsTrainLikeOneProcessOnTheGivenCommunicator) {
+  braid::ddp::Options o = small_buckets();
+  o.register_buckets = false;
+  train_on_shards(2, o, true, {{"BRAID_WINDOW_MIN_BYTES", "1"}});
+}
+
+// The Reducer's communicator ends on each rank alone: a rank that destroys
+// its Reducer while a peer still uses the communicator given to create
+// (whose collectives must not meet a deregistration) carries on with it.
+TEST(Ddp, AReducerDestroyedOnOneRankLeavesTheCommunicatorFree) {
+  braid::test::run_ranks(2, {{"BRAID_WINDOW_MIN_BYTES", "1"}}, [&](braid_comm_t comm, int rank, int) {
+    Mlp m(kIn, kHidden, kOut, 7);
+    std::unique_ptr<Reducer> ddp;
+    auto r = Reducer::create(comm, parameters_of(&m, true), {}, small_buckets(), &ddp);
+    ASSERT_TRUE(r.ok()) << r.message;
+    ASSERT_TRUE(ddp->buckets_registered());
+    for (int k = 0; k < Mlp::kParams; ++k) ASSERT_TRUE(ddp->mark_ready(k).ok());
+    r = ddp->finish();
+    ASSERT_TRUE(r.ok()) << r.message;
+    // Rank 0 destroys first, then all-reduces; rank 1 all-reduces first.
+    if (rank == 0) ddp.reset();
+    std::vector<float> v(4096, static_cast<float>(rank + 1));
+    BRAID_ASSERT_OK(braid_all_reduce(v.data(), v.data(), v.size(), BRAID_FLOAT32, BRAID_SUM, comm, nullptr));
+    for (float x : v) ASSERT_EQ(x, 3.0f);
+    ddp.reset();
+  });
 }
 
 TEST(Ddp, BucketsStartInOrderAsGradientsArrive) {

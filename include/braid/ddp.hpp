@@ -15,7 +15,8 @@
 //     r = ddp->finish();           // gradients now hold the average over ranks
 //     optimizer step
 //
-// Host memory only in this build (braid's CUDA path is not there yet).
+// Host memory only: gradients on a GPU go through torch's DDP with the
+// braid backend (python/), not through this layer.
 // Errors are values: every call that can fail returns a Result naming what
 // went wrong. Needs C++17.
 #ifndef BRAID_DDP_HPP_
@@ -74,6 +75,16 @@ struct Options {
   // find_unused_parameters. One no rank used keeps its grad as it was
   // (used_in_last_step). Options must be the same on every rank.
   bool allow_unused_parameters = false;
+  // When true, the buckets live in memory every rank of a host can map
+  // (braid_mem_alloc), registered on a communicator the Reducer splits from
+  // the one given to create and runs its all_reduces on. On one host that
+  // lets each all_reduce of 16 KiB or more (BRAID_WINDOW_MIN_BYTES) move
+  // data straight between the ranks' buckets, with no copy through the
+  // transport; across hosts it changes nothing but the communicator. The
+  // Reducer's communicator ends with it, on each rank alone (a
+  // deregistration would be collective). When false, the buckets are plain
+  // memory and the all_reduces run on comm itself.
+  bool register_buckets = true;
 };
 
 struct BucketInfo {
@@ -86,7 +97,8 @@ class Reducer {
  public:
   // Validates the parameters, checks that every rank registered the same
   // shapes and dtypes, builds the buckets and broadcasts parameters and
-  // buffers from rank 0. Collective over comm. Gradients must be of a
+  // buffers from rank 0. Collective over comm (and so is its split, with
+  // Options::register_buckets). Gradients must be of a
   // floating dtype (float16, bfloat16, float32, float64). A bucket holds one
   // dtype; buckets are numbered in the order they fill (by the first
   // parameter registered in each), so a model mixing dtypes still starts
@@ -164,6 +176,14 @@ class Reducer {
   // allow_unused_parameters; with it, finish() leaves the grad of a
   // parameter no rank used as it was (a gradient in its bucket slot too).
   bool used_in_last_step(size_t i) const;
+  // The communicator the buckets' all_reduces run on: the Reducer's own
+  // (Options::register_buckets), else the one given to create.
+  braid_comm_t bucket_comm() const;
+  // Whether the buckets are registered on bucket_comm(): false with
+  // Options::register_buckets false, or where some rank could not allocate
+  // such memory (every rank then says false, and the buckets are plain
+  // memory).
+  bool buckets_registered() const;
 
  private:
   struct State;

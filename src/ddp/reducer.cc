@@ -39,10 +39,6 @@ void mix(uint64_t* h, uint64_t v) {
   }
 }
 
-struct AlignedFree {
-  void operator()(unsigned char* p) const { std::free(p); }
-};
-
 // memcpy without its pointer rules for empty parameters (data may be null).
 void copy_bytes(void* dst, const void* src, size_t n) {
   if (n > 0) std::memcpy(dst, src, n);
@@ -88,14 +84,25 @@ bool marked(braid_dtype_t t, const void* at) {
 struct Reducer::State {
   struct Bucket {
     BucketInfo info;
-    size_t count = 0;  // elements of gradients
-    size_t marks = 1;  // elements after them: the step mark, then used marks
-    std::unique_ptr<unsigned char[], AlignedFree> storage;
-    size_t pending = 0;  // parameters not yet ready in this step
+    size_t count = 0;                  // elements of gradients
+    size_t marks = 1;                  // elements after them: the step mark, then used marks
+    unsigned char* storage = nullptr;  // inside State::arena
+    size_t pending = 0;                // parameters not yet ready in this step
     braid_request_t request = nullptr;
   };
 
   braid_comm_t comm = nullptr;
+  // Where the buckets' all_reduces run: comm, or with register_buckets a
+  // communicator split from it that this State owns, on which `arena` is
+  // registered. It is destroyed before the arena is freed: braid refuses to
+  // free memory a live communicator has registered.
+  braid_comm_t bucket_comm = nullptr;
+  bool owns_bucket_comm = false;
+  bool registered = false;
+  // Every bucket's storage, each on a cache line: from braid_mem_alloc
+  // (arena_mapped) or aligned_alloc.
+  unsigned char* arena = nullptr;
+  bool arena_mapped = false;
   int rank = 0;
   int nranks = 1;
   Options options;
@@ -127,14 +134,25 @@ struct Reducer::State {
   std::vector<size_t> last_order;
   Result step_error;  // the first failure of this step, reported again by finish()
 
+  State() = default;
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+  ~State() {
+    if (owns_bucket_comm) (void)braid_comm_destroy(bucket_comm);
+    if (arena_mapped)
+      (void)braid_mem_free(arena);
+    else
+      std::free(arena);
+  }
+
   unsigned char* slot(size_t i) const {
     const Bucket& b = buckets[bucket_of[i]];
-    return b.storage.get() + offset_of[i] * braid_dtype_size(b.info.dtype);
+    return b.storage + offset_of[i] * braid_dtype_size(b.info.dtype);
   }
   size_t bytes(size_t i) const { return params[i].count * braid_dtype_size(params[i].dtype); }
 
   unsigned char* mark(const Bucket& b, size_t k = 0) const {
-    return b.storage.get() + b.info.bytes + k * braid_dtype_size(b.info.dtype);
+    return b.storage + b.info.bytes + k * braid_dtype_size(b.info.dtype);
   }
 
   // Starts, in bucket order, every bucket whose gradients are all ready
@@ -152,8 +170,8 @@ struct Reducer::State {
         const size_t i = b.info.parameters[j - 1];
         set_mark(b.info.dtype, mark(b, j), given[i] || accumulated[i]);
       }
-      braid_result_t r = braid_iall_reduce(b.storage.get(), b.storage.get(), b.count + b.marks, b.info.dtype,
-                                           BRAID_AVG, comm, nullptr, &b.request);
+      braid_result_t r = braid_iall_reduce(b.storage, b.storage, b.count + b.marks, b.info.dtype, BRAID_AVG,
+                                           bucket_comm, nullptr, &b.request);
       if (r != BRAID_SUCCESS) {
         b.request = nullptr;
         step_error = from_call(r, "all_reduce of gradient bucket " + std::to_string(next_to_start));
@@ -233,6 +251,36 @@ struct Reducer::State {
     step_error = {};
   }
 
+  // The buckets' memory, and with options.register_buckets the
+  // communicator it is registered on. Collective over comm.
+  Result make_arena(size_t bytes) {
+    bucket_comm = comm;
+    if (options.register_buckets) {
+      if (Result r = from_call(braid_comm_split(comm, 0, rank, &bucket_comm),
+                               "Reducer::create: making the buckets' communicator");
+          !r) {
+        bucket_comm = nullptr;
+        return r;
+      }
+      owns_bucket_comm = true;
+      void* mapped = nullptr;
+      if (braid_mem_alloc(&mapped, bytes) == BRAID_SUCCESS) {
+        arena = static_cast<unsigned char*>(mapped);
+        arena_mapped = true;
+      }
+      // A rank without such memory names null: then every rank's
+      // registration fails alike, and every rank goes on with plain memory.
+      registered = braid_comm_register(bucket_comm, arena, bytes) == BRAID_SUCCESS;
+      if (arena != nullptr) return {};
+    }
+    arena = static_cast<unsigned char*>(std::aligned_alloc(64, bytes));
+    if (arena == nullptr) {
+      return fail(BRAID_ERR_SYSTEM,
+                  "Reducer::create: cannot allocate " + std::to_string(bytes) + " bytes of gradient buckets");
+    }
+    return {};
+  }
+
   Result broadcast(void* data, size_t count, braid_dtype_t dtype, const std::string& what) {
     return from_call(braid_broadcast(data, data, count, dtype, 0, comm, nullptr), "broadcast of " + what);
   }
@@ -298,7 +346,7 @@ Result Reducer::create(braid_comm_t comm, std::vector<Parameter> parameters, std
   for (const Parameter& p : parameters) mix(&mine[1], (uint64_t{p.count} << 8) | p.dtype);
   for (const Buffer& b : buffers) mix(&mine[3], (uint64_t{b.count} << 8) | b.dtype);
   for (uint64_t v : {uint64_t{options.bucket_bytes}, uint64_t{options.first_bucket_bytes},
-                     uint64_t{options.allow_unused_parameters}})
+                     uint64_t{options.allow_unused_parameters}, uint64_t{options.register_buckets}})
     mix(&mine[4], v);
   std::vector<uint64_t> all(kFields * static_cast<size_t>(s->nranks));
   if (Result r = from_call(braid_all_gather(mine, all.data(), kFields, BRAID_UINT64, comm, nullptr),
@@ -317,7 +365,7 @@ Result Reducer::create(braid_comm_t comm, std::vector<Parameter> parameters, std
     if (std::memcmp(other, all.data(), 4 * sizeof(uint64_t)) == 0 && other[4] != all[4]) {
       return fail(BRAID_ERR_MISMATCH, "Reducer::create: rank " + std::to_string(q) +
                                           "'s Options (bucket_bytes, first_bucket_bytes, "
-                                          "allow_unused_parameters) differ from rank 0's");
+                                          "allow_unused_parameters, register_buckets) differ from rank 0's");
     }
     if (std::memcmp(other, all.data(), sizeof mine) != 0) {
       const bool params_differ = other[0] != all[0] || other[1] != all[1];
@@ -383,29 +431,29 @@ Result Reducer::create(braid_comm_t comm, std::vector<Parameter> parameters, std
     for (size_t k = 0; k < s->buckets.size(); ++k)
       for (size_t i : s->buckets[k].info.parameters) s->bucket_of[i] = k;
   }
+  std::vector<size_t> offsets;
+  size_t arena_bytes = 0;
   for (State::Bucket& b : s->buckets) {
     b.marks = 1 + (options.allow_unused_parameters ? b.info.parameters.size() : 0);
-    const size_t alloc = (b.info.bytes + b.marks * braid_dtype_size(b.info.dtype) + 63) / 64 * 64;
-    b.storage.reset(static_cast<unsigned char*>(std::aligned_alloc(64, alloc)));
-    if (!b.storage) {
-      return fail(BRAID_ERR_SYSTEM,
-                  "Reducer::create: cannot allocate a bucket of " + std::to_string(alloc) + " bytes");
-    }
+    offsets.push_back(arena_bytes);
+    arena_bytes += (b.info.bytes + b.marks * braid_dtype_size(b.info.dtype) + 63) / 64 * 64;
     b.pending = b.info.parameters.size();
     s->infos.push_back(b.info);
   }
+  if (Result r = s->make_arena(arena_bytes); !r) return r;
+  for (size_t k = 0; k < s->buckets.size(); ++k) s->buckets[k].storage = s->arena + offsets[k];
 
   // Start every replica from rank 0's values: parameters packed per bucket.
   for (size_t k = 0; k < s->buckets.size(); ++k) {
     State::Bucket& b = s->buckets[k];
     for (size_t i : b.info.parameters) copy_bytes(s->slot(i), s->params[i].data, s->bytes(i));
-    if (Result r = s->broadcast(b.storage.get(), b.count, b.info.dtype,
-                                "the parameters of bucket " + std::to_string(k));
+    if (Result r =
+            s->broadcast(b.storage, b.count, b.info.dtype, "the parameters of bucket " + std::to_string(k));
         !r) {
       return r;
     }
     for (size_t i : b.info.parameters) copy_bytes(s->params[i].data, s->slot(i), s->bytes(i));
-    std::memset(b.storage.get(), 0, b.info.bytes);  // gradients kept in the bucket start at zero
+    std::memset(b.storage, 0, b.info.bytes);  // gradients kept in the bucket start at zero
   }
   std::unique_ptr<Reducer> made(new Reducer(std::move(s)));
   if (Result r = made->sync_buffers(); !r) return r;
@@ -582,6 +630,14 @@ std::vector<size_t> Reducer::last_start_order() const {
 bool Reducer::used_in_last_step(size_t i) const {
   std::lock_guard<std::mutex> lock(state_->mu);
   return i < state_->used_last.size() && state_->used_last[i];
+}
+
+braid_comm_t Reducer::bucket_comm() const {
+  return state_->bucket_comm;
+}
+
+bool Reducer::buckets_registered() const {
+  return state_->registered;
 }
 
 size_t Reducer::num_parameters() const {
