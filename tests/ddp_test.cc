@@ -10,6 +10,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "examples/mlp_model.h"
@@ -111,9 +112,10 @@ void train_on_shards(int nranks, const braid::ddp::Options& options, bool grads_
       EXPECT_EQ(ddp->bucket_comm(), comm);
     }
     if (expect_windows) {
-      EXPECT_GT(window_bytes(ddp->bucket_comm()), 0u) << "the buckets' all_reduces went through the slots";
-    } else if (!options.register_buckets) {
-      EXPECT_EQ(window_bytes(comm), 0u);
+      EXPECT_GT(window_bytes(ddp->bucket_comm()), 0u)
+          << "the buckets' all_reduces went through the transport";
+    } else {
+      EXPECT_EQ(window_bytes(ddp->bucket_comm()), 0u);
     }
     const double worst = expect_close(m, train_alone(data, kSteps, 1), 1e-5, "rank " + std::to_string(rank));
     if (rank == 0) {
@@ -145,6 +147,11 @@ TEST(Ddp, FourRanksTrainLikeOneProcessWithDefaultBuckets) {
 TEST(Ddp, RegisteredBucketsTrainLikeOneProcessThroughTheWindows) {
   train_on_shards(3, small_buckets(), true, {{"BRAID_WINDOW_MIN_BYTES", "1"}}, true);
 }
+// Over tcp the ranks cannot map each other's memory: the registration is
+// kept and changes nothing.
+TEST(Ddp, RegisteredBucketsOverTcpTrainLikeOneProcessWithoutWindows) {
+  train_on_shards(2, small_buckets(), true, {{"BRAID_WINDOW_MIN_BYTES", "1"}, {"BRAID_TRANSPORT", "tcp"}});
+}
 TEST(Ddp, PlainBucketsTrainLikeOneProcessOnTheGivenCommunicator) {
   braid::ddp::Options o = small_buckets();
   o.register_buckets = false;
@@ -165,10 +172,40 @@ TEST(Ddp, AReducerDestroyedOnOneRankLeavesTheCommunicatorFree) {
     r = ddp->finish();
     ASSERT_TRUE(r.ok()) << r.message;
     // Rank 0 destroys first, then all-reduces; rank 1 all-reduces first.
+    braid_comm_t own = ddp->bucket_comm();
+    ASSERT_NE(own, comm);
     if (rank == 0) ddp.reset();
     std::vector<float> v(4096, static_cast<float>(rank + 1));
     BRAID_ASSERT_OK(braid_all_reduce(v.data(), v.data(), v.size(), BRAID_FLOAT32, BRAID_SUM, comm, nullptr));
     for (float x : v) ASSERT_EQ(x, 3.0f);
+    ddp.reset();
+    int ignored = 0;
+    EXPECT_EQ(braid_comm_rank(own, &ignored), BRAID_ERR_INVALID_ARGUMENT)
+        << "the Reducer's communicator outlived it";
+  });
+}
+
+// The Reducer's communicator is its own: a watchdog ends a step that hangs
+// on a peer by aborting bucket_comm(), and the Reducer still goes cleanly.
+TEST(Ddp, AbortingTheBucketCommunicatorEndsAHungStep) {
+  braid::test::run_ranks(2, {{"BRAID_TIMEOUT", "60"}}, [&](braid_comm_t comm, int rank, int) {
+    Mlp m(kIn, kHidden, kOut, 7);
+    std::unique_ptr<Reducer> ddp;
+    auto r = Reducer::create(comm, parameters_of(&m, true), {}, small_buckets(), &ddp);
+    ASSERT_TRUE(r.ok()) << r.message;
+    if (rank == 0) {
+      // Rank 1 never begins the step.
+      for (int k = 0; k < Mlp::kParams; ++k) ASSERT_TRUE(ddp->mark_ready(k).ok());
+      braid_comm_t own = ddp->bucket_comm();
+      std::thread watchdog([own] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        EXPECT_EQ(braid_comm_abort(own), BRAID_SUCCESS) << braid_get_last_error();
+      });
+      r = ddp->finish();
+      watchdog.join();
+      EXPECT_EQ(r.code, BRAID_ERR_ABORTED) << r.message;
+    }
+    BRAID_ASSERT_OK(braid_barrier(comm, nullptr));
     ddp.reset();
   });
 }

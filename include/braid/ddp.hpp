@@ -75,15 +75,19 @@ struct Options {
   // find_unused_parameters. One no rank used keeps its grad as it was
   // (used_in_last_step). Options must be the same on every rank.
   bool allow_unused_parameters = false;
-  // When true, the buckets live in memory every rank of a host can map
-  // (braid_mem_alloc), registered on a communicator the Reducer splits from
-  // the one given to create and runs its all_reduces on. On one host that
-  // lets each all_reduce of 16 KiB or more (BRAID_WINDOW_MIN_BYTES) move
-  // data straight between the ranks' buckets, with no copy through the
-  // transport; across hosts it changes nothing but the communicator. The
-  // Reducer's communicator ends with it, on each rank alone (a
-  // deregistration would be collective). When false, the buckets are plain
-  // memory and the all_reduces run on comm itself.
+  // When true (and with more than one rank), the buckets live in memory
+  // every rank of a host can map (braid_mem_alloc), registered on a
+  // communicator the Reducer splits from the one given to create and runs
+  // its all_reduces on. On one host that lets each all_reduce of
+  // BRAID_WINDOW_MIN_BYTES or more (16 KiB, 128 KiB where ranks share
+  // cores) move data straight between the ranks' buckets, with no copy
+  // through the transport; across hosts it changes nothing but the
+  // communicator. The Reducer's communicator ends with it, on each rank
+  // alone (a deregistration would be collective). Being its own, it takes
+  // the timeout comm had at create, and braid_comm_abort(comm) does not
+  // reach it: a watchdog that aborts comm to end a hung step aborts
+  // bucket_comm() too. When false, the buckets are plain memory and the
+  // all_reduces run on comm itself.
   bool register_buckets = true;
 };
 
@@ -160,9 +164,10 @@ class Reducer {
   };
   NoSync no_sync() { return NoSync(this); }
 
-  // Broadcasts every Buffer from rank 0 again. Collective: call it between
-  // steps on every rank (inside a step the ranks' bucket all_reduces and
-  // the broadcasts could interleave differently, BRAID_ERR_MISMATCH).
+  // Broadcasts every Buffer from rank 0 again, on comm. Collective: call it
+  // between steps on every rank (with register_buckets false, inside a step
+  // the ranks' bucket all_reduces and the broadcasts could interleave
+  // differently, BRAID_ERR_MISMATCH).
   Result sync_buffers();
 
   const std::vector<BucketInfo>& buckets() const;
@@ -180,9 +185,12 @@ class Reducer {
   // (Options::register_buckets), else the one given to create.
   braid_comm_t bucket_comm() const;
   // Whether the buckets are registered on bucket_comm(): false with
-  // Options::register_buckets false, or where some rank could not allocate
-  // such memory (every rank then says false, and the buckets are plain
-  // memory).
+  // Options::register_buckets false or one rank, or where a rank could not
+  // allocate such memory (on one host every rank then says false; across
+  // hosts only that rank). Registered buckets across hosts, or where ranks
+  // cannot map each other's memory, move as plain ones: the byte count
+  // braid_comm_transport_bytes(bucket_comm(), "shm_window") shows whether
+  // data moved between the buckets.
   bool buckets_registered() const;
 
  private:

@@ -138,6 +138,7 @@ struct Reducer::State {
   State(const State&) = delete;
   State& operator=(const State&) = delete;
   ~State() {
+    // Refused, harmlessly, for a bucket_comm() the caller aborted.
     if (owns_bucket_comm) (void)braid_comm_destroy(bucket_comm);
     if (arena_mapped)
       (void)braid_mem_free(arena);
@@ -255,7 +256,7 @@ struct Reducer::State {
   // communicator it is registered on. Collective over comm.
   Result make_arena(size_t bytes) {
     bucket_comm = comm;
-    if (options.register_buckets) {
+    if (options.register_buckets && nranks > 1) {
       if (Result r = from_call(braid_comm_split(comm, 0, rank, &bucket_comm),
                                "Reducer::create: making the buckets' communicator");
           !r) {
@@ -268,8 +269,9 @@ struct Reducer::State {
         arena = static_cast<unsigned char*>(mapped);
         arena_mapped = true;
       }
-      // A rank without such memory names null: then every rank's
-      // registration fails alike, and every rank goes on with plain memory.
+      // A rank without such memory names null: on one host every rank's
+      // registration then fails alike, and every rank goes on with plain
+      // memory (across hosts a registration is each rank's own).
       registered = braid_comm_register(bucket_comm, arena, bytes) == BRAID_SUCCESS;
       if (arena != nullptr) return {};
     }
