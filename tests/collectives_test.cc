@@ -2,11 +2,13 @@
 // and tcp: exact results, groups, requests, splits, several communicators.
 // The full dtype x op x root x size matrix lives in check_matrix_test.
 #include <braid/braid.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1136,6 +1138,32 @@ TEST_P(Transports, SplitByParity) {
               std::string::npos)
         << braid_get_last_error();
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+    BRAID_ASSERT_OK(braid_all_reduce(&mine, &total, 1, BRAID_INT32, BRAID_SUM, comm, nullptr));
+    EXPECT_EQ(total, 10);
+    // So does a rank that cannot open the new communicator's listening
+    // socket: here rank 1 has no file descriptor left.
+    std::vector<int> held;
+    rlimit limit{};
+    ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &limit), 0);
+    if (rank == 1) {
+      int highest = 0;
+      for (int fd = 0; fd < 4096; ++fd)
+        if (fcntl(fd, F_GETFD) != -1) highest = fd;
+      rlimit low = limit;
+      low.rlim_cur = static_cast<rlim_t>(highest) + 4;
+      ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+      for (int fd; (fd = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) held.push_back(fd);
+    }
+    const auto again = std::chrono::steady_clock::now();
+    EXPECT_NE(braid_comm_split(comm, 0, 0, &bad), BRAID_SUCCESS);
+    EXPECT_EQ(bad, nullptr);
+    const std::string why = braid_get_last_error();
+    EXPECT_NE(why.find(rank == 1 ? "Too many open files" : "rank 1 could not open the new communicator's"),
+              std::string::npos)
+        << why;
+    EXPECT_LT(std::chrono::steady_clock::now() - again, std::chrono::seconds(10));
+    for (int fd : held) close(fd);
+    ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &limit), 0);
     BRAID_ASSERT_OK(braid_all_reduce(&mine, &total, 1, BRAID_INT32, BRAID_SUM, comm, nullptr));
     EXPECT_EQ(total, 10);
   });

@@ -765,28 +765,41 @@ Status Communicator::split(int color, int key, std::shared_ptr<Communicator>* ou
   } mine{};
   int listen_fd = -1;
   SockAddr listen_addr;
-  // A rank refusing its color still takes part in the exchange, so that
-  // every rank fails at once instead of waiting for it until the deadline.
+  // A rank refusing its color, or unable to open the new communicator's
+  // listening socket, still takes part in the exchange, so that every rank
+  // fails at once instead of waiting for it until the deadline.
   constexpr int32_t kRefused = INT32_MIN;
+  constexpr int32_t kNoListener = INT32_MIN + 1;
   const bool refused = color < 0 && color != BRAID_SPLIT_NOCOLOR;
   mine.color = refused ? kRefused : color;
   mine.key = key;
+  Status listener;
   if (color >= 0) {
-    BRAID_RETURN_IF_ERROR(bootstrap_->open_listener(&listen_fd, &listen_addr));
-    listen_addr.to_wire(mine.addr);
-    JobToken t = random_token();
-    std::memcpy(mine.token, t.data(), kTokenBytes);
+    listener = bootstrap_->open_listener(&listen_fd, &listen_addr);
+    if (listener) {
+      listen_addr.to_wire(mine.addr);
+      JobToken t = random_token();
+      std::memcpy(mine.token, t.data(), kTokenBytes);
+    } else {
+      mine.color = kNoListener;
+    }
   }
   std::vector<uint8_t> raw;
   Status st = bootstrap_->all_gather(&mine, sizeof(mine), &raw, deadline);
   std::vector<SplitInfo> all(nranks_);
   if (st) std::memcpy(all.data(), raw.data(), raw.size());
   for (int r = 0; st && r < nranks_; ++r) {
-    if (all[r].color != kRefused) continue;
-    st = r == rank_ ? Status::invalid_argument("color=" + std::to_string(color) +
-                                               " is negative; use BRAID_SPLIT_NOCOLOR to opt out")
-                    : Status::invalid_argument("rank " + std::to_string(r) +
-                                               " passed a negative color (its error names it)");
+    if (all[r].color == kRefused) {
+      st = r == rank_ ? Status::invalid_argument("color=" + std::to_string(color) +
+                                                 " is negative; use BRAID_SPLIT_NOCOLOR to opt out")
+                      : Status::invalid_argument("rank " + std::to_string(r) +
+                                                 " passed a negative color (its error names it)");
+    } else if (all[r].color == kNoListener) {
+      st = r == rank_ ? listener.with_context("split: opening the new communicator's listening socket")
+                      : Status::remote("split: rank " + std::to_string(r) +
+                                       " could not open the new communicator's listening socket (its "
+                                       "error names the cause)");
+    }
   }
   if (!st || color == BRAID_SPLIT_NOCOLOR) {
     close_fd(&listen_fd);
