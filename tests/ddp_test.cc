@@ -2,11 +2,13 @@
 // whole batch in one process, buckets start in order as gradients arrive,
 // no_sync accumulates, and a missing gradient or a mismatched model is named.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <braid/ddp.hpp>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -208,6 +210,51 @@ TEST(Ddp, AbortingTheBucketCommunicatorEndsAHungStep) {
     BRAID_ASSERT_OK(braid_barrier(comm, nullptr));
     ddp.reset();
   });
+}
+
+// A rank that cannot allocate its buckets fails create on every rank at
+// once: its peers would otherwise wait in the parameters' broadcast until
+// their deadline.
+TEST(Ddp, ARankWithoutMemoryForItsBucketsFailsCreateEverywhere) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "limits the address space, which the sanitizers' shadow memory fills";
+#else
+  braid::test::run_ranks(2, {{"BRAID_TIMEOUT", "30"}}, [&](braid_comm_t comm, int rank, int) {
+    constexpr size_t kCount = size_t{64} << 20;                             // 256 MiB of float32
+    float* data = static_cast<float*>(std::calloc(kCount, sizeof(float)));  // untouched pages
+    ASSERT_NE(data, nullptr);
+    rlimit limit{};
+    ASSERT_EQ(getrlimit(RLIMIT_AS, &limit), 0);
+    if (rank == 1) {
+      // Room for what create needs besides the buckets, not for them.
+      size_t vm_kib = 0;
+      std::FILE* f = std::fopen("/proc/self/status", "r");
+      ASSERT_NE(f, nullptr);
+      char line[256];
+      while (std::fgets(line, sizeof line, f) != nullptr)
+        if (std::sscanf(line, "VmSize: %zu kB", &vm_kib) == 1) break;
+      std::fclose(f);
+      ASSERT_GT(vm_kib, 0u);
+      rlimit low = limit;
+      low.rlim_cur = static_cast<rlim_t>(vm_kib * 1024 + (size_t{128} << 20));
+      ASSERT_EQ(setrlimit(RLIMIT_AS, &low), 0);
+    }
+    const auto start = std::chrono::steady_clock::now();
+    std::unique_ptr<Reducer> ddp;
+    auto r =
+        Reducer::create(comm, {{"w", data, nullptr, kCount, BRAID_FLOAT32}}, {}, braid::ddp::Options{}, &ddp);
+    ASSERT_EQ(setrlimit(RLIMIT_AS, &limit), 0);
+    EXPECT_EQ(r.code, BRAID_ERR_SYSTEM) << r.message;
+    EXPECT_NE(
+        r.message.find(rank == 1 ? "cannot allocate" : "rank 1 could not allocate its gradient buckets"),
+        std::string::npos)
+        << r.message;
+    EXPECT_EQ(ddp, nullptr);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+    std::free(data);
+    BRAID_ASSERT_OK(braid_barrier(comm, nullptr));
+  });
+#endif
 }
 
 TEST(Ddp, BucketsStartInOrderAsGradientsArrive) {

@@ -273,12 +273,27 @@ struct Reducer::State {
       // registration then fails alike, and every rank goes on with plain
       // memory (across hosts a registration is each rank's own).
       registered = braid_comm_register(bucket_comm, arena, bytes) == BRAID_SUCCESS;
-      if (arena != nullptr) return {};
     }
-    arena = static_cast<unsigned char*>(std::aligned_alloc(64, bytes));
-    if (arena == nullptr) {
+    if (arena == nullptr) arena = static_cast<unsigned char*>(std::aligned_alloc(64, bytes));
+    // Every rank learns whether every other has its buckets: one that
+    // returned alone would leave its peers in the broadcast that follows
+    // until their deadline.
+    int32_t lacking = arena == nullptr ? 1 : 0;
+    std::vector<int32_t> all(static_cast<size_t>(nranks));
+    if (Result r = from_call(braid_all_gather(&lacking, all.data(), 1, BRAID_INT32, comm, nullptr),
+                             "Reducer::create: checking that every rank has its buckets");
+        !r) {
+      return r;
+    }
+    if (lacking != 0) {
       return fail(BRAID_ERR_SYSTEM,
                   "Reducer::create: cannot allocate " + std::to_string(bytes) + " bytes of gradient buckets");
+    }
+    for (int q = 0; q < nranks; ++q) {
+      if (all[static_cast<size_t>(q)] != 0) {
+        return fail(BRAID_ERR_SYSTEM, "Reducer::create: rank " + std::to_string(q) +
+                                          " could not allocate its gradient buckets");
+      }
     }
     return {};
   }
