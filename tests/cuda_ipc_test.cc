@@ -576,6 +576,39 @@ TEST(CudaIpc, ARankThatCannotMapFallsBackToHostStagingEverywhere) {
   });
 }
 
+// The window of a failed setup is freed off the engine's driver: freeing
+// device memory waits for every stream, and here rank 0's first stream
+// waits for a receive that the engine ends only once rank 1, after the
+// setup, sends. Freed on the thread driving the engine, the fake's
+// cuMemFree waits its 5 s out and counts a violation (a real driver would
+// wait for ever).
+TEST(CudaIpc, AFailedSetupFreesItsWindowWhileAnEarlierReceiveWaits) {
+  run_ranks(3, ipc_env(), [](braid_comm_t comm, int rank, int n) {
+    const FakeCuda& cu = fake_cuda();
+    if (rank == 2) cu.fail_ipc_open(1);
+    void* first = cu.stream_create();
+    void* second = cu.stream_create();
+    Buffer<int32_t> msg(true, 1000, rank == 1 ? 7 : 0);
+    if (rank == 0) {
+      BRAID_ASSERT_OK(braid_recv(msg.data(), msg.size(), BRAID_INT32, 1, comm, first));
+    }
+    Buffer<int32_t> x(true, 100, rank + 1);
+    BRAID_ASSERT_OK(braid_all_reduce(x.data(), x.data(), x.size(), BRAID_INT32, BRAID_SUM, comm, second));
+    if (rank == 1) {
+      BRAID_ASSERT_OK(braid_send(msg.data(), msg.size(), BRAID_INT32, 0, comm, first));
+    }
+    cu.stream_synchronize(first);
+    cu.stream_synchronize(second);
+    EXPECT_EQ(x[99], n * (n + 1) / 2);
+    if (rank == 0) {
+      EXPECT_EQ(msg[999], 7);
+    }
+    expect_windows_given_back();
+    cu.stream_destroy(first);
+    cu.stream_destroy(second);
+  });
+}
+
 // A rank whose GPU the others cannot reach (here: not visible to them, as
 // under per-rank CUDA_VISIBLE_DEVICES): no one maps its window, and every
 // call goes through host staging.

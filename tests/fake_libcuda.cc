@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -32,6 +33,7 @@
 #include <new>
 #include <random>
 #include <set>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -82,6 +84,12 @@ class FakeStream {
     std::lock_guard<std::mutex> lock(mu_);
     return queue_.empty() && !busy_;
   }
+  // Whether the stream ran what it was given within `limit`; a held stream
+  // (a test's slow GPU) counts as done.
+  bool synchronize_for(std::chrono::milliseconds limit) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, limit, [&] { return held_ || (queue_.empty() && !busy_); });
+  }
 
  private:
   void run() {
@@ -116,6 +124,9 @@ class FakeStream {
 
 std::mutex g_streams_mu;
 std::set<void*> g_streams;
+// Held shared by cuMemFree while it waits for streams, so that no stream is
+// deleted under it.
+std::shared_mutex g_stream_lifetimes;
 int g_pinned = 0;                       // live cuMemHostAlloc blocks
 int g_copies = 0;                       // cuMemcpyAsync calls
 std::map<uintptr_t, size_t> g_device;   // fake_cuda_malloc's blocks: start -> bytes
@@ -188,9 +199,10 @@ struct Mapping {
 };
 std::map<uintptr_t, Mapping> g_allocs;   // cuMemAlloc: data start -> mapping
 std::map<uintptr_t, Mapping> g_imports;  // cuIpcOpenMemHandle: data start -> mapping
-int g_violations = 0;                    // cuMemFree while another process maps it
-int g_fail_ipc_open = 0;                 // fake_cuda_fail_ipc_open
-int g_fail_host_alloc = 0;               // fake_cuda_fail_host_alloc
+// cuMemFree while another process maps it, or that waited 5 s for a stream
+int g_violations = 0;
+int g_fail_ipc_open = 0;    // fake_cuda_fail_ipc_open
+int g_fail_host_alloc = 0;  // fake_cuda_fail_host_alloc
 
 // What cuIpcGetMemHandle hands out (the driver's is 64 opaque bytes).
 struct FakeIpcHandle {
@@ -223,6 +235,7 @@ FAKE_API void* fake_cuda_stream_create() {
 }
 
 FAKE_API void fake_cuda_stream_destroy(void* stream) {
+  std::unique_lock<std::shared_mutex> alive(g_stream_lifetimes);
   {
     std::lock_guard<std::mutex> lock(g_streams_mu);
     g_streams.erase(stream);
@@ -423,6 +436,24 @@ FAKE_API int cuMemAlloc_v2(unsigned long long* dptr, size_t bytes) {
 }
 
 FAKE_API int cuMemFree_v2(unsigned long long dptr) {
+  {
+    // As the driver's, freeing waits for the work queued on every stream.
+    // Where a stream waits for the freeing thread (a stream-ordered op that
+    // only the engine's driver can end) the driver would wait forever; the
+    // fake waits 5 s, then counts a violation and goes on.
+    std::shared_lock<std::shared_mutex> alive(g_stream_lifetimes);
+    std::vector<FakeStream*> streams;
+    {
+      std::lock_guard<std::mutex> lock(g_streams_mu);
+      for (void* st : g_streams) streams.push_back(static_cast<FakeStream*>(st));
+    }
+    for (FakeStream* st : streams) {
+      if (st->synchronize_for(std::chrono::seconds(5))) continue;
+      std::fprintf(stderr, "fake cuda: cuMemFree waited 5 s for a stream (a real driver waits for ever)\n");
+      std::lock_guard<std::mutex> lock(g_streams_mu);
+      ++g_violations;
+    }
+  }
   Mapping m;
   {
     std::lock_guard<std::mutex> lock(g_streams_mu);

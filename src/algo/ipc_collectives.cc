@@ -118,8 +118,8 @@ std::unique_ptr<IpcWindow> make_ipc_window(const IpcSetup& setup, int nranks, in
   return w;
 }
 
-Task ipc_connect(const Channel& ch, IpcSetup setup, std::unique_ptr<IpcWindow> w, std::string failure,
-                 std::unique_ptr<IpcWindow>* out, std::string* why) {
+Task ipc_connect(const Channel& ch, IpcSetup setup, IpcWindow* w, std::string failure, bool* connected,
+                 std::string* why) {
   const int n = ch.nranks, r = ch.rank;
   IpcWindowRecord mine;
   if (w)
@@ -158,10 +158,10 @@ Task ipc_connect(const Channel& ch, IpcSetup setup, std::unique_ptr<IpcWindow> w
     *why = std::string(v.why, strnlen(v.why, sizeof(v.why)));
     co_return;
   }
-  *out = std::move(w);
+  *connected = true;
 }
 
-Task ipc_disconnect(const Channel& ch, std::unique_ptr<IpcWindow> w) {
+Task ipc_disconnect(const Channel& ch, IpcWindow* w) {
   co_await settle(*w);
   w->unmap_peers();
   co_await sync_all(ch);

@@ -38,14 +38,19 @@ struct IpcSetup {
 std::unique_ptr<IpcWindow> make_ipc_window(const IpcSetup& setup, int nranks, int rank, std::string* failure);
 // Collective over `ch` (every rank of a communicator on one host): every
 // rank offers its window `w` (null: `failure` says why) and maps every
-// other's. If any rank cannot, every rank ends with *out null and `why`
-// naming the first such rank and the cause (device collectives then go
-// through host staging); the windows made are unmapped and freed in step.
-Task ipc_connect(const Channel& ch, IpcSetup setup, std::unique_ptr<IpcWindow> w, std::string failure,
-                 std::unique_ptr<IpcWindow>* out, std::string* why);
-// Collective: unmaps the peers' windows and frees this rank's once no peer
-// maps it any more (the window is kept allocated if a peer never answers).
-Task ipc_disconnect(const Channel& ch, std::unique_ptr<IpcWindow> w);
+// other's. If any rank cannot, every rank ends with *connected false and
+// `why` naming the first such rank and the cause (device collectives then
+// go through host staging); the windows made are unmapped in step.
+// The caller owns the window and frees it, on its own thread once the op
+// is done: freeing device memory waits for the context's streams, and a
+// stream may wait for an earlier stream-ordered op that only the engine
+// can end, so the thread driving the engine must never free it.
+Task ipc_connect(const Channel& ch, IpcSetup setup, IpcWindow* w, std::string failure, bool* connected,
+                 std::string* why);
+// Collective: unmaps the peers' windows and marks this rank's free to go
+// once no peer maps it any more (the caller then frees it, as above; a
+// window a peer never answers for stays allocated).
+Task ipc_disconnect(const Channel& ch, IpcWindow* w);
 
 // Buffers are device memory of the window's context (sendbuf and recvbuf as
 // the C API lays them out; the input never overlaps the output except in the

@@ -1647,9 +1647,14 @@ Status Communicator::connect_ipc(const CudaDriver& cu, void* ctx) {
   std::string failure;
   std::unique_ptr<IpcWindow> window =
       make_ipc_window(setup, coll_channel_.nranks, coll_channel_.rank, &failure);
-  op->task = ipc_connect(coll_channel_, setup, std::move(window), std::move(failure), &ipc_, &why);
+  bool connected = false;
+  op->task = ipc_connect(coll_channel_, setup, window.get(), std::move(failure), &connected, &why);
   engine_->post(op);
+  // A window not kept is freed here, on this thread, once the op is done
+  // (see ipc_connect): the engine's driver must not wait for streams.
   BRAID_RETURN_IF_ERROR(engine_->wait(*op).with_context("setting up CUDA IPC between the ranks"));
+  if (connected) ipc_ = std::move(window);
+  window.reset();
   if (ipc_ != nullptr) {
     ipc_state_ = IpcState::kUsable;
     BRAID_INFO("CUDA", rank_, "device collectives over CUDA IPC: a window of 2 x %s on CUDA device %d",
@@ -1722,9 +1727,10 @@ void Communicator::disconnect_ipc() {
   // Destroy is local: peers that do not destroy theirs soon leave this
   // rank's window allocated (the teardown says so), not this call hanging.
   engine_->set_timeout_s(std::min(engine_->timeout_s(), kIpcTeardownSeconds));
-  op->task = ipc_disconnect(coll_channel_, std::move(ipc_));
+  op->task = ipc_disconnect(coll_channel_, ipc_.get());
   engine_->post(op);
   (void)engine_->wait(*op);
+  ipc_.reset();  // on this thread, not the engine's driver (see ipc_connect)
 }
 
 }  // namespace braid
