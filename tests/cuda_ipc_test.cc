@@ -16,10 +16,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -27,6 +29,8 @@
 
 #include "tests/fake_cuda.h"
 #include "tests/rank_test.h"
+#include "transports/cuda/cuda_driver.h"
+#include "transports/cuda/ipc_window.h"
 
 namespace braid::test {
 namespace {
@@ -667,6 +671,45 @@ TEST(CudaIpc, TwoGpusPairUpByTheirTopologyPath) {
       cu.stream_destroy(s);
     });
   }
+}
+
+// A window record that names this pid is this process's only with this
+// process's token (pids repeat across PID namespaces), and its address is
+// used only in this context: otherwise the window is opened through its
+// handle, which CUDA refuses for a process's own memory, or refused.
+TEST(CudaIpc, ASamePidIsNotTheSameProcessWithoutItsToken) {
+  run_ranks(1, ipc_env(), [](braid_comm_t, int, int) {
+    const FakeCuda& fake = fake_cuda();
+    void* s = fake.stream_create();
+    const CudaDriver* cu = nullptr;
+    ASSERT_TRUE(cuda_driver(&cu).is_ok());
+    CUcontext ctx = nullptr;
+    ASSERT_EQ(cu->stream_get_ctx(s, &ctx), 0);
+    std::atomic<uint64_t> moved{0};
+    std::unique_ptr<IpcWindow> w;
+    Status made = IpcWindow::make(
+        *cu, ctx, 64 * 1024, 2, 0, [] {}, &moved, &w);
+    ASSERT_TRUE(made.is_ok()) << made.message();
+    const IpcWindowRecord mine = w->record();
+    IpcWindowRecord other_namespace = mine;
+    other_namespace.process_token ^= 1;
+    other_namespace.base = 0x1000;  // not to be used
+    Status st = w->map_peer(1, other_namespace, nullptr);
+    EXPECT_FALSE(st.is_ok());
+    EXPECT_NE(st.message().find("cuIpcOpenMemHandle"), std::string::npos) << st.message();
+    IpcWindowRecord other_context = mine;
+    other_context.context ^= 0x10;
+    st = w->map_peer(1, other_context, nullptr);
+    EXPECT_FALSE(st.is_ok());
+    EXPECT_NE(st.message().find("another CUDA context"), std::string::npos) << st.message();
+    EXPECT_TRUE(w->map_peer(1, mine, nullptr).is_ok());  // a rank-thread of this process, as below
+    EXPECT_EQ(w->input(1), w->input(0));
+    w->unmap_peers();
+    w->peers_unmapped();
+    w.reset();
+    expect_windows_given_back();
+    fake.stream_destroy(s);
+  });
 }
 
 // The legacy default stream, whose handle is NULL to the runtime, goes in

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <random>
 #include <thread>
 
 #include "kernels/cuda/reduce_kernels.h"  // BRAID_CUDA_MAX_SOURCES
@@ -76,10 +77,25 @@ Status IpcWindow::make(const CudaDriver& cu, CUcontext ctx, size_t region_bytes,
   return Status::ok();
 }
 
+namespace {
+
+// This process's token in window records, drawn once.
+uint64_t process_token() {
+  static const uint64_t token = [] {
+    std::random_device rd;
+    return (uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
+  }();
+  return token;
+}
+
+}  // namespace
+
 IpcWindowRecord IpcWindow::record() {
   IpcWindowRecord r;
   r.ok = 1;
   r.pid = static_cast<int32_t>(getpid());
+  r.process_token = process_token();
+  r.context = reinterpret_cast<uint64_t>(ctx_);
   r.device = device_;
   r.region_bytes = region_bytes_;
   r.handle = handle_;
@@ -116,14 +132,20 @@ Status IpcWindow::map_peer(int member, const IpcWindowRecord& theirs, const GpuP
       return Status::unsupported("this rank's GPU " + std::string(bus_id_) + " has no peer access to rank " +
                                  std::to_string(member) + "'s GPU " + theirs_bus);
   }
-  if (theirs.pid == static_cast<int32_t>(getpid())) {
+  if (theirs.pid == static_cast<int32_t>(getpid()) && theirs.process_token == process_token()) {
     // A rank of this process: its window is already in our address space.
-    // On the same GPU the kernels read it as is; another GPU would need
-    // peer access enabled in this context, which braid does not do.
+    // On the same GPU and context the kernels read it as is; another GPU
+    // would need peer access enabled in this context, which braid does not
+    // do, and another context's allocation is not mapped in this one.
     if (theirs_bus != bus_id_)
       return Status::unsupported("rank " + std::to_string(member) + " runs in this same process on GPU " +
                                  theirs_bus + " (this rank: " + bus_id_ +
                                  "): ranks of one process share windows only on one GPU");
+    if (theirs.context != reinterpret_cast<uint64_t>(ctx_))
+      return Status::unsupported(
+          "rank " + std::to_string(member) +
+          " runs in this same process in another CUDA context of this GPU: ranks of one "
+          "process share windows only in one context");
     bases_[member] = reinterpret_cast<char*>(theirs.base);
     mapped_[member] = true;
     return Status::ok();

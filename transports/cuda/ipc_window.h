@@ -42,9 +42,14 @@ struct IpcWindowRecord {
   char bus_id[16] = {};  // the GPU's PCI bus id: the same GPU in every process
   // The window's address in its own process: a rank of the same process
   // (ranks as threads) uses it directly, since CUDA refuses to open a
-  // process's own IPC handle.
+  // process's own IPC handle. The same process is the same pid and the
+  // same random token (pids repeat across PID namespaces, and containers
+  // can be one host to braid), and the address is used only in the same
+  // context (the value of its CUcontext).
   uint64_t base = 0;
-  char why[400] = {};  // when !ok: what went wrong, naming the rank
+  uint64_t process_token = 0;
+  uint64_t context = 0;
+  char why[384] = {};  // when !ok: what went wrong, naming the rank
   void set_failure(const std::string& reason);
 };
 static_assert(sizeof(IpcWindowRecord) == 512, "travels as one message");
