@@ -39,6 +39,10 @@ struct FakeCuda {
   void (*device_fault)(int code);   // a sticky device error: streams stop, calls return `code`
   void (*set_pci_bus_id)(const char* bus_id);
   void (*set_peer_bus_ids)(const char* csv);
+  // As if another thread captured a graph in global mode; whether a call
+  // braid made then ended that capture.
+  void (*global_capture)(int on);
+  int (*capture_invalidated)();
 };
 
 inline const FakeCuda& fake_cuda() {
@@ -71,6 +75,8 @@ inline const FakeCuda& fake_cuda() {
     c.violations = reinterpret_cast<int (*)()>(dlsym(lib, "fake_cuda_violations"));
     c.fail_ipc_open = reinterpret_cast<void (*)(int)>(dlsym(lib, "fake_cuda_fail_ipc_open"));
     c.fail_host_alloc = reinterpret_cast<void (*)(int)>(dlsym(lib, "fake_cuda_fail_host_alloc"));
+    c.global_capture = reinterpret_cast<void (*)(int)>(dlsym(lib, "fake_cuda_global_capture"));
+    c.capture_invalidated = reinterpret_cast<int (*)()>(dlsym(lib, "fake_cuda_capture_invalidated"));
     c.device_fault = reinterpret_cast<void (*)(int)>(dlsym(lib, "fake_cuda_device_fault"));
     c.set_pci_bus_id = reinterpret_cast<void (*)(const char*)>(dlsym(lib, "fake_cuda_set_pci_bus_id"));
     c.set_peer_bus_ids = reinterpret_cast<void (*)(const char*)>(dlsym(lib, "fake_cuda_set_peer_bus_ids"));

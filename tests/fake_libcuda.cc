@@ -201,7 +201,20 @@ std::map<uintptr_t, Mapping> g_allocs;   // cuMemAlloc: data start -> mapping
 std::map<uintptr_t, Mapping> g_imports;  // cuIpcOpenMemHandle: data start -> mapping
 // cuMemFree while another process maps it, or that waited 5 s for a stream
 int g_violations = 0;
-int g_fail_ipc_open = 0;    // fake_cuda_fail_ipc_open
+int g_fail_ipc_open = 0;  // fake_cuda_fail_ipc_open
+// fake_cuda_global_capture: some thread captures a graph in global mode.
+// Then a query or allocation from a thread whose capture mode is not
+// relaxed fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and ends that
+// capture, as the driver does.
+std::atomic<int> g_global_capture{0};
+std::atomic<int> g_capture_invalidated{0};
+thread_local int t_capture_mode = 0;  // CU_STREAM_CAPTURE_MODE_GLOBAL
+constexpr int kCaptureUnsupported = 900, kCaptureModeRelaxed = 2;
+bool prohibited_by_capture() {
+  if (g_global_capture.load() == 0 || t_capture_mode == kCaptureModeRelaxed) return false;
+  g_capture_invalidated.store(1);
+  return true;
+}
 int g_fail_host_alloc = 0;  // fake_cuda_fail_host_alloc
 
 // What cuIpcGetMemHandle hands out (the driver's is 64 opaque bytes).
@@ -308,6 +321,7 @@ FAKE_API int cuCtxPopCurrent_v2(void** ctx) {
 }
 
 FAKE_API int cuMemHostAlloc(void** p, size_t bytes, unsigned) {
+  if (prohibited_by_capture()) return kCaptureUnsupported;
   if (g_fail_host_alloc) return 2;  // CUDA_ERROR_OUT_OF_MEMORY
   *p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
   if (*p == nullptr) return 2;  // CUDA_ERROR_OUT_OF_MEMORY
@@ -398,6 +412,7 @@ FAKE_API int cuEventRecord(void* event, void* stream) {
 }
 
 FAKE_API int cuEventQuery(void* event) {
+  if (prohibited_by_capture()) return kCaptureUnsupported;
   std::shared_ptr<FakeEvent> e = find_event(event);
   if (e == nullptr) return kInvalidHandle;
   if (int fault = g_device_fault.load()) return fault;
@@ -414,6 +429,7 @@ FAKE_API void fake_cuda_device_fault(int code) {
 }
 
 FAKE_API int cuMemAlloc_v2(unsigned long long* dptr, size_t bytes) {
+  if (prohibited_by_capture()) return kCaptureUnsupported;
   if (dptr == nullptr || bytes == 0) return kInvalidValue;
   const int fd = memfd_create("fake_cuda_device", 0);
   if (fd < 0) return 2;
@@ -530,6 +546,7 @@ FAKE_API int cuStreamDestroy_v2(void* stream) {
 }
 
 FAKE_API int cuStreamQuery(void* stream) {
+  if (prohibited_by_capture()) return kCaptureUnsupported;
   FakeStream* s = find_stream(stream);
   if (s == nullptr) return kInvalidHandle;
   return s->idle() ? kSuccess : 600;  // CUDA_ERROR_NOT_READY
@@ -607,6 +624,22 @@ FAKE_API int fake_cuda_live_imports() {
 FAKE_API int fake_cuda_violations() {
   std::lock_guard<std::mutex> lock(g_streams_mu);
   return g_violations;
+}
+
+FAKE_API int cuThreadExchangeStreamCaptureMode(int* mode) {
+  const int old = t_capture_mode;
+  t_capture_mode = *mode;
+  *mode = old;
+  return kSuccess;
+}
+
+FAKE_API void fake_cuda_global_capture(int on) {
+  g_global_capture.store(on);
+  if (on) g_capture_invalidated.store(0);
+}
+
+FAKE_API int fake_cuda_capture_invalidated() {
+  return g_capture_invalidated.load();
 }
 
 // While on, cuMemHostAlloc fails with CUDA_ERROR_OUT_OF_MEMORY.

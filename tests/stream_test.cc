@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/fake_cuda.h"
@@ -84,6 +85,45 @@ TEST(StreamOrdered, AllReduceRunsWhenTheStreamGetsThereAndReturnsAtOnce) {
     float expect = 1.0f;
     for (int i = 0; i < 20; ++i) expect *= static_cast<float>(nranks);
     EXPECT_EQ(x[4095], expect);
+    cu.stream_destroy(s);
+  });
+}
+
+// One all_reduce on a held stream while another thread (as the fake has
+// it) captures a graph in global mode; checks the capture and the sums.
+void expect_capture_left_alone(braid_comm_t comm, Buffer<float>& x, void* s, int nranks) {
+  const FakeCuda& cu = fake_cuda();
+  cu.global_capture(1);
+  cu.stream_hold(s, 1);
+  BRAID_ASSERT_OK(braid_all_reduce(x.data(), x.data(), x.size(), BRAID_FLOAT32, BRAID_SUM, comm, s));
+  // The engine waits for the held stream meanwhile, querying its event.
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  cu.stream_hold(s, 0);
+  cu.stream_synchronize(s);
+  EXPECT_EQ(cu.capture_invalidated(), 0) << "a braid call ended another thread's graph capture";
+  cu.global_capture(0);
+  for (size_t i = 0; i < x.size(); i += 9973) ASSERT_EQ(x[i], nranks * (nranks + 1) / 2.0f) << i;
+}
+
+// Another thread capturing a CUDA graph in global mode (torch.cuda.graph)
+// must not be disturbed by braid's calls: its staging allocation on the
+// caller's thread and its event queries while the engine waits for a
+// held stream run in relaxed capture mode. In global mode the driver
+// fails them and ends the capture (the fake does too).
+TEST(StreamOrdered, AGraphCapturedOnAnotherThreadIsLeftAlone) {
+  run_ranks(2, {}, [](braid_comm_t comm, int rank, int nranks) {
+    const FakeCuda& cu = fake_cuda();
+    void* s = cu.stream_create();
+    Buffer<float> x(true, 300001, static_cast<float>(rank + 1));
+    // Once with a staging block to pin, once with it reused (so only the
+    // event queries are left to meet the capture).
+    for (bool pinned_before : {false, true}) {
+      if (pinned_before) {
+        for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(rank + 1);
+      }
+      expect_capture_left_alone(comm, x, s, nranks);
+    }
+    BRAID_ASSERT_OK(braid_barrier(comm, nullptr));
     cu.stream_destroy(s);
   });
 }

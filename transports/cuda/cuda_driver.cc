@@ -17,6 +17,9 @@ void find(void* lib, const char* name, Fn* out, std::string* missing) {
   if (*out == nullptr && missing != nullptr) *missing += std::string(missing->empty() ? "" : ", ") + name;
 }
 
+// CU_STREAM_CAPTURE_MODE_RELAXED.
+constexpr int kCaptureModeRelaxed = 2;
+
 }  // namespace
 
 Status CudaDriver::error(const char* call, CUresult r) const {
@@ -67,6 +70,7 @@ Status cuda_driver(const CudaDriver** out) {
     find(lib, "cuDeviceGetByPCIBusId", &d.device_get_by_pci_bus_id, nullptr);
     find(lib, "cuDeviceCanAccessPeer", &d.device_can_access_peer, nullptr);
     find(lib, "cuStreamIsCapturing", &d.stream_is_capturing, nullptr);
+    find(lib, "cuThreadExchangeStreamCaptureMode", &d.thread_exchange_stream_capture_mode, nullptr);
     if (!missing.empty())
       return Status::unsupported("the CUDA driver in this process lacks " + missing +
                                  " (stream-ordered operations need a driver of CUDA 12 or later)");
@@ -97,9 +101,20 @@ void StreamContext::push(CUcontext ctx) {
     return;
   }
   pushed_ = true;
+  if (cu_.thread_exchange_stream_capture_mode != nullptr) {
+    int mode = kCaptureModeRelaxed;
+    if (cu_.thread_exchange_stream_capture_mode(&mode) == 0) {
+      previous_mode_ = mode;
+      relaxed_ = true;
+    }
+  }
 }
 
 StreamContext::~StreamContext() {
+  if (relaxed_) {
+    int mode = previous_mode_;
+    (void)cu_.thread_exchange_stream_capture_mode(&mode);
+  }
   if (!pushed_) return;
   CUcontext popped = nullptr;
   (void)cu_.ctx_pop_current(&popped);

@@ -63,6 +63,11 @@ struct CudaDriver {
   // Optional too: where present, a stream being captured into a CUDA graph
   // is refused (the call's copies and waits would be recorded, not run).
   CUresult (*stream_is_capturing)(CUstream stream, int* status);
+  // Optional: sets this thread's stream capture mode, returning the old one
+  // in *mode. StreamContext makes braid's calls relaxed (2) for its scope:
+  // in the default global mode, a query or allocation while any thread
+  // captures a graph fails and ruins that thread's capture.
+  CUresult (*thread_exchange_stream_capture_mode)(int* mode);
   bool has_ipc() const {
     return mem_alloc && mem_free && ipc_get_mem_handle && ipc_open_mem_handle && ipc_close_mem_handle &&
            stream_create && stream_destroy && stream_query && ctx_get_device && device_get_pci_bus_id &&
@@ -86,7 +91,10 @@ constexpr CUresult kCudaErrorNotReady = 600;        // CUDA_ERROR_NOT_READY
 Status cuda_driver(const CudaDriver** out);
 
 // Makes the stream's context current on this thread for the scope (the
-// caller's thread may have another one current, or none).
+// caller's thread may have another one current, or none), and the thread's
+// stream capture mode relaxed: braid's queries and allocations then leave
+// a graph another thread captures alone (in global mode they would fail,
+// and end that capture).
 class StreamContext {
  public:
   StreamContext(const CudaDriver& cu, CUstream stream);
@@ -106,6 +114,8 @@ class StreamContext {
   const CudaDriver& cu_;
   CUcontext ctx_ = nullptr;
   bool pushed_ = false;
+  bool relaxed_ = false;  // the thread's capture mode was set relaxed
+  int previous_mode_ = 0;
   Status status_;
 };
 
