@@ -29,7 +29,7 @@
 //          [--compute-us auto|N] [--compute sleep|spin] [--iters 10] [--buckets 1M,4M,25M,...]
 //          [--grad-copies]   (gradients in their own arrays instead of views into the buckets)
 //          [--plain-buckets] (Options::register_buckets = false: buckets in plain memory, all-reduced
-//                             through the transport's slots instead of between the ranks' buckets)
+//                             through the transport instead of between the ranks' buckets)
 // The last line reads `overlap/sequential = X.XX` for the default bucket size (25 MiB).
 #include <braid/braid.h>
 #include <braid/ddp.hpp>

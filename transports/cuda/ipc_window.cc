@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <random>
 #include <thread>
 
 #include "kernels/cuda/reduce_kernels.h"  // BRAID_CUDA_MAX_SOURCES
+#include "src/core/bootstrap.h"           // random_token
 #include "src/core/logging.h"
 
 namespace braid {
@@ -79,11 +79,13 @@ Status IpcWindow::make(const CudaDriver& cu, CUcontext ctx, size_t region_bytes,
 
 namespace {
 
-// This process's token in window records, drawn once.
+// This process's token in window records, drawn once (as job tokens are).
 uint64_t process_token() {
   static const uint64_t token = [] {
-    std::random_device rd;
-    return (uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(getpid());
+    const JobToken t = random_token();
+    uint64_t v = 0;
+    std::memcpy(&v, t.data(), sizeof v);
+    return v;
   }();
   return token;
 }
