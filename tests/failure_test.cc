@@ -6,19 +6,26 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -1375,7 +1382,11 @@ TEST(Bootstrap, ARefusedRankIsToldWhy) {
             int nranks, rank;
             const char* named;
           } refused[] = {{3, 1, "refused rank 1: rank 1 says the job has 3 ranks, others said 2"},
-                         {2, 0, "refused rank 0: rank 0 joined twice"}};
+                         {2, 0, "refused rank 0: rank 0 joined twice"},
+                         // A second rank 0 with another count is refused
+                         // alone; the one that joined keeps the job (before,
+                         // it and every rank with it were refused).
+                         {3, 0, "refused rank 0: rank 0 says the job has 3 ranks, others said 2"}};
           for (const auto& c : refused) {
             if (braid_comm_init_rank(&comm, c.nranks, id, c.rank) != BRAID_ERR_INVALID_ARGUMENT) return 10;
             if (std::string(braid_get_last_error()).find(c.named) == std::string::npos) {
@@ -1394,6 +1405,46 @@ TEST(Bootstrap, ARefusedRankIsToldWhy) {
       });
   munmap(joining, sizeof(std::atomic<int>));
   ASSERT_TRUE(r.ok()) << r.describe();
+}
+
+// A process whose getrandom is refused for good (a kernel before 3.17, a
+// seccomp profile without it) still makes ids and tokens, each its own:
+// before, the token's loop retried getrandom forever at full speed.
+TEST(Bootstrap, IdsAreMadeWhereGetrandomIsRefused) {
+#if defined(__x86_64__)
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    alarm(10);  // a token that spins is killed, not left to hang the suite
+    sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_getrandom, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    sock_fprog prog{static_cast<unsigned short>(sizeof(filter) / sizeof(filter[0])), filter};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0)
+      _exit(2);
+    char probe;
+    if (getrandom(&probe, 1, 0) != -1 || errno != ENOSYS) _exit(3);  // the filter is in place
+    const JobToken a = random_token(), b = random_token();
+    if (a == b) _exit(4);
+    braid_unique_id_t id1, id2;
+    if (braid_get_unique_id(&id1) != BRAID_SUCCESS || braid_get_unique_id(&id2) != BRAID_SUCCESS) _exit(5);
+    _exit(std::memcmp(&id1, &id2, sizeof(id1)) != 0 ? 0 : 6);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child was killed by signal " << WTERMSIG(status)
+                                 << " (SIGALRM: making a token spun)";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "2: no seccomp filter; 3: getrandom not refused; 4: equal tokens; "
+                                       "5: braid_get_unique_id failed; 6: equal ids";
+#else
+  GTEST_SKIP() << "the seccomp filter here is written for x86-64";
+#endif
 }
 
 // Where the job never forms because a rank was refused (it said the job has

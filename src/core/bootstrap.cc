@@ -1,5 +1,6 @@
 #include "src/core/bootstrap.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -106,7 +107,9 @@ Status RendezvousRoot::accept_hello(const RootHello& h, int fd) {
   // Rank 0's count is the job's. One taken from a rank that came first
   // gives way to it, and the ranks that joined with it are refused: which
   // side is refused must not depend on who connected first.
-  if (nranks_ >= 0 && f.rank == 0 && f.nranks != nranks_) refuse_joined(f.nranks);
+  // A second rank 0 (a stray, or a launcher's mistake) is refused below as
+  // one: the rank 0 that joined first keeps its job.
+  if (nranks_ >= 0 && f.rank == 0 && f.nranks != nranks_ && rank_fd_[0] < 0) refuse_joined(f.nranks);
   if (nranks_ < 0) {
     nranks_ = f.nranks;
     rank_fd_.assign(nranks_, -1);
@@ -370,8 +373,42 @@ JobToken random_token() {
   JobToken t{};
   size_t got = 0;
   while (got < t.size()) {
-    ssize_t n = getrandom(t.data() + got, t.size() - got, 0);
-    if (n > 0) got += static_cast<size_t>(n);
+    const ssize_t n = getrandom(t.data() + got, t.size() - got, 0);
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+    } else if (n < 0 && errno != EINTR) {
+      break;  // never clears: a kernel without getrandom, or a seccomp filter that refuses it
+    }
+  }
+  if (got < t.size()) {
+    const int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    while (fd >= 0 && got < t.size()) {
+      const ssize_t n = read(fd, t.data() + got, t.size() - got);
+      if (n > 0) {
+        got += static_cast<size_t>(n);
+      } else if (n == 0 || errno != EINTR) {
+        break;
+      }
+    }
+    if (fd >= 0) close(fd);
+  }
+  if (got < t.size()) {
+    // No source of randomness at all. A token keeps other jobs' strays
+    // out; one drawn from the clocks and the pid still tells jobs apart.
+    BRAID_WARN("BOOTSTRAP", -1,
+               "neither getrandom nor /dev/urandom is available (%s): the job token is "
+               "drawn from the clock and the pid",
+               std::strerror(errno));
+    uint64_t x = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+                 (static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) << 1) ^
+                 (static_cast<uint64_t>(getpid()) << 40) ^ reinterpret_cast<uintptr_t>(&t);
+    for (; got < t.size(); ++got) {
+      x += 0x9e3779b97f4a7c15ull;  // splitmix64
+      uint64_t z = x;
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      t[got] = static_cast<uint8_t>(z ^ (z >> 31));
+    }
   }
   return t;
 }

@@ -170,6 +170,9 @@ class TcpConnection : public Connection {
     if (!peer_failure_.is_ok() && (released_ >= abort_at_ || !st.is_ok())) return peer_failure_;
     BRAID_RETURN_IF_ERROR(st);
     if (filled_ != released_) return Status::ok();
+    // A message before the abort frame that will never arrive (its socket
+    // was reset before it got through) leaves the cause in hand to report.
+    if (stream(released_).eof && !peer_failure_.is_ok()) return peer_failure_;
     if (stream(released_).eof)
       return Status::remote(peer_ + (stream(released_).reset ? " reset" : " closed") +
                             " its tcp connection (process exited or failed)");
