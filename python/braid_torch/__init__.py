@@ -131,10 +131,18 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
     import datetime
 
     pg = group if group is not None else dist.group.WORLD
-    backend = pg._get_backend(torch.device("cpu"))
+    backend = _cpu_backend(pg)
     if timeout is None:
         timeout = datetime.timedelta(milliseconds=-1)  # the group's timeout
     backend.monitored_barrier(timeout, wait_all_ranks)
+
+
+def _cpu_backend(pg):
+    """The group's CPU backend, unwrapped from the checking wrapper torch puts
+    around it under TORCH_DISTRIBUTED_DEBUG=DETAIL."""
+    backend = pg._get_backend(torch.device("cpu"))
+    wrapped = getattr(backend, "wrapped_pg", None)
+    return wrapped if wrapped is not None else backend
 
 
 _torch_monitored_barrier = dist.monitored_barrier
@@ -146,7 +154,7 @@ def _monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
     other to torch's own. An unchanged script then works with "braid"."""
     try:
         pg = group if group is not None else dist.group.WORLD
-        is_braid = pg is not None and isinstance(pg._get_backend(torch.device("cpu")), _C.BraidBackend)
+        is_braid = pg is not None and isinstance(_cpu_backend(pg), _C.BraidBackend)
     except (RuntimeError, ValueError, AttributeError):
         is_braid = False
     if is_braid:

@@ -113,17 +113,21 @@ def test_mpi_environment_is_filled_only_for_env_rendezvous():
     assert out.stdout.split() == ["1", "2"], out.stdout
 
 
-def test_exit_with_work_pending_aborts_the_group_cleanly():
+@pytest.mark.parametrize("pending", ["all_reduce", "batch_recv"])
+def test_exit_with_work_pending_aborts_the_group_cleanly(pending):
     """Before, rank 0 died with status 134 (terminate called in braid's
-    completion thread during the interpreter's teardown)."""
-    results = launch("exit_with_work_pending", 2, timeout=60)
+    completion thread during the interpreter's teardown), and with a
+    batch_isend_irecv receive pending, of SIGSEGV."""
+    results = launch("exit_with_work_pending", 2, env={"PENDING": pending}, timeout=60)
     assert_all_ok(results)
     assert "the callback saw" in results[0].output, results[0]
-    assert "rank 1: all_reduce" in results[1].output, results[1]
+    if pending == "all_reduce":
+        assert "rank 1: all_reduce" in results[1].output, results[1]
 
 
-def test_torch_debug_level_turns_on_call_checks():
-    results = launch("debug_checks_calls", 2, env={"TORCH_DISTRIBUTED_DEBUG": "INFO"}, timeout=60)
+@pytest.mark.parametrize("level", ["INFO", "DETAIL"])
+def test_torch_debug_level_turns_on_call_checks(level):
+    results = launch("debug_checks_calls", 2, env={"TORCH_DISTRIBUTED_DEBUG": level}, timeout=60)
     assert_all_ok(results)
 
 

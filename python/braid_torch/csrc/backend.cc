@@ -361,25 +361,35 @@ void BraidWork::finalize() {
     leftover.swap(requests_);
   }
   for (braid_request_t r : leftover) braid_request_free(r);
-  std::exception_ptr failure;
+  std::string message;
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    if (completed_ || finishing_) return;
+    if (completed_) return;
+    if (finishing_) {
+      // Another thread completes it: back once it did, as wait() promises.
+      cv_.wait(lock, [&] { return completed_; });
+      return;
+    }
     finishing_ = true;
-    std::string message;
-    {
-      std::lock_guard<std::mutex> elock(error_mu_);
-      if (error_code_ != BRAID_SUCCESS)
-        message =
-            "braid: " + what_ + " failed (" + braid_get_error_string(error_code_) + "): " + error_message_;
+    std::lock_guard<std::mutex> elock(error_mu_);
+    if (error_code_ != BRAID_SUCCESS)
+      message =
+          "braid: " + what_ + " failed (" + braid_get_error_string(error_code_) + "): " + error_message_;
+  }
+  // Outside mutex_ (finishing_ keeps every other thread off these members):
+  // a barrier's copy-out waits for the works before it, whose Future
+  // callbacks may need the GIL, which a thread polling isCompleted() holds
+  // while it takes mutex_.
+  if (message.empty() && on_success) {
+    try {
+      copy_out();
+    } catch (const std::exception& e) {
+      message = "braid: " + what_ + ": copying the result out failed: " + e.what();
     }
-    if (message.empty() && on_success) {
-      try {
-        copy_out();
-      } catch (const std::exception& e) {
-        message = "braid: " + what_ + ": copying the result out failed: " + e.what();
-      }
-    }
+  }
+  std::exception_ptr failure;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
     if (!message.empty()) exception_ = backend_error(message);
     failure = exception_;
     keep_alive.clear();
@@ -709,7 +719,9 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::launch(const c10::intrusive_ptr<Bra
   // collective waits for). This thread drives braid while it waits.
   const bool wait_here = blocking && work->stream == nullptr;
   {
-    std::lock_guard<std::mutex> lock(launch_mu_);
+    std::unique_lock<std::mutex> lock = c10d::isP2POp(work->retrieveOpType())
+                                            ? std::unique_lock<std::mutex>(launch_mu_)
+                                            : lock_for_collective();
     // Inside torch's coalescing the calls join the open braid group and
     // start at endCoalescing: their requests are kept until then.
     const bool deferred = coalescing_thread_.load() == std::this_thread::get_id();
@@ -751,6 +763,11 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::launch(const c10::intrusive_ptr<Bra
     return work;
   }
   work->track(std::move(requests), completions_);
+  register_pending(work);
+  return work;
+}
+
+void BraidBackend::register_pending(const c10::intrusive_ptr<BraidWork>& work) {
   const c10d::OpType type = work->retrieveOpType();
   if (!work->isCompleted()) {
     auto add = [&](std::vector<c10::weak_intrusive_ptr<BraidWork>>* list) {
@@ -767,7 +784,12 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::launch(const c10::intrusive_ptr<Bra
     add(&tracked_);
     if (!c10d::isP2POp(type) && type != c10d::OpType::BARRIER) add(&inflight_);
   }
-  return work;
+}
+
+std::unique_lock<std::mutex> BraidBackend::lock_for_collective() {
+  std::unique_lock<std::mutex> lock(launch_mu_);
+  sparse_phases_cv_.wait(lock, [&] { return !sparse_between_phases_; });
+  return lock;
 }
 
 bool BraidBackend::end_if_pending() {
@@ -791,7 +813,7 @@ bool BraidBackend::end_if_pending() {
 }
 
 void BraidBackend::startCoalescing() {
-  std::lock_guard<std::mutex> lock(launch_mu_);
+  std::unique_lock<std::mutex> lock = lock_for_collective();
   TORCH_CHECK(coalescing_thread_.load() == std::thread::id(), "braid: startCoalescing (", describe(),
               ") while an earlier coalescing has not ended (one at a time per process group)");
   TORCH_CHECK(comm_ != nullptr, "braid: startCoalescing on a process group that was shut down or aborted");
@@ -836,8 +858,8 @@ std::vector<c10::intrusive_ptr<BraidWork>> BraidBackend::end_coalescing(bool aba
     // Stream-ordered works: braid enqueued the group's ops just now; the
     // copies out go behind them, under the lock like any launch.
     for (Deferred& d : deferred) {
-      d.work->deferred.store(false);
       if (d.work->stream == nullptr) continue;
+      d.work->deferred.store(false);
       for (braid_request_t r : d.requests) braid_request_free(r);
       d.requests.clear();
       if (code != BRAID_SUCCESS) {
@@ -851,7 +873,14 @@ std::vector<c10::intrusive_ptr<BraidWork>> BraidBackend::end_coalescing(bool aba
   std::vector<c10::intrusive_ptr<BraidWork>> parts;
   for (Deferred& d : deferred) {
     // A failed group failed the ops it started: their requests say so.
-    if (d.work->stream == nullptr) d.work->track(std::move(d.requests), completions_);
+    if (d.work->stream == nullptr) {
+      d.work->track(std::move(d.requests), completions_);
+      // Deferred until armed: a wait() from another thread in between
+      // would find no request to drive, and the callbacks, seeing it
+      // waiting, would leave the work to it.
+      d.work->deferred.store(false);
+      register_pending(d.work);
+    }
     parts.push_back(d.work);
   }
   if (code != BRAID_SUCCESS && !abandon)
@@ -979,10 +1008,23 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::sparse_allreduce(at::Tensor t,
   auto work = make_work(c10d::OpType::ALLREDUCE, name, {t});
   at::Tensor in = t.coalesce();
   at::Tensor idx = in.indices().contiguous(), val = in.values().contiguous();
-  std::lock_guard<std::mutex> lock(launch_mu_);
+  std::unique_lock<std::mutex> lock = lock_for_collective();
   int64_t nnz = in._nnz();
   std::vector<int64_t> counts(size_);
-  check(braid_all_gather(&nnz, counts.data(), 1, BRAID_INT64, comm_, nullptr), name);
+  {
+    // The first phase is waited for outside the lock, which holds other
+    // collectives back until the second has started (see
+    // sparse_between_phases_).
+    braid_request_t req = nullptr;
+    check(braid_iall_gather(&nnz, counts.data(), 1, BRAID_INT64, comm_, nullptr, &req), name);
+    sparse_between_phases_ = true;
+    lock.unlock();
+    const braid_result_t code = braid_wait(&req);
+    lock.lock();
+    sparse_between_phases_ = false;
+    sparse_phases_cv_.notify_all();
+    check(code, name);
+  }
   const int64_t most = *std::max_element(counts.begin(), counts.end());
   std::vector<int64_t> val_shape = val.sizes().vec();
   val_shape[0] = most;
@@ -994,13 +1036,30 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::sparse_allreduce(at::Tensor t,
   all_val_shape.insert(all_val_shape.end(), val_shape.begin(), val_shape.end());
   at::Tensor idx_all = at::empty({size_, idx.size(0), most}, idx.options()),
              val_all = at::empty(all_val_shape, val.options());
+  // The first failure of the second phase, with its message (later calls
+  // overwrite the thread's last error).
+  braid_result_t failed = BRAID_SUCCESS;
+  std::string why;
+  auto note = [&](braid_result_t code) {
+    if (code != BRAID_SUCCESS && failed == BRAID_SUCCESS) {
+      failed = code;
+      why = braid_get_last_error();
+    }
+  };
+  braid_request_t reqs[2] = {nullptr, nullptr};
   braid_group_start();
-  braid_result_t a =
-      braid_all_gather(idx_pad.data_ptr(), idx_all.data_ptr(), nbytes(idx_pad), BRAID_UINT8, comm_, nullptr);
-  braid_result_t b =
-      braid_all_gather(val_pad.data_ptr(), val_all.data_ptr(), nbytes(val_pad), BRAID_UINT8, comm_, nullptr);
-  check(braid_group_end(), name);
-  check(a != BRAID_SUCCESS ? a : b, name);
+  note(braid_iall_gather(idx_pad.data_ptr(), idx_all.data_ptr(), nbytes(idx_pad), BRAID_UINT8, comm_, nullptr,
+                         &reqs[0]));
+  note(braid_iall_gather(val_pad.data_ptr(), val_all.data_ptr(), nbytes(val_pad), BRAID_UINT8, comm_, nullptr,
+                         &reqs[1]));
+  note(braid_group_end());
+  lock.unlock();  // the second phase is waited for outside it too
+  for (braid_request_t& r : reqs)
+    if (r != nullptr)
+      note(braid_wait(&r));  // each, even after a failure: they write into idx_all and val_all
+  if (failed != BRAID_SUCCESS)
+    C10_THROW_ERROR(DistBackendError, std::string("braid: ") + name + " (" + describe() + ") failed (" +
+                                          braid_get_error_string(failed) + "): " + why);
   std::vector<at::Tensor> idx_parts, val_parts;
   for (int r = 0; r < size_; ++r) {
     idx_parts.push_back(idx_all[r].narrow(1, 0, counts[r]));

@@ -259,6 +259,18 @@ class BraidBackend : public c10d::Backend {
   // Ops may come from several threads (DDP hooks run on autograd threads):
   // braid calls start under this lock so each rank issues them in one order.
   std::mutex launch_mu_;
+  // A sparse all_reduce's second phase is sized by its first's result: no
+  // other collective may start between the two (ranks would order them
+  // differently), but sends and receives may, and must (a peer may wait
+  // for one before its own all_reduce). Both under launch_mu_.
+  bool sparse_between_phases_ = false;
+  std::condition_variable sparse_phases_cv_;
+  // Takes launch_mu_ for a collective (or a coalescing): once no sparse
+  // all_reduce is between its phases.
+  std::unique_lock<std::mutex> lock_for_collective();
+  // Registers a host work left to complete on the completion threads: for
+  // barrier() (collectives) and for end_if_pending (all).
+  void register_pending(const c10::intrusive_ptr<BraidWork>& work);
   std::string group_name_;
   std::chrono::milliseconds timeout_;
   std::atomic<uint64_t> seq_{0};
