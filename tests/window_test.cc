@@ -6,6 +6,8 @@
 #include <braid/braid.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "tests/rank_test.h"
+#include "transports/shm/shared_memory.h"
 
 namespace braid::test {
 namespace {
@@ -534,6 +537,42 @@ TEST(RegisteredMemory, APeerThatGaveUpMidCopyGetsAtMostOnePieceMore) {
 
 TEST(RegisteredMemory, ABroadcastRootThatWasStoppedMidCopyStoresAtMostOnePieceMore) {
   expect_at_most_one_piece_after_giving_up(true);
+}
+
+// A peer's memory is mapped only as long as it is: its length comes from
+// the peer's registration record, and a mapping past a file's end raises
+// SIGBUS where it is touched. Here this process plays the peer.
+TEST(RegisteredMemory, APeersMemoryIsMappedOnlyAsLongAsItIs) {
+#if defined(SYS_pidfd_open) && defined(SYS_pidfd_getfd)
+  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, getpid(), 0));
+  if (pidfd < 0) GTEST_SKIP() << "pidfd_open: " << std::strerror(errno);
+  const int memfd = memfd_create("braid-test", MFD_CLOEXEC);
+  ASSERT_GE(memfd, 0) << std::strerror(errno);
+  ASSERT_EQ(ftruncate(memfd, 4096), 0);
+  char* base = nullptr;
+  Status st = map_peer_allocation(pidfd, memfd, 4096, &base);
+  if (st.code() == BRAID_ERR_SYSTEM && st.message().find("pidfd_getfd") != std::string::npos)
+    GTEST_SKIP() << st.message();  // not permitted here (ptrace rules)
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  base[4095] = 1;
+  munmap(base, 4096);
+  st = map_peer_allocation(pidfd, memfd, 1 << 20, &base);
+  EXPECT_EQ(st.code(), BRAID_ERR_INTERNAL) << st.message();
+  EXPECT_NE(st.message().find("holds 4096 bytes of a memory file, where its registration says 1048576"),
+            std::string::npos)
+      << st.message();
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  st = map_peer_allocation(pidfd, pipe_fds[0], 4096, &base);
+  EXPECT_EQ(st.code(), BRAID_ERR_INTERNAL) << st.message();
+  EXPECT_NE(st.message().find("file of another kind"), std::string::npos) << st.message();
+  close(pipe_fds[0]);
+  close(pipe_fds[1]);
+  close(memfd);
+  close(pidfd);
+#else
+  GTEST_SKIP() << "no pidfd_open / pidfd_getfd in this build";
+#endif
 }
 
 TEST(RegisteredMemory, BadArgumentsAreNamed) {

@@ -199,7 +199,9 @@ braid_result_t braid_comm_transport_bytes(braid_comm_t comm, const char* transpo
  * all_reduce also every output) lies in a registered range, on every rank.
  * Otherwise the call runs as it would without registration. The bytes moved
  * this way are counted as transport "shm_window". */
-/* Zero-filled memory of at least `bytes`, which ranks of this host can map. */
+/* Zero-filled memory of at least `bytes`, which ranks of this host can map.
+ * It is shared memory: a child made by fork() shares it with its parent
+ * (no copy on write), so a child must not write it. */
 braid_result_t braid_mem_alloc(void** ptr, size_t bytes);
 /* Frees what braid_mem_alloc returned; refused (BRAID_ERR_INVALID_USAGE) while
  * a live communicator has it registered. NULL is a no-op. */

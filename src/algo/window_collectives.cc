@@ -59,11 +59,16 @@ void locate(const HostWindows& windows, const void* p, size_t bytes, uint32_t* i
   }
 }
 
-// Rank p's send or receive buffer as mapped here, or null.
-char* mapped(const HostWindows& windows, const std::vector<BufferSpot>& spots, int p, bool send) {
+// Rank p's send or receive buffer of `bytes` as mapped here, or null. The
+// spot is rank p's word: one that does not lie inside its range is not
+// used (every rank reads the same spots and spans, so all decide alike).
+char* mapped(const HostWindows& windows, const std::vector<BufferSpot>& spots, int p, bool send,
+             size_t bytes) {
   const BufferSpot& s = spots[p];
   const HostWindow* w = window_with(windows, send ? s.send_window : s.recv_window);
-  return w == nullptr ? nullptr : w->at[p] + (send ? s.send_off : s.recv_off);
+  const uint64_t off = send ? s.send_off : s.recv_off;
+  if (w == nullptr || off > w->span[p] || bytes > w->span[p] - off) return nullptr;
+  return w->at[p] + off;
 }
 
 void place(void* dst, const void* src, size_t bytes, bool streaming) {
@@ -197,6 +202,8 @@ Task window_connect(const Channel& ch, WindowRecord mine, PeerMappings* mappings
   co_await all_gather_record(ch, mine, &all);
   w->at.assign(n, nullptr);
   w->at[r] = w->local;
+  w->span.assign(n, 0);
+  for (int p = 0; p < n; ++p) w->span[p] = p == r ? w->bytes : all[p].range_bytes;
   // This rank's verdict: whether every rank's argument was good and it
   // mapped every peer's range.
   WindowRecord mapped = mine;
@@ -205,6 +212,14 @@ Task window_connect(const Channel& ch, WindowRecord mine, PeerMappings* mappings
     if (!all[p].ok) {
       all[p].why[sizeof(all[p].why) - 1] = '\0';
       mapped.set_failure(all[p].why, true);
+      break;
+    }
+    if (all[p].offset > all[p].alloc_bytes || all[p].range_bytes > all[p].alloc_bytes - all[p].offset) {
+      mapped.set_failure("rank " + std::to_string(ch.global(p)) + "'s registration record is out of range (" +
+                             std::to_string(all[p].range_bytes) + " bytes at offset " +
+                             std::to_string(all[p].offset) + " of an allocation of " +
+                             std::to_string(all[p].alloc_bytes) + ")",
+                         false);
       break;
     }
     std::shared_ptr<const PeerMapping> m;
@@ -276,9 +291,10 @@ Task window_or(const Channel& ch, HostWindows windows, Coll c, CollArgs a, Task 
   bool shared_copies = c == Coll::kBroadcast;
   for (int p = 0; p < n; ++p) {
     const bool reads_input = c != Coll::kBroadcast || p == a.root;
-    if (reads_input) direct = direct && (in[p] = mapped(windows, spots, p, true)) != nullptr;
-    if (c == Coll::kAllReduce) direct = direct && (out[p] = mapped(windows, spots, p, false)) != nullptr;
-    if (shared_copies) shared_copies = (out[p] = mapped(windows, spots, p, false)) != nullptr;
+    if (reads_input) direct = direct && (in[p] = mapped(windows, spots, p, true, in_bytes)) != nullptr;
+    if (c == Coll::kAllReduce)
+      direct = direct && (out[p] = mapped(windows, spots, p, false, out_bytes)) != nullptr;
+    if (shared_copies) shared_copies = (out[p] = mapped(windows, spots, p, false, out_bytes)) != nullptr;
   }
   if (!direct) {
     co_await std::move(otherwise);

@@ -65,7 +65,8 @@ struct HostWindow {
   uint32_t id = 0;        // the same on every rank
   char* local = nullptr;  // this rank's registered range
   size_t bytes = 0;
-  std::vector<char*> at;  // every rank's range as mapped here; at[rank] = local
+  std::vector<char*> at;       // every rank's range as mapped here; at[rank] = local
+  std::vector<uint64_t> span;  // every rank's range's length
   std::vector<std::shared_ptr<const PeerMapping>> maps;  // the peers' allocations the ranges lie in
   std::function<void()> on_release;  // run by the destructor (then the allocation may be freed)
 };
@@ -81,6 +82,7 @@ struct WindowRecord {
   int32_t pad = 0;
   uint64_t alloc_bytes = 0;   // the whole allocation, as the peer maps it
   uint64_t offset = 0;        // of the registered range in the allocation
+  uint64_t range_bytes = 0;   // the registered range's length
   uint64_t alloc_serial = 0;  // SharedAllocation::serial: which allocation, for PeerMappings
   char why[160] = {};
   void set_failure(const std::string& reason, bool by_user);

@@ -1341,6 +1341,7 @@ Status Communicator::register_window(void* buf, size_t bytes) {
     mine.fd = alloc.fd;
     mine.alloc_bytes = alloc.bytes;
     mine.offset = static_cast<uint64_t>(p - alloc.base);
+    mine.range_bytes = bytes;
     mine.alloc_serial = alloc.serial;
   }
   auto w = std::make_shared<HostWindow>();

@@ -1,6 +1,7 @@
 #include "transports/shm/shared_memory.h"
 
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -112,6 +113,21 @@ Status map_peer_allocation(int pidfd, int fd, size_t bytes, char** out) {
   if (pidfd < 0) return Status::unsupported("the peer's pidfd could not be opened");
   const int mine = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, fd, 0));
   if (mine < 0) return Status::system("pidfd_getfd of the peer's braid_mem_alloc memory", errno);
+  // A mapping longer than the file maps; its pages past the end raise
+  // SIGBUS when touched. The size is the peer's word: check it.
+  struct stat st {};
+  if (fstat(mine, &st) != 0) {
+    const int err = errno;
+    close(mine);
+    return Status::system("fstat of a peer's braid_mem_alloc memory", err);
+  }
+  if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) < bytes) {
+    close(mine);
+    return Status::internal("the peer's braid_mem_alloc memory (its descriptor " + std::to_string(fd) +
+                            ") holds " + std::to_string(st.st_size) + " bytes of a " +
+                            (S_ISREG(st.st_mode) ? "memory file" : "file of another kind") +
+                            ", where its registration says " + std::to_string(bytes));
+  }
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, mine, 0);
   const int err = errno;
   close(mine);  // the mapping keeps the memory

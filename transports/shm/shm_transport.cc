@@ -308,8 +308,20 @@ class ShmConnection : public Connection {
       seq = h->seq.load(std::memory_order_acquire);
     }
     if (seq != received_ + 1) return false;
+    // The peer's word: a length past its slot (or, packed, past the pack
+    // area) would have this rank read beyond it, past the segment's end
+    // for the last slot. The receive then waits, and check_peer says why.
+    const uint64_t n = h->bytes;
+    if (n > slot_bytes_ || (at_ > 0 && (!packable(stride_of(n)) || at_ + stride_of(n) > kPackArea))) {
+      if (corrupt_.is_ok())
+        corrupt_ =
+            Status::remote("rank " + std::to_string(peer_) + " (this host) wrote a message header of " +
+                           std::to_string(n) + " bytes at offset " + std::to_string(at_) + " of a slot of " +
+                           std::to_string(slot_bytes_) + " bytes (shared memory corrupted)");
+      return false;
+    }
     *data = h + 1;
-    *bytes = h->bytes;
+    *bytes = n;
     return true;
   }
   const CallTag& recv_tag() const override {
@@ -370,6 +382,7 @@ class ShmConnection : public Connection {
     return Status::ok();
   }
   Status check_peer(bool thorough) override {
+    BRAID_RETURN_IF_ERROR(corrupt_);
     BRAID_RETURN_IF_ERROR(peer_failure());
     if (thorough && peer_exited())
       return Status::remote("rank " + std::to_string(peer_) + " (pid " + std::to_string(peer_pid_) +
@@ -424,6 +437,7 @@ class ShmConnection : public Connection {
   Layout layout_;
   uint64_t slots_;
   size_t slot_bytes_;
+  Status corrupt_;  // a message header that could not be from an intact peer (recv_ready)
   SegmentHeader* mine_;
   SegmentHeader* theirs_;
   char* recv_ = nullptr;
