@@ -478,7 +478,8 @@ TEST_F(OneRank, BraidCallsFromACallbackAreRefused) {
   struct Seen {
     braid_request_t other;
     braid_comm_t comm;
-    braid_result_t wait = BRAID_SUCCESS, destroy = BRAID_SUCCESS, op = BRAID_SUCCESS;
+    braid_result_t wait = BRAID_SUCCESS, destroy = BRAID_SUCCESS, op = BRAID_SUCCESS, reg = BRAID_SUCCESS,
+                   dereg = BRAID_SUCCESS, init = BRAID_SUCCESS;
     std::string message;
   } seen{second, comm_};
   BRAID_ASSERT_OK(braid_request_set_callback(
@@ -490,12 +491,21 @@ TEST_F(OneRank, BraidCallsFromACallbackAreRefused) {
         s->destroy = braid_comm_destroy(s->comm);
         float w = 0;
         s->op = braid_all_reduce(&w, &w, 1, BRAID_FLOAT32, BRAID_SUM, s->comm, nullptr);
+        // Calls that wait on an op of their own (they waited forever here).
+        s->reg = braid_comm_register(s->comm, &w, sizeof(w));
+        s->dereg = braid_comm_deregister(s->comm, &w);
+        braid_unique_id_t id{};
+        braid_comm_t made = nullptr;
+        s->init = braid_comm_init_rank(&made, 1, id, 0);
       },
       &seen));
   BRAID_ASSERT_OK(braid_wait(&first));
   EXPECT_EQ(seen.wait, BRAID_ERR_INVALID_USAGE);
   EXPECT_EQ(seen.destroy, BRAID_ERR_INVALID_USAGE);
   EXPECT_EQ(seen.op, BRAID_ERR_INVALID_USAGE);
+  EXPECT_EQ(seen.reg, BRAID_ERR_INVALID_USAGE);
+  EXPECT_EQ(seen.dereg, BRAID_ERR_INVALID_USAGE);
+  EXPECT_EQ(seen.init, BRAID_ERR_INVALID_USAGE);
   EXPECT_NE(seen.message.find("wait called from a completion callback"), std::string::npos) << seen.message;
   // Outside the callback everything works as before.
   BRAID_ASSERT_OK(braid_wait(&second));
@@ -538,9 +548,14 @@ TEST_F(OneRank, AWaitForAnOpInAnotherThreadsOpenGroupIsBounded) {
 // parent's): calls are refused, destroy only drops the child's handle (it
 // hung where an op was in flight), and the parent works on.
 TEST_F(OneRank, AForkedChildCannotUseItsParentsCommunicator) {
+  // A receive from itself that the parent completes after the fork.
+  float got = 0, sent = 5;
+  braid_request_t pending = nullptr;
+  BRAID_ASSERT_OK(braid_irecv(&got, 1, BRAID_FLOAT32, 0, comm_, nullptr, &pending));
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
+    alarm(20);  // a child that hangs is killed, and the test fails
     float x = 1;
     int code = 0;
     if (braid_all_reduce(&x, &x, 1, BRAID_FLOAT32, BRAID_SUM, comm_, nullptr) != BRAID_ERR_INVALID_USAGE)
@@ -548,6 +563,17 @@ TEST_F(OneRank, AForkedChildCannotUseItsParentsCommunicator) {
     if (std::string(braid_get_last_error()).find("made before this process was forked") == std::string::npos)
       code = 2;
     if (braid_comm_abort(comm_) != BRAID_ERR_INVALID_USAGE) code = 3;
+    // The parent's request too: the child hung in braid_wait, or drove the
+    // parent's connections and took its message.
+    int done = 0;
+    if (braid_test(&pending, &done) != BRAID_ERR_INVALID_USAGE || done != 0) code = 5;
+    if (braid_request_set_callback(
+            pending, [](void*, braid_result_t, const char*) {}, nullptr) != BRAID_ERR_INVALID_USAGE)
+      code = 6;
+    if (braid_wait(&pending) != BRAID_ERR_INVALID_USAGE) code = 7;
+    if (std::string(braid_get_last_error()).find("started before this process was forked") ==
+        std::string::npos)
+      code = 8;
     if (braid_comm_destroy(comm_) != BRAID_SUCCESS) code = 4;
     _exit(code);
   }
@@ -558,6 +584,9 @@ TEST_F(OneRank, AForkedChildCannotUseItsParentsCommunicator) {
   float y = 2;
   BRAID_ASSERT_OK(braid_all_reduce(&y, &y, 1, BRAID_FLOAT32, BRAID_SUM, comm_, nullptr));
   EXPECT_EQ(y, 2.0f);
+  BRAID_ASSERT_OK(braid_send(&sent, 1, BRAID_FLOAT32, 0, comm_, nullptr));
+  BRAID_ASSERT_OK(braid_wait(&pending));
+  EXPECT_EQ(got, 5.0f);
 }
 
 TEST_F(OneRank, AnIOperationThatCanFinishAtOnceIsDoneWhenTheCallReturns) {

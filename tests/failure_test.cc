@@ -438,6 +438,44 @@ TEST_P(FailureTransports, ARefusedCallFailsAGroupOfSendsOnEveryRank) {
       "a call in this group was refused: rank 1: send");
 }
 
+// The same where rank 1's call is refused before any op is made for it:
+// all_to_allv without its receive displacements, an i-form without a place
+// for its request, a handle that names no communicator (before, such
+// refusals were not kept, and rank 1's group_end returned success).
+TEST_P(FailureTransports, ACallRefusedBeforeItIsMadeFailsItsGroupToo) {
+  static braid_request_t kept = nullptr;  // rank 0's request, waited for by no one (its group fails)
+  const size_t zero[2] = {0, 0};
+  const struct {
+    std::function<braid_result_t(braid_comm_t, int, float*)> call;
+    const char* refused;
+  } cases[] = {
+      {[&zero](braid_comm_t comm, int rank, float* b) {
+         return braid_all_to_allv(b, zero, zero, b, zero, rank == 1 ? nullptr : zero, BRAID_FLOAT32, comm,
+                                  nullptr);
+       },
+       "a call in this group was refused: rank 1: all_to_allv: rdispls is NULL"},
+      {[](braid_comm_t comm, int rank, float* b) {
+         return braid_iall_reduce(b, b, 1, BRAID_FLOAT32, BRAID_SUM, comm, nullptr,
+                                  rank == 1 ? nullptr : &kept);
+       },
+       "a call in this group was refused: request is NULL"},
+      {[](braid_comm_t comm, int rank, float* b) {
+         braid_comm_t named = rank == 1 ? reinterpret_cast<braid_comm_t>(uintptr_t{0x5ca1ab1e0}) : comm;
+         return braid_all_reduce(b, b, 1, BRAID_FLOAT32, BRAID_SUM, named, nullptr);
+       },
+       "a call in this group was refused: all_reduce: comm 0x5ca1ab1e0 is not a live communicator"},
+  };
+  for (const auto& c : cases) {
+    expect_refused_group_fails(
+        GetParam(),
+        [&c](braid_comm_t comm, int rank, float* a, float* b) {
+          EXPECT_EQ(braid_all_reduce(a, a, 1, BRAID_FLOAT32, BRAID_SUM, comm, nullptr), BRAID_SUCCESS);
+          EXPECT_EQ(c.call(comm, rank, b), rank == 1 ? BRAID_ERR_INVALID_ARGUMENT : BRAID_SUCCESS);
+        },
+        c.refused);
+  }
+}
+
 // A grouped receive whose message has another size fails with
 // BRAID_ERR_MISMATCH and writes nothing; the group's next receive from that
 // peer does not take the message in its place (small messages, which the

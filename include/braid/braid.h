@@ -257,7 +257,8 @@ braid_result_t braid_request_set_callback(braid_request_t request, braid_callbac
  * host. A call the group refuses (bad arguments) fails it: group_end
  * returns that error, and where the group holds other operations on that
  * communicator, it is aborted (its peers learn why) since they cannot all
- * be made. A communicator with operations in the thread's open group cannot
+ * be made; a call whose handle names no live communicator aborts every
+ * communicator the group holds operations on. A communicator with operations in the thread's open group cannot
  * be destroyed (BRAID_ERR_INVALID_USAGE). */
 braid_result_t braid_group_start(void);
 braid_result_t braid_group_end(void);

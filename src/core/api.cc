@@ -2,6 +2,7 @@
 // into braid_result_t plus a last-error message.
 #include <braid/braid.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cinttypes>
 #include <cstdint>
@@ -46,6 +47,11 @@ struct Request {
   // waited for (it is always done by then: the teardown drains).
   Status live(std::shared_ptr<Communicator>* out) const {
     *out = comm.lock();
+    if (*out && (*out)->forked()) {
+      out->reset();
+      return Status::invalid_usage(std::string("the request's ") + op->name +
+                                   " was started before this process was forked: it belongs to the parent");
+    }
     if (*out || done()) return Status::ok();
     return Status::invalid_usage(std::string("the communicator of this request's ") + op->name +
                                  " was destroyed before the operation completed");
@@ -440,20 +446,27 @@ braid_result_t submit_stream_ordered(const Call& c, const std::shared_ptr<Commun
                                           "braid (it would wait on the thread that runs it)"));           \
   } while (0)
 
+// A call refused before it was made. Inside a group the group fails too:
+// its end reports the first refusal and aborts the communicator (every
+// communicator of the group where the call named none that lives), since
+// the peers made their part of the call.
+braid_result_t refuse(const Status& st, const std::shared_ptr<Communicator>& comm) {
+  if (t_group_depth > 0 && group().refused.is_ok()) {
+    group().refused = st;
+    group().refused_comm = comm;
+  }
+  return finish(st, comm.get());
+}
+
 braid_result_t submit(const Call& c) {
   BRAID_REFUSE_IN_CALLBACK(op_kind_name(c.kind));
   std::shared_ptr<Communicator> comm;
   Status st = lookup(c.handle, &comm);
-  if (!st) return finish(st.with_context(op_kind_name(c.kind)));
+  if (!st) return refuse(st.with_context(op_kind_name(c.kind)), nullptr);
   st = validate(c, *comm);
-  if (!st) {
-    st = st.with_context("rank " + std::to_string(comm->rank()) + ": " + op_kind_name(c.kind));
-    if (t_group_depth > 0 && group().refused.is_ok()) {
-      group().refused = st;
-      group().refused_comm = comm;
-    }
-    return finish(st, comm.get());
-  }
+  if (!st)
+    return refuse(st.with_context("rank " + std::to_string(comm->rank()) + ": " + op_kind_name(c.kind)),
+                  comm);
   const bool async = c.request != nullptr;
   const bool p2p_inline = (c.kind == OpKind::kSend || c.kind == OpKind::kRecv) && !async &&
                           c.stream == nullptr && comm->p2p_inline_candidate(c.kind, c.args);
@@ -494,10 +507,12 @@ braid_result_t submit(const Call& c) {
   return finish(comm->engine().wait(*op), comm.get());
 }
 
-braid_result_t request_arg(braid_request_t* request) {
-  if (request == nullptr)
-    return finish(Status::invalid_argument("request is NULL (the i-form needs somewhere to put the handle)"));
-  return BRAID_SUCCESS;
+braid_result_t request_arg(braid_request_t* request, braid_comm_t handle) {
+  if (request != nullptr) return BRAID_SUCCESS;
+  std::shared_ptr<Communicator> comm;
+  (void)lookup(handle, &comm);  // the group's communicator to abort, if it names one
+  return refuse(Status::invalid_argument("request is NULL (the i-form needs somewhere to put the handle)"),
+                comm);
 }
 
 }  // namespace
@@ -616,6 +631,7 @@ braid_result_t init_with(braid_comm_t* out, const UniqueId& id, int nranks, int 
 
 BRAID_API braid_result_t braid_comm_init_rank(braid_comm_t* comm, int nranks, braid_unique_id_t id,
                                               int rank) {
+  BRAID_REFUSE_IN_CALLBACK("comm_init_rank");
   if (comm == nullptr)
     return finish(Status::invalid_argument("comm is NULL (where should the communicator go?)"));
   *comm = nullptr;
@@ -637,6 +653,7 @@ BRAID_API braid_result_t braid_comm_init_rank(braid_comm_t* comm, int nranks, br
 }
 
 BRAID_API braid_result_t braid_comm_init_env(braid_comm_t* comm) {
+  BRAID_REFUSE_IN_CALLBACK("comm_init_env");
   if (comm == nullptr)
     return finish(Status::invalid_argument("comm is NULL (where should the communicator go?)"));
   *comm = nullptr;
@@ -806,6 +823,7 @@ BRAID_API braid_result_t braid_mem_free(void* ptr) {
 }
 
 BRAID_API braid_result_t braid_comm_register(braid_comm_t handle, void* buf, size_t bytes) {
+  BRAID_REFUSE_IN_CALLBACK("comm_register");
   std::shared_ptr<Communicator> comm;
   Status st = lookup(handle, &comm);
   if (st) st = comm->register_window(buf, bytes);
@@ -814,6 +832,7 @@ BRAID_API braid_result_t braid_comm_register(braid_comm_t handle, void* buf, siz
 }
 
 BRAID_API braid_result_t braid_comm_deregister(braid_comm_t handle, void* buf) {
+  BRAID_REFUSE_IN_CALLBACK("comm_deregister");
   std::shared_ptr<Communicator> comm;
   Status st = lookup(handle, &comm);
   if (st) st = comm->deregister_window(buf);
@@ -936,6 +955,8 @@ BRAID_API braid_result_t braid_request_set_callback(braid_request_t request, bra
                                                               : "request_set_callback: callback is NULL"));
   std::shared_ptr<Request> req = requests().get(id_of(request));
   if (!req) return finish(Status::invalid_argument("request_set_callback: request is not a live request"));
+  std::shared_ptr<Communicator> comm;
+  if (Status st = req->live(&comm); !st) return finish(st.with_context("request_set_callback"));
   if (req->callback_set.exchange(true))
     return finish(Status::invalid_usage("request_set_callback: this request already has a callback"));
   req->op->set_callback(
@@ -973,12 +994,15 @@ BRAID_API braid_result_t braid_group_end(void) {
   if (Status refused = std::exchange(group().refused, Status()); !refused.is_ok()) {
     std::shared_ptr<Communicator> comm = std::move(group().refused_comm);
     first = Status(refused.code(), "a call in this group was refused: " + refused.message());
+    std::vector<Communicator*> aborted;
     for (const Pending& p : ops)
-      if (p.comm == comm) {
-        comm->engine().abort(first);
-        break;
+      if ((comm == nullptr || p.comm == comm) &&
+          std::find(aborted.begin(), aborted.end(), p.comm.get()) == aborted.end()) {
+        p.comm->engine().abort(first);
+        p.comm->set_last_error(first.message());
+        aborted.push_back(p.comm.get());
       }
-    comm->set_last_error(first.message());
+    if (comm != nullptr) comm->set_last_error(first.message());
   }
   // Every stream-ordered call is staged before any stream waits for one:
   // their host ops may need each other (a send and the matching recv).
@@ -1067,12 +1091,12 @@ BRAID_API braid_result_t braid_recv(void* buf, size_t count, braid_dtype_t dtype
 }
 BRAID_API braid_result_t braid_isend(const void* buf, size_t count, braid_dtype_t dtype, int peer,
                                      braid_comm_t comm, braid_stream_t stream, braid_request_t* request) {
-  if (request_arg(request) != BRAID_SUCCESS) return BRAID_ERR_INVALID_ARGUMENT;
+  if (request_arg(request, comm) != BRAID_SUCCESS) return BRAID_ERR_INVALID_ARGUMENT;
   return submit_p2p(OpKind::kSend, buf, nullptr, count, dtype, peer, nullptr, 0, comm, stream, request);
 }
 BRAID_API braid_result_t braid_irecv(void* buf, size_t count, braid_dtype_t dtype, int peer,
                                      braid_comm_t comm, braid_stream_t stream, braid_request_t* request) {
-  if (request_arg(request) != BRAID_SUCCESS) return BRAID_ERR_INVALID_ARGUMENT;
+  if (request_arg(request, comm) != BRAID_SUCCESS) return BRAID_ERR_INVALID_ARGUMENT;
   return submit_p2p(OpKind::kRecv, nullptr, buf, count, dtype, peer, nullptr, 0, comm, stream, request);
 }
 BRAID_API braid_result_t braid_send_tagged(const void* buf, size_t count, braid_dtype_t dtype, int peer,
@@ -1086,13 +1110,13 @@ BRAID_API braid_result_t braid_recv_tagged(void* buf, size_t count, braid_dtype_
 BRAID_API braid_result_t braid_isend_tagged(const void* buf, size_t count, braid_dtype_t dtype, int peer,
                                             uint32_t tag, braid_comm_t comm, braid_stream_t stream,
                                             braid_request_t* request) {
-  if (request_arg(request) != BRAID_SUCCESS) return BRAID_ERR_INVALID_ARGUMENT;
+  if (request_arg(request, comm) != BRAID_SUCCESS) return BRAID_ERR_INVALID_ARGUMENT;
   return submit_p2p(OpKind::kSend, buf, nullptr, count, dtype, peer, nullptr, tag, comm, stream, request);
 }
 BRAID_API braid_result_t braid_irecv_tagged(void* buf, size_t count, braid_dtype_t dtype, int peer,
                                             uint32_t tag, braid_comm_t comm, braid_stream_t stream,
                                             braid_request_t* request) {
-  if (request_arg(request) != BRAID_SUCCESS) return BRAID_ERR_INVALID_ARGUMENT;
+  if (request_arg(request, comm) != BRAID_SUCCESS) return BRAID_ERR_INVALID_ARGUMENT;
   return submit_p2p(OpKind::kRecv, nullptr, buf, count, dtype, peer, nullptr, tag, comm, stream, request);
 }
 
@@ -1143,7 +1167,7 @@ BRAID_API braid_result_t braid_recv_any(void* buf, size_t count, braid_dtype_t d
 }
 BRAID_API braid_result_t braid_irecv_any(void* buf, size_t count, braid_dtype_t dtype, int* source,
                                          braid_comm_t comm, braid_stream_t stream, braid_request_t* request) {
-  if (request_arg(request) != BRAID_SUCCESS) return BRAID_ERR_INVALID_ARGUMENT;
+  if (request_arg(request, comm) != BRAID_SUCCESS) return BRAID_ERR_INVALID_ARGUMENT;
   return submit_p2p(OpKind::kRecvAny, nullptr, buf, count, dtype, -1, source, 0, comm, stream, request);
 }
 BRAID_API braid_result_t braid_recv_any_tagged(void* buf, size_t count, braid_dtype_t dtype, int* source,
@@ -1153,7 +1177,7 @@ BRAID_API braid_result_t braid_recv_any_tagged(void* buf, size_t count, braid_dt
 BRAID_API braid_result_t braid_irecv_any_tagged(void* buf, size_t count, braid_dtype_t dtype, int* source,
                                                 uint32_t tag, braid_comm_t comm, braid_stream_t stream,
                                                 braid_request_t* request) {
-  if (request_arg(request) != BRAID_SUCCESS) return BRAID_ERR_INVALID_ARGUMENT;
+  if (request_arg(request, comm) != BRAID_SUCCESS) return BRAID_ERR_INVALID_ARGUMENT;
   return submit_p2p(OpKind::kRecvAny, nullptr, buf, count, dtype, -1, source, tag, comm, stream, request);
 }
 
@@ -1166,7 +1190,7 @@ braid_result_t submit_all_to_allv(const void* sendbuf, const size_t* sendcounts,
                                   braid_request_t* request) {
   std::shared_ptr<Communicator> comm;
   Status st = lookup(handle, &comm);
-  if (!st) return finish(st.with_context("all_to_allv"));
+  if (!st) return refuse(st.with_context("all_to_allv"), nullptr);
   std::vector<size_t> layout;
   CollArgs a{sendbuf, recvbuf, 0, dtype, BRAID_SUM, 0, -1};
   const char* missing = sendcounts == nullptr   ? "sendcounts"
@@ -1175,9 +1199,9 @@ braid_result_t submit_all_to_allv(const void* sendbuf, const size_t* sendcounts,
                         : rdispls == nullptr    ? "rdispls"
                                                 : nullptr;
   if (missing != nullptr)
-    return finish(Status::invalid_argument(std::string(missing) + " is NULL")
+    return refuse(Status::invalid_argument(std::string(missing) + " is NULL")
                       .with_context("rank " + std::to_string(comm->rank()) + ": all_to_allv"),
-                  comm.get());
+                  comm);
   const int n = comm->nranks();
   layout.reserve(4 * static_cast<size_t>(n));
   for (const size_t* arr : {sendcounts, sdispls, recvcounts, rdispls})
@@ -1200,15 +1224,15 @@ BRAID_API braid_result_t braid_iall_to_allv(const void* sendbuf, const size_t* s
                                             const size_t* sdispls, void* recvbuf, const size_t* recvcounts,
                                             const size_t* rdispls, braid_dtype_t dtype, braid_comm_t comm,
                                             braid_stream_t stream, braid_request_t* request) {
-  if (request_arg(request) != BRAID_SUCCESS) return BRAID_ERR_INVALID_ARGUMENT;
+  if (request_arg(request, comm) != BRAID_SUCCESS) return BRAID_ERR_INVALID_ARGUMENT;
   return submit_all_to_allv(sendbuf, sendcounts, sdispls, recvbuf, recvcounts, rdispls, dtype, comm, stream,
                             request);
 }
 
-#define BRAID_ICALL(kind, ...)                                                    \
-  do {                                                                            \
-    if (request_arg(request) != BRAID_SUCCESS) return BRAID_ERR_INVALID_ARGUMENT; \
-    BRAID_CALL(kind, request, __VA_ARGS__);                                       \
+#define BRAID_ICALL(kind, ...)                                                          \
+  do {                                                                                  \
+    if (request_arg(request, comm) != BRAID_SUCCESS) return BRAID_ERR_INVALID_ARGUMENT; \
+    BRAID_CALL(kind, request, __VA_ARGS__);                                             \
   } while (0)
 
 BRAID_API braid_result_t braid_iall_reduce(const void* sendbuf, void* recvbuf, size_t count,
