@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <braid/ddp_torch.hpp>
 
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -313,15 +314,84 @@ TEST(DdpTorch, ABackwardThatThrowsLeavesTheNextStepWorking) {
   });
 }
 
+// The mismatch is an exception on every rank, also where the parameters
+// already have gradients (the destructor of the half-made wrapper read
+// gradient views it had not made yet, and crashed).
 TEST(DdpTorch, DifferentModelsThrow) {
   braid::test::run_ranks(2, {}, [&](braid_comm_t comm, int rank, int) {
     torch::set_num_threads(1);
     auto model = make_model(1, rank == 0 ? kHidden : kHidden + 2);
+    const Data data;
+    loss_of(model, data.x, data.t).backward();
     try {
       auto ddp = braid::ddp::wrap(*model, comm);
       ADD_FAILURE() << "wrap of different models did not throw";
     } catch (const std::runtime_error& e) {
       EXPECT_NE(std::string(e.what()).find("rank 1 registered 4 parameters"), std::string::npos) << e.what();
+    }
+  });
+}
+
+// A tensor braid cannot take on one rank only (here an int16 buffer) fails
+// wrap on every rank at once, each naming what it can: it threw on that
+// rank before the others' comparison, which then waited out the timeout.
+struct WithCounter : torch::nn::Module {
+  explicit WithCounter(bool int16) {
+    torch::manual_seed(3);
+    fc = register_module("fc", torch::nn::Linear(kIn, kOut));
+    counter = register_buffer("counter", torch::zeros({2}, int16 ? torch::kShort : torch::kInt));
+  }
+  torch::nn::Linear fc{nullptr};
+  torch::Tensor counter;
+};
+
+TEST(DdpTorch, ATensorOneRankCannotTakeFailsWrapEverywhere) {
+  braid::test::run_ranks(2, {{"BRAID_TIMEOUT", "60"}}, [&](braid_comm_t comm, int rank, int) {
+    torch::set_num_threads(1);
+    WithCounter m(rank == 1);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      auto ddp = braid::ddp::wrap(m, comm);
+      ADD_FAILURE() << "wrap did not throw on rank " << rank;
+    } catch (const std::runtime_error& e) {
+      const char* expected = rank == 1 ? "buffer 'counter' has dtype Short, which braid does not handle"
+                                       : "rank 1 refused its arguments";
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20)) << "rank " << rank;
+  });
+}
+
+// sync_buffers broadcasts into a buffer's storage as it is now: loading a
+// checkpoint gives buffers new storage (Tensor::set_), and the broadcast
+// went to the freed one, leaving the buffers as loaded.
+TEST(DdpTorch, SyncBuffersFollowsABufferGivenNewStorage) {
+  braid::test::run_ranks(2, {}, [&](braid_comm_t comm, int rank, int) {
+    torch::set_num_threads(1);
+    torch::manual_seed(5);
+    torch::nn::BatchNorm1d bn(kOut);
+    auto ddp = braid::ddp::wrap(*bn, comm);
+    {
+      torch::NoGradGuard no_grad;
+      bn->running_mean.set_(torch::full({kOut}, static_cast<float>(rank + 1)));
+      bn->running_var.set_(torch::full({kOut}, static_cast<float>(rank + 5)));
+    }
+    ddp->sync_buffers();
+    EXPECT_EQ(bn->running_mean.min().item<float>(), 1.0f);
+    EXPECT_EQ(bn->running_mean.max().item<float>(), 1.0f);
+    EXPECT_EQ(bn->running_var.max().item<float>(), 5.0f);
+    {
+      torch::NoGradGuard no_grad;
+      bn->running_mean.set_(torch::zeros({kOut + 1}));
+    }
+    try {
+      ddp->sync_buffers();
+      ADD_FAILURE() << "a buffer of another size was broadcast";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(
+                    "buffer 'running_mean' (index 0) now has 5 elements, where 4 were registered"),
+                std::string::npos)
+          << e.what();
     }
   });
 }

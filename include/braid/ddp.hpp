@@ -169,6 +169,10 @@ class Reducer {
   // the ranks' bucket all_reduces and the broadcasts could interleave
   // differently, BRAID_ERR_MISMATCH).
   Result sync_buffers();
+  // Buffer `index` now lives at `data` (its owner gave it new storage, as
+  // loading a checkpoint does); its element count must stay as registered.
+  // Local: call it on every rank whose buffer moved, before sync_buffers.
+  Result move_buffer(size_t index, void* data, size_t count);
 
   const std::vector<BucketInfo>& buckets() const;
   // Buckets whose all_reduce started in the current step (0 after finish()).

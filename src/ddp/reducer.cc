@@ -630,6 +630,23 @@ Result Reducer::sync_buffers() {
   return {};
 }
 
+Result Reducer::move_buffer(size_t index, void* data, size_t count) {
+  State& s = *state_;
+  if (index >= s.buffers.size())
+    return fail(BRAID_ERR_INVALID_ARGUMENT, "move_buffer: buffer index " + std::to_string(index) +
+                                                " is out of range (" + std::to_string(s.buffers.size()) +
+                                                " buffers)");
+  Buffer& b = s.buffers[index];
+  const std::string who = "move_buffer: buffer " + (b.name.empty() ? "" : "'" + b.name + "' ") + "(index " +
+                          std::to_string(index) + ")";
+  if (count != b.count)
+    return fail(BRAID_ERR_INVALID_ARGUMENT, who + " now has " + std::to_string(count) + " elements, where " +
+                                                std::to_string(b.count) + " were registered");
+  if (data == nullptr && count > 0) return fail(BRAID_ERR_INVALID_ARGUMENT, who + ": data is null");
+  b.data = data;
+  return {};
+}
+
 const std::vector<BucketInfo>& Reducer::buckets() const {
   return state_->infos;
 }

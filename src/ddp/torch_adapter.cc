@@ -16,22 +16,37 @@ namespace {
   throw std::runtime_error("braid ddp: " + r.message);
 }
 
-// The braid dtype of a CPU, contiguous tensor; throws naming `what` otherwise.
-braid_dtype_t checked_dtype(const std::string& what, const torch::Tensor& t) {
-  if (!t.device().is_cpu()) {
-    throw std::runtime_error("braid ddp: " + what + " is on " + t.device().str() +
-                             "; this build of braid handles CPU tensors only");
+// A dtype no braid call takes: Reducer::create refuses it on this rank, and
+// so fails on every rank at once (a throw before create left the peers
+// waiting in it until their timeout).
+constexpr braid_dtype_t kRefused = static_cast<braid_dtype_t>(-1);
+
+// Why `what` (a CPU, contiguous tensor of a dtype braid handles) cannot be
+// used, or "".
+std::string refusal(const std::string& what, const torch::Tensor& t) {
+  if (!t.device().is_cpu())
+    return "braid ddp: " + what + " is on " + t.device().str() +
+           "; this build of braid handles CPU tensors only";
+  if (!t.is_contiguous()) return "braid ddp: " + what + " is not contiguous";
+  return "";
+}
+
+// The braid dtype of `t`, or kRefused with *why set (the first reason kept).
+braid_dtype_t checked_dtype(const std::string& what, const torch::Tensor& t, std::string* why) {
+  std::string reason = refusal(what, t);
+  if (reason.empty()) {
+    static const std::pair<c10::ScalarType, braid_dtype_t> kTable[] = {
+        {c10::kFloat, BRAID_FLOAT32},     {c10::kDouble, BRAID_FLOAT64}, {c10::kHalf, BRAID_FLOAT16},
+        {c10::kBFloat16, BRAID_BFLOAT16}, {c10::kChar, BRAID_INT8},      {c10::kByte, BRAID_UINT8},
+        {c10::kBool, BRAID_UINT8},        {c10::kInt, BRAID_INT32},      {c10::kLong, BRAID_INT64}};
+    for (const auto& [torch_type, braid_type] : kTable) {
+      if (t.scalar_type() == torch_type) return braid_type;
+    }
+    reason = "braid ddp: " + what + " has dtype " + std::string(c10::toString(t.scalar_type())) +
+             ", which braid does not handle";
   }
-  if (!t.is_contiguous()) throw std::runtime_error("braid ddp: " + what + " is not contiguous");
-  static const std::pair<c10::ScalarType, braid_dtype_t> kTable[] = {
-      {c10::kFloat, BRAID_FLOAT32},     {c10::kDouble, BRAID_FLOAT64}, {c10::kHalf, BRAID_FLOAT16},
-      {c10::kBFloat16, BRAID_BFLOAT16}, {c10::kChar, BRAID_INT8},      {c10::kByte, BRAID_UINT8},
-      {c10::kBool, BRAID_UINT8},        {c10::kInt, BRAID_INT32},      {c10::kLong, BRAID_INT64}};
-  for (const auto& [torch_type, braid_type] : kTable) {
-    if (t.scalar_type() == torch_type) return braid_type;
-  }
-  throw std::runtime_error("braid ddp: " + what + " has dtype " +
-                           std::string(c10::toString(t.scalar_type())) + ", which braid does not handle");
+  if (why->empty()) *why = reason;
+  return kRefused;
 }
 
 }  // namespace
@@ -52,9 +67,10 @@ std::unique_ptr<ModuleDdp> wrap(torch::nn::Module& module, braid_comm_t comm, co
   std::unique_ptr<ModuleDdp> ddp(new ModuleDdp());
   std::vector<Parameter> params;
   std::vector<Buffer> buffers;
+  std::string refused;  // this rank's first tensor braid cannot take
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
     const torch::Tensor& p = item.value();
-    const braid_dtype_t dt = checked_dtype("parameter '" + item.key() + "'", p);
+    const braid_dtype_t dt = checked_dtype("parameter '" + item.key() + "'", p, &refused);
     if (!p.requires_grad()) {
       // Frozen: no gradient, but every replica starts from rank 0's values
       // (torch's DDP broadcasts every parameter), so it goes as a buffer.
@@ -68,7 +84,7 @@ std::unique_ptr<ModuleDdp> wrap(torch::nn::Module& module, braid_comm_t comm, co
   }
   for (const auto& item : module.named_buffers(/*recurse=*/true)) {
     const torch::Tensor& b = item.value();
-    const braid_dtype_t dt = checked_dtype("buffer '" + item.key() + "'", b);
+    const braid_dtype_t dt = checked_dtype("buffer '" + item.key() + "'", b, &refused);
     buffers.push_back({item.key(), b.data_ptr(), static_cast<size_t>(b.numel()), dt});
     ddp->buffers_.push_back(b);
   }
@@ -77,6 +93,7 @@ std::unique_ptr<ModuleDdp> wrap(torch::nn::Module& module, braid_comm_t comm, co
     torch::NoGradGuard no_grad;
     if (Result r = Reducer::create(comm, std::move(params), std::move(buffers), options, &ddp->reducer_);
         !r) {
+      if (!refused.empty()) throw std::runtime_error(refused);
       throw_result(r);
     }
   }
@@ -95,8 +112,9 @@ std::unique_ptr<ModuleDdp> wrap(torch::nn::Module& module, braid_comm_t comm, co
 
 ModuleDdp::~ModuleDdp() {
   for (size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
-  // A parameter's grad may still be a view of a bucket that is about to go.
-  for (size_t i = 0; i < params_.size(); ++i) {
+  // A parameter's grad may still be a view of a bucket that is about to go
+  // (none where wrap threw before the views were made).
+  for (size_t i = 0; i < grad_views_.size(); ++i) {
     if (params_[i].grad().defined() && params_[i].grad().data_ptr() == grad_views_[i].data_ptr()) {
       params_[i].mutable_grad() = grad_views_[i].clone();
     }
@@ -147,6 +165,15 @@ void ModuleDdp::end_of_backward() {
 
 void ModuleDdp::sync_buffers() {
   torch::NoGradGuard no_grad;
+  // A buffer's storage may have been replaced since wrap (torch::load sets
+  // it anew): the broadcast goes where the data is now, not to the freed one.
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    const torch::Tensor& b = buffers_[i];
+    if (std::string why = refusal("buffer (index " + std::to_string(i) + ")", b); !why.empty())
+      throw std::runtime_error(why);
+    if (Result r = reducer_->move_buffer(i, b.data_ptr(), static_cast<size_t>(b.numel())); !r)
+      throw_result(r);
+  }
   if (Result r = reducer_->sync_buffers(); !r) throw_result(r);
 }
 
