@@ -366,6 +366,37 @@ TEST_P(FailureTransports, AQueuedOpKeepsItsOwnDeadline) {
   });
 }
 
+// The same for a receive waiting unstarted behind a receive from any rank
+// (which may still take its message): only started ops' deadlines were
+// checked, so it waited for the any-source receive's 60 s. Rank 1 lives
+// and sends nothing.
+TEST_P(FailureTransports, AReceiveBehindAnAnySourceReceiveKeepsItsOwnDeadline) {
+  Env env = transport_env(GetParam());
+  env.push_back({"BRAID_DEBUG", "NONE"});
+  run_ranks(2, env, [](braid_comm_t comm, int rank, int) {
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(3));
+      return;
+    }
+    float a = 0, b = 0;
+    int source = -1;
+    braid_request_t ra = nullptr, rb = nullptr;
+    BRAID_ASSERT_OK(braid_comm_set_timeout(comm, 60));
+    BRAID_ASSERT_OK(braid_irecv_any(&a, 1, BRAID_FLOAT32, &source, comm, nullptr, &ra));
+    BRAID_ASSERT_OK(braid_comm_set_timeout(comm, 0.5));
+    BRAID_ASSERT_OK(braid_irecv(&b, 1, BRAID_FLOAT32, 1, comm, nullptr, &rb));
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_EQ(braid_wait(&rb), BRAID_ERR_TIMEOUT) << braid_get_last_error();
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(1800));
+    EXPECT_TRUE(
+        contains(braid_get_last_error(),
+                 "recv #1 timed out: not done within the timeout of 0.5 s, waiting to start, behind a "
+                 "receive from any rank"))
+        << braid_get_last_error();
+    EXPECT_NE(braid_wait(&ra), BRAID_SUCCESS);
+  });
+}
+
 // braid_comm_abort also ends a comm_split waiting on another thread for a
 // peer (it timed out at the deadline: split talks over the bootstrap ring).
 TEST_P(FailureTransports, AbortEndsACommSplitInProgress) {

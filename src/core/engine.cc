@@ -408,9 +408,11 @@ void Engine::wake_progress_thread() {
 }
 
 void Engine::wake_progress_thread_later() {
+  // Armed once: re-arming on every post moved the wake back each time, and
+  // a thread posting faster than the delay kept the progress thread asleep.
+  if (timer_armed_.exchange(true)) return;
   itimerspec in{};
   in.it_value.tv_nsec = kProgressDelayUs * 1000L;
-  timer_armed_.store(true);
   if (timer_fd_ < 0 || timerfd_settime(timer_fd_, 0, &in, nullptr) != 0) wake_progress_thread();
 }
 
@@ -427,6 +429,7 @@ void Engine::progress_sleep(int max_ms) {
     uint64_t drained;
     for (nfds_t i = 0; i < n; ++i) {
       if (fds[i].revents == 0) continue;
+      if (i == 1) timer_armed_.store(false);  // fired: the next later wake arms it again
       ssize_t ignored = read(fds[i].fd, &drained, sizeof(drained));
       (void)ignored;
     }
@@ -772,10 +775,13 @@ void Engine::check_peers(bool thorough) {
   for (auto& lane : lanes_) {
     if (lane.ops.empty()) continue;
     Op& op = *lane.ops.front();
-    if (op.started && op.deadline.expired()) {
+    // Started or not: a receive waits unstarted while an earlier receive
+    // from any rank may still take its message, and keeps its own deadline.
+    if (op.deadline.expired()) {
       const char* what = op.wait       ? op.wait->what
                          : op.finished ? "for the kernel to take its last bytes over tcp"
-                                       : "to start";
+                         : op.started  ? "to start"
+                                       : "to start, behind a receive from any rank";
       int peer = op.wait ? op.wait->peer : -1;
       dump("timed out");
       fail_all(Status::timeout("rank " + std::to_string(rank_) + ": " + op.name + " #" +
@@ -1168,8 +1174,11 @@ void Engine::progress_loop() {
   while (!stop_.load()) {
     if (active_.load() == 0) {
       progress_sleep(100);
-      // Idle: answer SIGUSR1 here, since no driver will.
-      if (g_dump_signals.load(std::memory_order_relaxed) != signals_served_ && driver_role_.try_lock()) {
+      // Idle: answer SIGUSR1 and braid_comm_dump here, since no driver will
+      // (a dump asked for while another thread briefly held the role).
+      if ((g_dump_signals.load(std::memory_order_relaxed) != signals_served_ ||
+           dumps_requested_.load() != dumps_served_) &&
+          driver_role_.try_lock()) {
         serve_dumps();
         release_driver();
       }

@@ -397,8 +397,10 @@ class Engine final : private CommitObserver {
   std::atomic<bool> stop_{false};
   TraceRecorder* trace_ = nullptr;
   std::atomic<uint32_t> dumps_requested_{0};
-  uint32_t dumps_served_ = 0;    // driver only
-  uint32_t signals_served_ = 0;  // driver only
+  // Written by the driver only; atomic because the idle progress thread
+  // reads them without the role, to see a dump nobody served.
+  std::atomic<uint32_t> dumps_served_{0};
+  std::atomic<uint32_t> signals_served_{0};
   std::thread progress_thread_;
 };
 
