@@ -222,6 +222,15 @@ def collectives():
         expect_equal(o, torch.full((r + 1,), float(r)), "all_gather of uneven sizes")
     expect_raises(lambda: dist.all_gather([torch.empty(5) for _ in range(world)], torch.ones(rank + 1)),
                   "braid", "this rank's")
+    # reduce_scatter with shares of different sizes (rank r's is r + 1
+    # elements), as gloo allows: before, braid refused it.
+    for op, want in ((dist.ReduceOp.SUM, lambda r: float(sum(q + r for q in range(world)))),
+                     (dist.ReduceOp.MAX, lambda r: float(world - 1 + r))):
+        out = torch.zeros(rank + 1)
+        dist.reduce_scatter(out, [torch.full((r + 1,), float(r + rank)) for r in range(world)], op=op)
+        expect_equal(out, torch.full((rank + 1,), want(rank)), f"reduce_scatter of uneven shares ({op})")
+    expect_raises(lambda: dist.reduce_scatter(torch.zeros(rank + 1), [torch.ones(5) for _ in range(world)]),
+                  "braid", "this rank's share")
     # Point-to-point: a ring, blocking and not, and batch_isend_irecv.
     nxt, prv = (rank + 1) % world, (rank - 1) % world
     recv = torch.empty(5, dtype=torch.int64)

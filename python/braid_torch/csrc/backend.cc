@@ -1354,14 +1354,34 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::reduce_scatter(std::vector<at::Tens
   at::Tensor target = outputs[0];
   Reduction red = reduction_for(target, opts.reduceOp, "reduce_scatter");
   std::vector<at::Tensor> parts;
+  bool even = true;
   for (auto& t : inputs[0]) {
     check_same(target, t, "reduce_scatter", "an input");
-    TORCH_CHECK(t.numel() == target.numel(), "braid: reduce_scatter: an input has ", t.numel(),
-                " elements, the output ", target.numel());
+    even = even && t.numel() == target.numel();
     parts.push_back(red.has_premul ? t.mul(red.premul).reshape(-1) : t.reshape(-1));
   }
-  at::Tensor flat = at::cat(parts), out = staged(target);
+  at::Tensor out = staged(target);
   auto work = make_work(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", {target}, target.device());
+  if (!even) {
+    // Input r is rank r's share, of rank r's output size (gloo allows
+    // shares of different sizes): one reduce per rank, rooted there, in
+    // one group.
+    TORCH_CHECK(parts[rank_].numel() == target.numel(), "braid: reduce_scatter: input ", rank_,
+                " (this rank's share) has ", parts[rank_].numel(), " elements, the output ", target.numel());
+    for (at::Tensor& p : parts) p = p.contiguous();
+    work->keep_alive = parts;
+    work->keep_alive.push_back(out);
+    if (!out.is_same(target)) work->on_success = [target, out]() mutable { target.copy_(out); };
+    return launch(
+        work,
+        [&](std::vector<braid_request_t>& reqs, bool blocking) {
+          for (int r = 0; r < size_; ++r)
+            BRAID_START(reduce, "reduce_scatter", parts[r].data_ptr(), r == rank_ ? out.data_ptr() : nullptr,
+                        parts[r].numel() * red.per_element, red.dtype, red.op, r, comm_, work->stream);
+        },
+        true, !opts.asyncOp);
+  }
+  at::Tensor flat = at::cat(parts);
   work->keep_alive = {flat, out};
   if (!out.is_same(target)) work->on_success = [target, out]() mutable { target.copy_(out); };
   return launch(
