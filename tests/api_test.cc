@@ -105,6 +105,10 @@ TEST(Api, BadEnvironmentNamesTheVariable) {
        "BRAID_CPU_ISA='sse9' is invalid: expected default, avx2, avx512 or avx512_bf16"},
       // Cut to what ranks exchange, two hosts' ids would become one.
       {"BRAID_HOST_ID", long_host_id.c_str(), "expected at most 191 bytes (it has 200)"},
+      // A band moved one way and not the other is empty: it streamed nothing.
+      {"BRAID_SHM_STREAM_MIN_BYTES", "512K",
+       "BRAID_SHM_STREAM_MIN_BYTES (524288) must be below BRAID_SHM_STREAM_MAX_BYTES (262144, its default)"},
+      {"BRAID_SHM_STREAM_MAX_BYTES", "8K", "BRAID_SHM_STREAM_MIN_BYTES (16384) must be below"},
   };
   for (const Case& c : cases) {
     const char* outer = std::getenv(c.name);  // as the run was started (sanitize.sh sets some)

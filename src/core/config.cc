@@ -243,6 +243,14 @@ Status Config::from_env(Config* out) {
   BRAID_RETURN_IF_ERROR(
       env_size("BRAID_SHM_STREAM_MAX_BYTES", 0, size_t{1} << 40, &c.shm_stream_max_bytes, &present));
   c.shm_stream_set = c.shm_stream_set || present;
+  // An empty band streams nothing: max 0 says that; a min at or above the
+  // max is a band moved one way and not the other.
+  if (c.shm_stream_set && c.shm_stream_max_bytes != 0 && c.shm_stream_min_bytes >= c.shm_stream_max_bytes)
+    return Status::invalid_argument(
+        "BRAID_SHM_STREAM_MIN_BYTES (" + std::to_string(c.shm_stream_min_bytes) +
+        ") must be below BRAID_SHM_STREAM_MAX_BYTES (" + std::to_string(c.shm_stream_max_bytes) +
+        (std::getenv("BRAID_SHM_STREAM_MAX_BYTES") == nullptr ? ", its default" : "") +
+        "); BRAID_SHM_STREAM_MAX_BYTES=0 turns streaming stores off");
   BRAID_RETURN_IF_ERROR(env_size("BRAID_TCP_SLOT_BYTES", 4096, 64u << 20, &c.tcp_slot_bytes, &present));
   slots = c.tcp_slots;
   BRAID_RETURN_IF_ERROR(env_int("BRAID_TCP_SLOTS", 2, 64, &slots, &present));
