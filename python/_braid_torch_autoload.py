@@ -20,4 +20,10 @@ def register():
     try:
         import braid_torch  # noqa: F401  registers "braid" (2-3 ms: torch.distributed is already imported)
     except Exception as err:  # noqa: BLE001  - never break `import torch`
-        warnings.warn(f"braid_torch did not load, so the backend 'braid' is not registered: {err}", stacklevel=2)
+        message = f"braid_torch did not load, so the backend 'braid' is not registered: {err}"
+        try:
+            warnings.warn(message, stacklevel=2)
+        except Exception:  # noqa: BLE001  - warnings are errors here (-W error): still not torch's failure
+            import sys
+
+            print(f"warning: {message}", file=sys.stderr)

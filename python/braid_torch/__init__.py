@@ -18,6 +18,7 @@ hosts, go through pinned host memory.
 """
 
 import atexit
+import functools
 
 import torch
 import torch.distributed as dist
@@ -88,7 +89,15 @@ def _fill_env_at_rendezvous():
         return
 
     def handler(url, *args, **kwargs):
-        _env_from_mpi(joining=True)
+        # Only where the rendezvous reads rank and world size from the
+        # environment: a caller that passed them (torch puts them in the
+        # URL) is not an mpirun rank's env:// job, though it may have
+        # inherited Open MPI's variables (a worker spawned by one).
+        from urllib.parse import parse_qs, urlparse
+
+        query = parse_qs(urlparse(url).query)
+        if "rank" not in query and "world_size" not in query:
+            _env_from_mpi(joining=True)
         return env_handler(url, *args, **kwargs)
 
     handler._braid_fills_mpi_env = True
@@ -148,10 +157,11 @@ def _cpu_backend(pg):
 _torch_monitored_barrier = dist.monitored_barrier
 
 
+@functools.wraps(_torch_monitored_barrier)  # torch's signature and documentation
 def _monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
-    """torch.distributed.monitored_barrier, which refuses every backend but
-    gloo by name: a group whose CPU backend is braid's goes to braid's, any
-    other to torch's own. An unchanged script then works with "braid"."""
+    # torch.distributed.monitored_barrier, which refuses every backend but
+    # gloo by name: a group whose CPU backend is braid's goes to braid's, any
+    # other to torch's own. An unchanged script then works with "braid".
     try:
         pg = group if group is not None else dist.group.WORLD
         is_braid = pg is not None and isinstance(_cpu_backend(pg), _C.BraidBackend)

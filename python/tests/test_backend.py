@@ -111,6 +111,19 @@ def test_mpi_environment_is_filled_only_for_env_rendezvous():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["1", "2"], out.stdout
+    # A process that inherited Open MPI's variables but joins with its own
+    # rank and world size (a worker spawned by an mpirun rank) keeps them
+    # out of its environment: before, gloo's group of 1 set RANK=1 and
+    # WORLD_SIZE=2 there, contradicting it.
+    env.pop("MASTER_ADDR")
+    env.update(GLOO_SOCKET_IFNAME="lo")
+    code = ("import os, torch, torch.distributed as dist; "
+            f"os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT='{free_port()}'); "
+            "dist.init_process_group('gloo', init_method='env://', rank=0, world_size=1); "
+            "print(os.environ.get('RANK'), os.environ.get('WORLD_SIZE')); dist.destroy_process_group()")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["None", "None"], out.stdout
 
 
 @pytest.mark.parametrize("pending", ["all_reduce", "batch_recv"])
@@ -261,6 +274,14 @@ def test_autoload_can_be_turned_off_and_never_breaks_torch():
                             env={k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"})
     assert broken.returncode == 0 and broken.stdout.split() == ["False", "False"], broken.stdout + broken.stderr
     assert "braid_torch did not load, so the backend 'braid' is not registered" in broken.stderr, broken.stderr
+    # Where warnings are errors (-W error, pytest's filterwarnings=error) too:
+    # the warning raised inside torch's entry-point loop, and `import torch` failed.
+    strict = subprocess.run([sys.executable, "-W", "error", "-c",
+                             "import sys; sys.modules['braid_torch'] = None; " + probe],
+                            capture_output=True, text=True, timeout=120,
+                            env={k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"})
+    assert strict.returncode == 0 and strict.stdout.split() == ["False", "False"], strict.stdout + strict.stderr
+    assert "braid_torch did not load" in strict.stderr, strict.stderr
 
 
 SPARK_DRIVER = os.path.join(os.path.dirname(__file__), "spark_distributor.py")
