@@ -258,8 +258,9 @@ braid_result_t braid_request_set_callback(braid_request_t request, braid_callbac
  * returns that error, and where the group holds other operations on that
  * communicator, it is aborted (its peers learn why) since they cannot all
  * be made; a call whose handle names no live communicator aborts every
- * communicator the group holds operations on. A communicator with operations in the thread's open group cannot
- * be destroyed (BRAID_ERR_INVALID_USAGE). */
+ * communicator the group holds operations on. A communicator with
+ * operations in the thread's open group cannot be destroyed
+ * (BRAID_ERR_INVALID_USAGE). */
 braid_result_t braid_group_start(void);
 braid_result_t braid_group_end(void);
 

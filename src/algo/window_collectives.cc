@@ -45,13 +45,17 @@ const HostWindow* window_with(const HostWindows& windows, uint32_t id) {
   return nullptr;
 }
 
+// Whether [off, off + len) lies inside [0, total), without overflow.
+bool lies_within(uint64_t off, uint64_t len, uint64_t total) {
+  return off <= total && len <= total - off;
+}
+
 // The window holding [p, p + bytes) on this rank, and the offset there.
 void locate(const HostWindows& windows, const void* p, size_t bytes, uint32_t* id, uint64_t* off) {
   const char* c = static_cast<const char*>(p);
   if (c == nullptr || bytes == 0) return;
   for (const auto& w : windows) {
-    if (c >= w->local && static_cast<size_t>(c - w->local) <= w->bytes &&
-        bytes <= w->bytes - static_cast<size_t>(c - w->local)) {
+    if (c >= w->local && lies_within(static_cast<uint64_t>(c - w->local), bytes, w->bytes)) {
       *id = w->id;
       *off = static_cast<uint64_t>(c - w->local);
       return;
@@ -67,7 +71,7 @@ char* mapped(const HostWindows& windows, const std::vector<BufferSpot>& spots, i
   const BufferSpot& s = spots[p];
   const HostWindow* w = window_with(windows, send ? s.send_window : s.recv_window);
   const uint64_t off = send ? s.send_off : s.recv_off;
-  if (w == nullptr || off > w->span[p] || bytes > w->span[p] - off) return nullptr;
+  if (w == nullptr || !lies_within(off, bytes, w->span[p])) return nullptr;
   return w->at[p] + off;
 }
 
@@ -214,7 +218,7 @@ Task window_connect(const Channel& ch, WindowRecord mine, PeerMappings* mappings
       mapped.set_failure(all[p].why, true);
       break;
     }
-    if (all[p].offset > all[p].alloc_bytes || all[p].range_bytes > all[p].alloc_bytes - all[p].offset) {
+    if (!lies_within(all[p].offset, all[p].range_bytes, all[p].alloc_bytes)) {
       mapped.set_failure("rank " + std::to_string(ch.global(p)) + "'s registration record is out of range (" +
                              std::to_string(all[p].range_bytes) + " bytes at offset " +
                              std::to_string(all[p].offset) + " of an allocation of " +

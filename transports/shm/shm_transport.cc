@@ -86,6 +86,10 @@ size_t stride_of(size_t bytes) {
 bool packable(size_t stride) {
   return stride <= kPackMaxStride;
 }
+// Whether a message of `stride` bytes may be packed at `offset` of a slot.
+bool packs_at(size_t offset, size_t stride) {
+  return packable(stride) && offset + stride <= kPackArea;
+}
 // Whether a slot filled to `offset` can take no more messages (not even an
 // empty one): both sides then move to the next slot without a skip mark.
 bool pack_area_full(size_t offset) {
@@ -245,7 +249,7 @@ class ShmConnection : public Connection {
   // needs the receiver to have released one (flow control counts slots).
   void* send_slot(size_t bytes) override {
     const size_t stride = stride_of(bytes);
-    if (open_ && packable(stride) && fill_ + stride <= kPackArea) {
+    if (open_ && packs_at(fill_, stride)) {
       next_in_open_ = true;
       return header(send_, taken_ - 1, fill_) + 1;
     }
@@ -312,7 +316,7 @@ class ShmConnection : public Connection {
     // area) would have this rank read beyond it, past the segment's end
     // for the last slot. The receive then waits, and check_peer says why.
     const uint64_t n = h->bytes;
-    if (n > slot_bytes_ || (at_ > 0 && (!packable(stride_of(n)) || at_ + stride_of(n) > kPackArea))) {
+    if (n > slot_bytes_ || (at_ > 0 && !packs_at(at_, stride_of(n)))) {
       if (corrupt_.is_ok())
         corrupt_ =
             Status::remote("rank " + std::to_string(peer_) + " (this host) wrote a message header of " +

@@ -642,9 +642,12 @@ std::string BraidBackend::describe() const {
 }
 
 void BraidBackend::fail_call(const char* op, braid_result_t code) const {
-  std::string msg = braid_get_last_error();
+  fail_call(op, code, braid_get_last_error());
+}
+
+void BraidBackend::fail_call(const char* op, braid_result_t code, const std::string& why) const {
   C10_THROW_ERROR(DistBackendError, std::string("braid: ") + op + " (" + describe() + ") failed (" +
-                                        braid_get_error_string(code) + "): " + msg);
+                                        braid_get_error_string(code) + "): " + why);
 }
 
 void BraidBackend::setTimeout(std::chrono::milliseconds timeout) {
@@ -1057,9 +1060,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::sparse_allreduce(at::Tensor t,
   for (braid_request_t& r : reqs)
     if (r != nullptr)
       note(braid_wait(&r));  // each, even after a failure: they write into idx_all and val_all
-  if (failed != BRAID_SUCCESS)
-    C10_THROW_ERROR(DistBackendError, std::string("braid: ") + name + " (" + describe() + ") failed (" +
-                                          braid_get_error_string(failed) + "): " + why);
+  if (failed != BRAID_SUCCESS) fail_call(name, failed, why);
   std::vector<at::Tensor> idx_parts, val_parts;
   for (int r = 0; r < size_; ++r) {
     idx_parts.push_back(idx_all[r].narrow(1, 0, counts[r]));

@@ -246,7 +246,8 @@ class BraidBackend : public c10d::Backend {
   c10::intrusive_ptr<BraidWork> make_work(c10d::OpType type, const char* op, std::vector<at::Tensor> outputs,
                                           c10::Device device = c10::Device(c10::kCPU));
   std::string describe() const;
-  [[noreturn]] void fail_call(const char* op, braid_result_t code) const;
+  [[noreturn]] void fail_call(const char* op, braid_result_t code) const;  // with braid's last error
+  [[noreturn]] void fail_call(const char* op, braid_result_t code, const std::string& why) const;
   void check(braid_result_t code, const char* op) const {
     if (code != BRAID_SUCCESS) fail_call(op, code);
   }
