@@ -4,7 +4,9 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cctype>
+#include <chrono>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -591,6 +593,50 @@ TEST_F(OneRank, AForkedChildCannotUseItsParentsCommunicator) {
   BRAID_ASSERT_OK(braid_send(&sent, 1, BRAID_FLOAT32, 0, comm_, nullptr));
   BRAID_ASSERT_OK(braid_wait(&pending));
   EXPECT_EQ(got, 5.0f);
+}
+
+// braid_mem_alloc in a child of fork(): the allocator's lock, which another
+// parent thread may hold at the fork, is free there (the child hung), and
+// memory the parent registered can be freed in the child (the parent's
+// registration refused it), while the parent's stays registered.
+TEST_F(OneRank, AForkedChildAllocatesAndFreesSharedMemory) {
+  void* registered = nullptr;
+  BRAID_ASSERT_OK(braid_mem_alloc(&registered, 1 << 16));
+  BRAID_ASSERT_OK(braid_comm_register(comm_, registered, 1 << 16));
+  std::atomic<bool> stop{false};
+  std::thread churn([&] {  // holds the allocator's lock often
+    while (!stop.load()) {
+      void* p = nullptr;
+      if (braid_mem_alloc(&p, 4096) == BRAID_SUCCESS) braid_mem_free(p);
+    }
+  });
+  int failed = 0, last_status = 0;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(4);  // sanitizer builds
+  for (int i = 0; i < 1000 && failed == 0 && std::chrono::steady_clock::now() < give_up; ++i) {
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      alarm(10);  // a child stuck on the lock is killed, and the test fails
+      void* mine = nullptr;
+      if (braid_mem_alloc(&mine, 4096) != BRAID_SUCCESS) _exit(1);
+      if (braid_mem_free(mine) != BRAID_SUCCESS) _exit(2);
+      if (braid_mem_free(registered) != BRAID_SUCCESS) _exit(3);
+      _exit(0);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      failed = i + 1;
+      last_status = status;
+    }
+  }
+  stop = true;
+  churn.join();
+  EXPECT_EQ(failed, 0) << "child " << failed << " ended with status " << last_status
+                       << (WIFSIGNALED(last_status) ? " (killed: stuck)" : "");
+  expect_error(braid_mem_free(registered), BRAID_ERR_INVALID_USAGE, "still registered");
+  BRAID_ASSERT_OK(braid_comm_deregister(comm_, registered));
+  BRAID_EXPECT_OK(braid_mem_free(registered));
 }
 
 TEST_F(OneRank, AnIOperationThatCanFinishAtOnceIsDoneWhenTheCallReturns) {

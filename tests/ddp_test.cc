@@ -593,15 +593,54 @@ TEST(Ddp, ParametersAndBuffersComeFromRankZero) {
   });
 }
 
+// Every rank names the first tensor that differs, with both sides; where
+// the numbers of tensors differ, it says so.
 TEST(Ddp, DifferentModelsAcrossRanksAreAMismatch) {
-  braid::test::run_ranks(2, {}, [&](braid_comm_t comm, int rank, int) {
-    Mlp m(kIn, rank == 0 ? kHidden : kHidden + 1, kOut, 7);
+  braid::test::run_ranks(3, {}, [&](braid_comm_t comm, int rank, int) {
+    Mlp m(kIn, rank == 2 ? kHidden + 1 : kHidden, kOut, 7);
     std::unique_ptr<Reducer> ddp;
     auto r = Reducer::create(comm, parameters_of(&m, false), {}, braid::ddp::Options{}, &ddp);
     EXPECT_EQ(r.code, BRAID_ERR_MISMATCH) << r.message;
-    EXPECT_NE(r.message.find("rank 1 registered 4 parameters"), std::string::npos) << r.message;
-    EXPECT_NE(r.message.find("parameter shapes or dtypes differ"), std::string::npos) << r.message;
+    const std::string expected = "parameter 'fc1.weight' (index 0) has " +
+                                 std::to_string(kIn * (kHidden + 1)) + " elements float32 on rank 2 and " +
+                                 std::to_string(kIn * kHidden) + " elements float32 on rank 0";
+    EXPECT_NE(r.message.find(expected), std::string::npos) << r.message;
     EXPECT_EQ(ddp, nullptr);
+
+    auto fewer = parameters_of(&m, false);
+    if (rank == 1) fewer.pop_back();
+    r = Reducer::create(comm, fewer, {}, braid::ddp::Options{}, &ddp);
+    EXPECT_EQ(r.code, BRAID_ERR_MISMATCH) << r.message;
+    EXPECT_NE(r.message.find("rank 1 registered 3 parameters and 0 buffers, rank 0 4 and 0"),
+              std::string::npos)
+        << r.message;
+  });
+}
+
+// Shapes, where given, must agree too (torch's DDP compares them): the same
+// count in another shape is a mismatch, named on every rank; a shape that
+// does not hold count elements is refused.
+TEST(Ddp, ShapesMustAgreeWhereGiven) {
+  braid::test::run_ranks(2, {}, [&](braid_comm_t comm, int rank, int) {
+    std::vector<float> w(8), g(8), stats(6);
+    std::unique_ptr<Reducer> ddp;
+    std::vector<int64_t> shape = rank == 0 ? std::vector<int64_t>{2, 4} : std::vector<int64_t>{4, 2};
+    braid::ddp::Parameter weight{"w", w.data(), g.data(), 8, BRAID_FLOAT32, {2, 4}};
+    auto r = Reducer::create(comm, {weight}, {{"stats", stats.data(), 6, BRAID_FLOAT32, {1, 6}}}, {}, &ddp);
+    ASSERT_TRUE(r.ok()) << r.message;
+    ddp.reset();
+    r = Reducer::create(comm, {{"w", w.data(), g.data(), 8, BRAID_FLOAT32, shape}}, {}, {}, &ddp);
+    EXPECT_EQ(r.code, BRAID_ERR_MISMATCH) << r.message;
+    EXPECT_NE(r.message.find("parameter 'w' (index 0) has shape [4, 2] float32 on rank 1 and shape [2, 4] "
+                             "float32 on rank 0"),
+              std::string::npos)
+        << r.message;
+    r = Reducer::create(comm, {weight}, {{"stats", stats.data(), 6, BRAID_FLOAT32, {rank == 0 ? 1 : 3, 6}}},
+                        {}, &ddp);
+    EXPECT_EQ(r.code, BRAID_ERR_INVALID_ARGUMENT) << r.message;
+    const char* expected = rank == 1 ? "buffer 'stats' (index 0) has shape [3, 6] (18 elements) but count 6"
+                                     : "rank 1 refused its arguments";
+    EXPECT_NE(r.message.find(expected), std::string::npos) << r.message;
   });
 }
 

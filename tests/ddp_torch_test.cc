@@ -327,7 +327,37 @@ TEST(DdpTorch, DifferentModelsThrow) {
       auto ddp = braid::ddp::wrap(*model, comm);
       ADD_FAILURE() << "wrap of different models did not throw";
     } catch (const std::runtime_error& e) {
-      EXPECT_NE(std::string(e.what()).find("rank 1 registered 4 parameters"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("parameter '0.weight' (index 0) has shape [" +
+                                           std::to_string(kHidden + 2) + ", " + std::to_string(kIn) +
+                                           "] float32 on rank 1 and shape [" + std::to_string(kHidden) +
+                                           ", " + std::to_string(kIn) + "] float32 on rank 0"),
+                std::string::npos)
+          << e.what();
+    }
+  });
+}
+
+// A parameter of the same size in another shape is a different model too,
+// as torch's DDP finds: wrap throws on every rank, naming both shapes.
+struct Shaped : torch::nn::Module {
+  explicit Shaped(bool transposed) {
+    w = register_parameter("w", transposed ? torch::zeros({4, 2}) : torch::zeros({2, 4}));
+  }
+  torch::Tensor w;
+};
+
+TEST(DdpTorch, AParameterInAnotherShapeThrows) {
+  braid::test::run_ranks(2, {}, [&](braid_comm_t comm, int rank, int) {
+    torch::set_num_threads(1);
+    Shaped m(rank == 1);
+    try {
+      auto ddp = braid::ddp::wrap(m, comm);
+      ADD_FAILURE() << "wrap of parameters in different shapes did not throw on rank " << rank;
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("parameter 'w' (index 0) has shape [4, 2] float32 on rank 1 and "
+                                           "shape [2, 4] float32 on rank 0"),
+                std::string::npos)
+          << e.what();
     }
   });
 }

@@ -201,7 +201,9 @@ braid_result_t braid_comm_transport_bytes(braid_comm_t comm, const char* transpo
  * this way are counted as transport "shm_window". */
 /* Zero-filled memory of at least `bytes`, which ranks of this host can map.
  * It is shared memory: a child made by fork() shares it with its parent
- * (no copy on write), so a child must not write it. */
+ * (no copy on write), so a child must not write it; the child may allocate
+ * its own, and braid_mem_free there unmaps the parent's in the child only
+ * (the parent's registrations do not hold it there). */
 braid_result_t braid_mem_alloc(void** ptr, size_t bytes);
 /* Frees what braid_mem_alloc returned; refused (BRAID_ERR_INVALID_USAGE) while
  * a live communicator has it registered. NULL is a no-op. */

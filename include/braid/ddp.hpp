@@ -25,6 +25,7 @@
 #include <braid/braid.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,6 +51,10 @@ struct Parameter {
   void* grad = nullptr;
   size_t count = 0;
   braid_dtype_t dtype = BRAID_FLOAT32;
+  // Its dimensions, if it has any (torch's sizes(); their product must be
+  // count): create compares them across ranks, as torch's DDP compares
+  // parameter shapes. Empty: only count and dtype are compared.
+  std::vector<int64_t> shape = {};
 };
 
 // State that is not trained but must agree across ranks (e.g. running
@@ -59,6 +64,7 @@ struct Buffer {
   void* data = nullptr;
   size_t count = 0;
   braid_dtype_t dtype = BRAID_FLOAT32;
+  std::vector<int64_t> shape = {};  // as Parameter::shape
 };
 
 struct Options {

@@ -25,10 +25,30 @@ bool is_floating(braid_dtype_t t) {
   return t == BRAID_FLOAT16 || t == BRAID_BFLOAT16 || t == BRAID_FLOAT32 || t == BRAID_FLOAT64;
 }
 
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t d = 0; d < shape.size(); ++d) s += (d ? ", " : "") + std::to_string(shape[d]);
+  return s + "]";
+}
+
 std::string label(const std::string& name, size_t index) {
   std::string s = "parameter ";
   if (!name.empty()) s += "'" + name + "' ";
   return s + "(index " + std::to_string(index) + ")";
+}
+
+// Why `shape` does not describe `count` elements, or "".
+std::string shape_problem(const std::vector<int64_t>& shape, size_t count) {
+  if (shape.empty()) return "";
+  uint64_t product = 1;
+  for (int64_t d : shape) {
+    if (d < 0) return "has a negative dimension in its shape " + shape_text(shape);
+    product *= static_cast<uint64_t>(d);
+  }
+  if (product != count)
+    return "has shape " + shape_text(shape) + " (" + std::to_string(product) + " elements) but count " +
+           std::to_string(count);
+  return "";
 }
 
 // FNV-1a over the shapes and dtypes: what every rank must agree on.
@@ -326,6 +346,8 @@ Result check_arguments(const std::vector<Parameter>& parameters, const std::vect
     }
     if (p.data == nullptr && p.count > 0)
       return fail(BRAID_ERR_INVALID_ARGUMENT, who + " has data == nullptr");
+    if (std::string why = shape_problem(p.shape, p.count); !why.empty())
+      return fail(BRAID_ERR_INVALID_ARGUMENT, who + " " + why);
   }
   for (size_t i = 0; i < buffers.size(); ++i) {
     const Buffer& b = buffers[i];
@@ -336,8 +358,78 @@ Result check_arguments(const std::vector<Parameter>& parameters, const std::vect
     }
     if (b.count > 0 && b.data == nullptr)
       return fail(BRAID_ERR_INVALID_ARGUMENT, who + " has data == nullptr");
+    if (std::string why = shape_problem(b.shape, b.count); !why.empty())
+      return fail(BRAID_ERR_INVALID_ARGUMENT, who + " " + why);
   }
   return {};
+}
+
+// One tensor's count, dtype and shape, folded into the model's hash.
+uint64_t tensor_key(size_t count, braid_dtype_t dtype, const std::vector<int64_t>& shape) {
+  uint64_t h = 14695981039346656037ull;
+  mix(&h, (uint64_t{count} << 8) | static_cast<uint64_t>(dtype));
+  mix(&h, shape.size());
+  for (int64_t d : shape) mix(&h, static_cast<uint64_t>(d));
+  return h;
+}
+
+// Where the ranks registered as many parameters and buffers but their
+// shapes or dtypes differ: every rank exchanges each tensor's description
+// and names the first that differs from rank 0's (collective).
+Result name_the_difference(braid_comm_t comm, int nranks, const std::vector<Parameter>& parameters,
+                           const std::vector<Buffer>& buffers) {
+  constexpr size_t kMaxDims = 8, kWords = 3 + kMaxDims;  // count, dtype, ndim, dims
+  const size_t tensors = parameters.size() + buffers.size();
+  std::vector<uint64_t> mine(tensors * kWords, 0);
+  auto describe_into = [&](size_t i, size_t count, braid_dtype_t dtype, const std::vector<int64_t>& shape) {
+    uint64_t* w = &mine[i * kWords];
+    w[0] = count;
+    w[1] = static_cast<uint64_t>(dtype);
+    w[2] = shape.size();
+    for (size_t d = 0; d < shape.size() && d < kMaxDims; ++d) w[3 + d] = static_cast<uint64_t>(shape[d]);
+  };
+  for (size_t i = 0; i < parameters.size(); ++i)
+    describe_into(i, parameters[i].count, parameters[i].dtype, parameters[i].shape);
+  for (size_t i = 0; i < buffers.size(); ++i)
+    describe_into(parameters.size() + i, buffers[i].count, buffers[i].dtype, buffers[i].shape);
+  std::vector<uint64_t> all(mine.size() * static_cast<size_t>(nranks));
+  if (Result r =
+          from_call(braid_all_gather(mine.data(), all.data(), mine.size(), BRAID_UINT64, comm, nullptr),
+                    "Reducer::create: comparing the model's tensors across ranks");
+      !r) {
+    return r;
+  }
+  auto text = [](const uint64_t* w) {
+    std::string s;
+    if (w[2] == 0) {
+      s = std::to_string(w[0]) + " elements";
+    } else {
+      std::vector<int64_t> dims;
+      for (size_t d = 0; d < w[2] && d < kMaxDims; ++d) dims.push_back(static_cast<int64_t>(w[3 + d]));
+      s = "shape " + shape_text(dims);
+      if (w[2] > kMaxDims) s.insert(s.size() - 1, ", ... (" + std::to_string(w[2]) + " dimensions)");
+    }
+    return s + " " + braid_dtype_name(static_cast<braid_dtype_t>(w[1]));
+  };
+  for (size_t i = 0; i < tensors; ++i) {
+    const uint64_t* zero = &all[i * kWords];
+    for (int q = 1; q < nranks; ++q) {
+      const uint64_t* other = &all[(static_cast<size_t>(q) * tensors + i) * kWords];
+      if (std::memcmp(zero, other, kWords * sizeof(uint64_t)) == 0) continue;
+      const bool is_param = i < parameters.size();
+      const size_t index = is_param ? i : i - parameters.size();
+      const std::string& name = is_param ? parameters[index].name : buffers[index].name;
+      std::string who = is_param ? label(name, index)
+                                 : "buffer " + (name.empty() ? "" : "'" + name + "' ") + "(index " +
+                                       std::to_string(index) + ")";
+      return fail(BRAID_ERR_MISMATCH, "Reducer::create: " + who + " has " + text(other) + " on rank " +
+                                          std::to_string(q) + " and " + text(zero) + " on rank 0");
+    }
+  }
+  // Only dimensions past the eighth differ.
+  return fail(BRAID_ERR_MISMATCH,
+              "Reducer::create: a parameter's or buffer's shape differs between ranks "
+              "beyond its eighth dimension");
 }
 
 }  // namespace
@@ -360,8 +452,8 @@ Result Reducer::create(braid_comm_t comm, std::vector<Parameter> parameters, std
   constexpr size_t kFields = 6;
   uint64_t mine[kFields] = {parameters.size(),       14695981039346656037ull, buffers.size(),
                             14695981039346656037ull, 14695981039346656037ull, local.ok() ? 0u : 1u};
-  for (const Parameter& p : parameters) mix(&mine[1], (uint64_t{p.count} << 8) | p.dtype);
-  for (const Buffer& b : buffers) mix(&mine[3], (uint64_t{b.count} << 8) | b.dtype);
+  for (const Parameter& p : parameters) mix(&mine[1], tensor_key(p.count, p.dtype, p.shape));
+  for (const Buffer& b : buffers) mix(&mine[3], tensor_key(b.count, b.dtype, b.shape));
   for (uint64_t v : {uint64_t{options.bucket_bytes}, uint64_t{options.first_bucket_bytes},
                      uint64_t{options.allow_unused_parameters}, uint64_t{options.register_buckets}})
     mix(&mine[4], v);
@@ -385,6 +477,13 @@ Result Reducer::create(braid_comm_t comm, std::vector<Parameter> parameters, std
                                           "allow_unused_parameters, register_buckets) differ from rank 0's");
     }
     if (std::memcmp(other, all.data(), sizeof mine) != 0) {
+      // Every rank sees the same exchange, so all take this branch together.
+      bool same_lengths = true;
+      for (int r = 1; r < s->nranks; ++r) {
+        const uint64_t* o = &all[kFields * static_cast<size_t>(r)];
+        same_lengths = same_lengths && o[0] == all[0] && o[2] == all[2];
+      }
+      if (same_lengths) return name_the_difference(comm, s->nranks, parameters, buffers);
       const bool params_differ = other[0] != all[0] || other[1] != all[1];
       return fail(BRAID_ERR_MISMATCH,
                   "Reducer::create: rank " + std::to_string(q) + " registered " + std::to_string(other[0]) +

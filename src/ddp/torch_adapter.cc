@@ -74,18 +74,19 @@ std::unique_ptr<ModuleDdp> wrap(torch::nn::Module& module, braid_comm_t comm, co
     if (!p.requires_grad()) {
       // Frozen: no gradient, but every replica starts from rank 0's values
       // (torch's DDP broadcasts every parameter), so it goes as a buffer.
-      buffers.push_back({item.key(), p.data_ptr(), static_cast<size_t>(p.numel()), dt});
+      buffers.push_back({item.key(), p.data_ptr(), static_cast<size_t>(p.numel()), dt, p.sizes().vec()});
       ddp->buffers_.push_back(p);
       continue;
     }
     // grad == nullptr: the gradient lives in the bucket; param.grad becomes a view of it.
-    params.push_back({item.key(), p.data_ptr(), nullptr, static_cast<size_t>(p.numel()), dt});
+    params.push_back(
+        {item.key(), p.data_ptr(), nullptr, static_cast<size_t>(p.numel()), dt, p.sizes().vec()});
     ddp->params_.push_back(p);
   }
   for (const auto& item : module.named_buffers(/*recurse=*/true)) {
     const torch::Tensor& b = item.value();
     const braid_dtype_t dt = checked_dtype("buffer '" + item.key() + "'", b, &refused);
-    buffers.push_back({item.key(), b.data_ptr(), static_cast<size_t>(b.numel()), dt});
+    buffers.push_back({item.key(), b.data_ptr(), static_cast<size_t>(b.numel()), dt, b.sizes().vec()});
     ddp->buffers_.push_back(b);
   }
   {

@@ -1,5 +1,6 @@
 #include "transports/shm/shared_memory.h"
 
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -21,7 +22,21 @@ struct Allocations {
 };
 
 Allocations& allocations() {
-  static auto* a = new Allocations();  // outlives static destructors
+  static Allocations* const a = [] {
+    auto* made = new Allocations();  // outlives static destructors
+    // A fork while another thread holds the lock must not leave it held in
+    // the child. The child's table keeps the parent's allocations (it shares
+    // their pages), but not their registrations: those are the parent's
+    // communicators', which the child cannot use or destroy, so they would
+    // refuse the child's braid_mem_free forever.
+    pthread_atfork([] { allocations().mu.lock(); }, [] { allocations().mu.unlock(); },
+                   [] {
+                     Allocations& mine = allocations();
+                     for (auto& entry : mine.by_base) entry.second.registrations = 0;
+                     mine.mu.unlock();
+                   });
+    return made;
+  }();
   return *a;
 }
 
