@@ -201,14 +201,17 @@ float bfloat16_to_float(uint16_t b) {
   return bits_float(static_cast<uint32_t>(b) << 16);
 }
 
+// A Value as the type T stores it.
 template <class T>
-T from_double(double v) {
+T from_value(const Value& v) {
   if constexpr (std::is_same_v<T, Half>) {
-    return Half{float_to_half(static_cast<float>(v))};
+    return Half{float_to_half(static_cast<float>(v.real))};
   } else if constexpr (std::is_same_v<T, BFloat16>) {
-    return BFloat16{float_to_bfloat16(static_cast<float>(v))};
+    return BFloat16{float_to_bfloat16(static_cast<float>(v.real))};
+  } else if constexpr (std::is_integral_v<T>) {
+    return static_cast<T>(v.bits);  // the low bits, two's complement
   } else {
-    return static_cast<T>(v);  // values are small integers in T's range
+    return static_cast<T>(v.real);
   }
 }
 
@@ -261,20 +264,51 @@ void dispatch(braid_dtype_t dtype, F&& f) {
 // Element i of rank r is a function of r and of s = hash(i) mod M (M prime),
 // through t = (s * (r mod (M - 1) + 1) + r) mod M: for every rank, t runs over
 // all of [0, M) as s does, and ranks differ at the same index for most s.
-// - data movement, min, max: M = 101, value t (t - 50 for signed types). With
+// The small value v, from t:
+// - data movement, min, max: M = 101, v = t (t - 50 for signed types). With
 //   101 ranks or more, min and max saturate at the ends of that range.
 // - sum, avg: M = K, the largest prime in [3, 13] with nranks * (K - 1) no more
 //   than what the type holds exactly (int8 127, uint8 255, float16 2048,
-//   bfloat16 256); value t. If even K = 3 is too large (over 63 ranks in int8),
+//   bfloat16 256); v = t. If even K = 3 is too large (over 63 ranks in int8),
 //   ranks from max_exact / 2 on contribute 0.
 // - prod: M = the smallest prime >= max(11, nranks + 6); magnitude 2 where
 //   (r + s) mod M < 6 (so at most 6 ranks per element, and every rank on 6 slots
 //   in M), else 1; negative for odd t on signed types. |product| <= 64.
+// Floating types hold v; float64 holds v * (1 + 2^-30) outside prod, exact in
+// float64 and in its sums, but not in float32 (a reduction done in float32
+// shows). Integer types hold a full-width bit pattern hashed from t (odd for
+// prod): every bit, the sign bit included, takes both values, and the results
+// follow the type's wraparound, so a reduction at another width or
+// signedness shows. Every rank contributes there.
 // The reduction over ranks depends only on s, so it is tabulated once per run.
+
+namespace {
+
+uint64_t mix64(uint64_t z) {  // splitmix64's finaliser
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// `bits` at `width` as a signed value.
+int64_t sign_extend(uint64_t bits, unsigned width) {
+  const unsigned shift = 64 - width;
+  return static_cast<int64_t>(bits << shift) >> shift;
+}
+
+}  // namespace
 
 Reference::Reference(braid_dtype_t dtype, bool reduces, braid_redop_t op, int nranks, int rank, int root,
                      size_t count)
-    : signed_(type_info(dtype).is_signed), nranks_(nranks), rank_(rank), root_(root), count_(count) {
+    : signed_(type_info(dtype).is_signed),
+      integer_(!type_info(dtype).is_float),
+      wide_float_(dtype == BRAID_FLOAT64),
+      width_(static_cast<unsigned>(8 * type_info(dtype).size)),
+      nranks_(nranks),
+      rank_(rank),
+      root_(root),
+      count_(count) {
   const TypeInfo& ti = type_info(dtype);
   sum_cap_ = static_cast<uint64_t>(nranks);
   if (!reduces || op == BRAID_MIN || op == BRAID_MAX || is_bitwise(op)) {
@@ -295,43 +329,71 @@ Reference::Reference(braid_dtype_t dtype, bool reduces, braid_redop_t op, int nr
     for (unsigned prime : {5u, 7u, 11u, 13u}) {
       if (prime <= limit) modulus_ = prime;
     }
-    sum_cap_ = static_cast<uint64_t>(ti.max_exact) / (modulus_ - 1);
+    if (!integer_) sum_cap_ = static_cast<uint64_t>(ti.max_exact) / (modulus_ - 1);
   }
   if (!reduces) return;
 
+  const uint64_t mask = width_ == 64 ? ~uint64_t{0} : (uint64_t{1} << width_) - 1;
   reduced_.resize(modulus_);
   for (unsigned s = 0; s < modulus_; ++s) {
-    double acc = value(0, s);
+    Value acc = value(0, s);
     for (int r = 1; r < nranks; ++r) {
-      const double v = value(r, s);
+      const Value v = value(r, s);
+      if (integer_) {
+        const bool less =
+            signed_ ? sign_extend(v.bits, width_) < sign_extend(acc.bits, width_) : v.bits < acc.bits;
+        switch (op) {
+          case BRAID_SUM:
+            acc.bits += v.bits;
+            break;
+          case BRAID_PROD:
+            acc.bits *= v.bits;
+            break;
+          case BRAID_MIN:
+            if (less) acc = v;
+            break;
+          case BRAID_MAX:
+            if (!less && v.bits != acc.bits) acc = v;
+            break;
+          case BRAID_BAND:
+            acc.bits &= v.bits;
+            break;
+          case BRAID_BOR:
+            acc.bits |= v.bits;
+            break;
+          case BRAID_BXOR:
+            acc.bits ^= v.bits;
+            break;
+          case BRAID_AVG:  // not defined for integers (refused at parsing)
+          case BRAID_NUM_OPS:
+            break;
+        }
+        acc.bits &= mask;
+        continue;
+      }
       switch (op) {
         case BRAID_SUM:
         case BRAID_AVG:
-          acc += v;
+          acc.real += v.real;
           break;
         case BRAID_PROD:
-          acc *= v;
+          acc.real *= v.real;
           break;
         case BRAID_MIN:
-          acc = std::min(acc, v);
+          acc.real = std::min(acc.real, v.real);
           break;
         case BRAID_MAX:
-          acc = std::max(acc, v);
+          acc.real = std::max(acc.real, v.real);
           break;
-        case BRAID_BAND:
-          acc = static_cast<double>(static_cast<int64_t>(acc) & static_cast<int64_t>(v));
-          break;
+        case BRAID_BAND:  // bitwise ops are not defined for floats (refused at parsing)
         case BRAID_BOR:
-          acc = static_cast<double>(static_cast<int64_t>(acc) | static_cast<int64_t>(v));
-          break;
         case BRAID_BXOR:
-          acc = static_cast<double>(static_cast<int64_t>(acc) ^ static_cast<int64_t>(v));
-          break;
         case BRAID_NUM_OPS:
           break;
       }
     }
-    reduced_[s] = op == BRAID_AVG ? acc / nranks : acc;
+    if (op == BRAID_AVG) acc.real /= nranks;
+    reduced_[s] = acc;
   }
   if (op == BRAID_AVG) {
     // The sums are exact (the values are chosen so), and braid divides once:
@@ -342,9 +404,14 @@ Reference::Reference(braid_dtype_t dtype, bool reduces, braid_redop_t op, int nr
   }
 }
 
-double Reference::value(int src, unsigned s) const {
+uint64_t Reference::ordinal(int src, unsigned s) const {
   const uint64_t r = static_cast<uint64_t>(src);
-  const uint64_t t = (static_cast<uint64_t>(s) * (r % (modulus_ - 1) + 1) + r) % modulus_;
+  return (static_cast<uint64_t>(s) * (r % (modulus_ - 1) + 1) + r) % modulus_;
+}
+
+double Reference::small_value(int src, unsigned s) const {
+  const uint64_t r = static_cast<uint64_t>(src);
+  const uint64_t t = ordinal(src, s);
   switch (kind_) {
     case Kind::kSpread:
       return signed_ ? static_cast<double>(t) - 50 : static_cast<double>(t);
@@ -356,6 +423,21 @@ double Reference::value(int src, unsigned s) const {
     }
   }
   return 0;
+}
+
+Value Reference::value(int src, unsigned s) const {
+  Value out;
+  if (integer_) {
+    const uint64_t mask = width_ == 64 ? ~uint64_t{0} : (uint64_t{1} << width_) - 1;
+    // Prod's patterns are odd, so that products do not run to 0 as factors
+    // of 2 pile up.
+    const uint64_t pattern = mix64(ordinal(src, s) + 1000 * static_cast<uint64_t>(kind_));
+    out.bits = (kind_ == Kind::kProd ? pattern | 1 : pattern) & mask;
+    return out;
+  }
+  const double v = small_value(src, s);
+  out.real = wide_float_ && kind_ != Kind::kProd ? v * (1 + 0x1p-30) : v;
+  return out;
 }
 
 namespace {
@@ -663,7 +745,7 @@ void fill_input(void* buf, size_t n, braid_dtype_t dtype, const Reference& ref) 
   dispatch(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     std::vector<T> by_slot(ref.slots());
-    for (unsigned s = 0; s < ref.slots(); ++s) by_slot[s] = from_double<T>(ref.value(ref.rank(), s));
+    for (unsigned s = 0; s < ref.slots(); ++s) by_slot[s] = from_value<T>(ref.value(ref.rank(), s));
     T* p = static_cast<T*>(buf);
     for (size_t j = 0; j < n; ++j) p[j] = by_slot[ref.slot(j)];
   });
@@ -677,7 +759,12 @@ long long count_wrong(const void* buf, size_t n, braid_dtype_t dtype, const Refe
     using T = typename decltype(tag)::type;
     const T* p = static_cast<const T*>(buf);
     for (size_t j = 0; j < n; ++j) {
-      if (!(std::fabs(to_double(p[j]) - desc.expected(ref, j)) <= tol)) ++wrong;  // nan counts as wrong
+      if constexpr (std::is_integral_v<T>) {
+        wrong += p[j] != from_value<T>(desc.expected(ref, j));
+      } else {
+        if (!(std::fabs(to_double(p[j]) - desc.expected(ref, j).real) <= tol))
+          ++wrong;  // nan counts as wrong
+      }
     }
   });
   return wrong;
@@ -699,7 +786,7 @@ void poison_integers(void* buf, size_t n, braid_dtype_t dtype, const Reference& 
     using T = typename decltype(tag)::type;
     if constexpr (std::is_integral_v<T>) {
       T* p = static_cast<T*>(buf);
-      for (size_t j = 0; j < n; ++j) p[j] = static_cast<T>(from_double<T>(desc.expected(ref, j)) ^ T{0x5a});
+      for (size_t j = 0; j < n; ++j) p[j] = static_cast<T>(from_value<T>(desc.expected(ref, j)) ^ T{0x5a});
     }
   });
 }
@@ -725,6 +812,15 @@ void prepare(const Context& ctx, const Layout& l, size_t elem, bool in_place, co
 long long guard_hits(const Context& ctx, const Layout& l, size_t elem, bool in_place) {
   if (in_place) return count_guard(ctx.recvbuf + std::max(l.send_elems, l.recv_elems) * elem);
   return count_guard(l.send + l.send_elems * elem) + count_guard(l.recv + l.recv_elems * elem);
+}
+
+// Elements of `now` that differ from `before` (as long as it, elem bytes
+// each).
+long long changed_elements(const std::vector<unsigned char>& before, const unsigned char* now, size_t elem) {
+  long long changed = 0;
+  for (size_t at = 0; at < before.size(); at += elem)
+    changed += std::memcmp(&before[at], now + at, elem) != 0;
+  return changed;
 }
 
 double now_seconds() {
@@ -770,8 +866,18 @@ Measurement measure(const Context& ctx, braid_dtype_t dtype, braid_redop_t op, i
   if (!ctx.opt.check) return m;
 
   prepare(ctx, l, elem, in_place, ref, dtype, true);
+  // Out of place, the call must leave its input alone, and where only the
+  // root gets a result, the other ranks' output too: what else the call
+  // writes counts as out of bounds (as the guard bytes do).
+  const bool output_untouched = ctx.desc.result_on_root_only && ctx.rank != root;
+  std::vector<unsigned char> input_before, output_before;
+  if (!in_place) {
+    input_before.assign(l.send, l.send + l.send_elems * elem);
+    if (output_untouched) output_before.assign(l.recv, l.recv + l.recv_elems * elem);
+  }
   run_once();
   long long local[2] = {0, guard_hits(ctx, l, elem, in_place)};
+  local[1] += changed_elements(input_before, l.send, elem) + changed_elements(output_before, l.recv, elem);
   if (!ctx.desc.result_on_root_only || ctx.rank == root) {
     local[0] = count_wrong(l.recv, l.recv_elems, dtype, ref, ctx.desc);
   }

@@ -44,12 +44,20 @@
 
 namespace braid_perf {
 
+// One element's value: `bits` (two's complement at the type's width, higher
+// bits ignored) for integer types, `real` for floating ones.
+struct Value {
+  double real = 0;
+  uint64_t bits = 0;
+};
+
 // The data every rank sends and the results the collective must produce, for one
-// (dtype, op, root, count) run on one rank. Inputs are small integers chosen so
-// that every result is exact in every dtype (float16 and bfloat16 included), so
-// results are compared exactly; only avg allows a rounding tolerance. Each value
-// depends on the source rank and on a hash of the element index, so data from the
-// wrong rank or at the wrong offset shows up.
+// (dtype, op, root, count) run on one rank. Floating inputs are chosen so that
+// every result is exact in its dtype (float16 and bfloat16 included), so results
+// are compared exactly; only avg allows a rounding tolerance. Integer inputs are
+// full-width bit patterns, their results computed with the type's wraparound.
+// Each value depends on the source rank and on a hash of the element index, so
+// data from the wrong rank or at the wrong offset shows up.
 class Reference {
  public:
   // `reduces` false: a data-movement collective (op is ignored).
@@ -62,9 +70,9 @@ class Reference {
   size_t count() const { return count_; }  // the count passed to braid (per rank where that applies)
 
   // Element `index` of rank `src`'s send buffer.
-  double input(int src, size_t index) const { return value(src, slot(index)); }
+  Value input(int src, size_t index) const { return value(src, slot(index)); }
   // Element `index` of the reduction, over all ranks, of their send buffers.
-  double reduced(size_t index) const { return reduced_[slot(index)]; }
+  Value reduced(size_t index) const { return reduced_[slot(index)]; }
   // Largest accepted |result - expected|: 0 except for avg.
   double tolerance() const { return tolerance_; }
 
@@ -78,19 +86,28 @@ class Reference {
     z ^= z >> 32;
     return static_cast<unsigned>(((z & 0xffffffffull) * modulus_) >> 32);
   }
-  double value(int src, unsigned slot) const;
+  Value value(int src, unsigned slot) const;
 
  private:
   enum class Kind { kSpread, kSum, kProd };
 
+  // t in [0, slots()): which of the slots' values rank `src` holds there.
+  uint64_t ordinal(int src, unsigned slot) const;
+  // The small value (t, t - 50, or the sum's or product's term) a float
+  // input holds; integers hold bit patterns hashed from t.
+  double small_value(int src, unsigned slot) const;
+
   Kind kind_;
   bool signed_;
+  bool integer_;
+  bool wide_float_;  // float64: values also need bits float32 lacks
+  unsigned width_;   // bits, for integer types
   unsigned modulus_;
   uint64_t sum_cap_;  // kSum: ranks at or above this contribute 0 (keeps sums exact)
   int nranks_, rank_, root_;
   size_t count_;
   double tolerance_ = 0;
-  std::vector<double> reduced_;  // indexed by slot
+  std::vector<Value> reduced_;  // indexed by slot
 };
 
 // The elements a buffer holds, in units of the braid count.
@@ -141,7 +158,7 @@ struct CollDesc {
   int (*mpi)(const MpiArgs& args);
   // Expected element `index` of this rank's recv buffer (of the recv region in
   // place). Not called on non-roots when result_on_root_only.
-  double (*expected)(const Reference& ref, size_t index);
+  Value (*expected)(const Reference& ref, size_t index);
   // MPI's call has one buffer (MPI_Bcast), like braid's in-place call: the
   // ratio compares braid in place, since out of place braid also copies the
   // root's input to its output, bytes MPI never moves.

@@ -175,6 +175,36 @@ TEST(Observability, InfoLogAtInitParsesAndSummarises) {
   EXPECT_TRUE(any_line(lines, 3, "INIT", "transports: tcp to ranks 0-1; shm to ranks 2"));
 }
 
+// A misspelt setting set after the first communicator is warned about at
+// the next one's init (a benchmark's --env-compare variant was silent), and
+// each name once per process.
+TEST(Observability, AMisspeltSettingSetLaterIsWarnedAboutOnce) {
+  const ScratchDir scratch("misspelt");
+  braid::launcher::LaunchOptions o;
+  o.nranks = 1;
+  o.env = {{"BRAID_DEBUG_FILE", scratch.path + "/log.txt"}, {"BRAID_TIMOUT", "5"}};
+  auto result = braid::launcher::fork_ranks(o, [](braid_comm_t, int, int, const braid_unique_id_t&) {
+    setenv("BRAID_SPIN_UZ", "1", 1);
+    for (int i = 0; i < 2; ++i) {
+      braid_unique_id_t id;
+      braid_comm_t comm = nullptr;
+      if (braid_get_unique_id(&id) != BRAID_SUCCESS || braid_comm_init_rank(&comm, 1, id, 0) != BRAID_SUCCESS)
+        return 1;
+      braid_comm_destroy(comm);
+    }
+    return 0;
+  });
+  ASSERT_TRUE(result.ok()) << result.describe();
+  const std::string text = read_file(scratch.path + "/log.txt");
+  auto count = [&](const std::string& what) {
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("BRAID_TIMOUT is not a braid setting (did you mean BRAID_TIMEOUT?)"), 1u) << text;
+  EXPECT_EQ(count("BRAID_SPIN_UZ is not a braid setting (did you mean BRAID_SPIN_US?)"), 1u) << text;
+}
+
 // Under BRAID_TRANSPORT=tcp the ranks of one host talk over tcp too: the
 // tuner prices every link as tcp, so the hierarchical schedules (whose gain
 // is shared memory inside a host) are not picked.

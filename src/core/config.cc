@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <set>
 
 #include "kernels/cpu/reduce_kernels.h"
 #include "src/core/logging.h"
@@ -195,10 +196,17 @@ std::vector<std::string> misspelt_variables(const char* const* env) {
 }
 
 Status Config::from_env(Config* out) {
-  static std::once_flag warned;
-  std::call_once(warned, [] {
-    for (const std::string& w : misspelt_variables(environ)) BRAID_WARN("INIT", -1, "%s", w.c_str());
-  });
+  {
+    // Each once per process, but also for a name set after the first
+    // communicator (a benchmark's --env-compare variant, a script that sets
+    // one before its second group).
+    static std::mutex mu;
+    static auto* warned = new std::set<std::string>();
+    std::lock_guard<std::mutex> lock(mu);
+    for (const std::string& w : misspelt_variables(environ)) {
+      if (warned->insert(w).second) BRAID_WARN("INIT", -1, "%s", w.c_str());
+    }
+  }
   Config c;
   bool present = false;
   BRAID_RETURN_IF_ERROR(env_double("BRAID_TIMEOUT", 1e-3, 1e9, &c.timeout_s, &present));

@@ -32,6 +32,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -347,7 +348,7 @@ int main(int argc, char** argv) {
     } else if (a == "--roots") {
       for (const auto& s : split(value("--roots"))) {
         long r = 0;
-        if (!parse_int(s.c_str(), &r) || r < 0) bad("--roots entry '" + s + "'");
+        if (!parse_int(s.c_str(), &r) || r < 0 || r > INT_MAX) bad("--roots entry '" + s + "'");
         opts.roots.push_back(static_cast<int>(r));
       }
     } else if (a == "--seed") {
@@ -383,7 +384,7 @@ int main(int argc, char** argv) {
       id_file = value("--id-file");
     } else if (a == "--max-lines") {
       long v = 0;
-      if (!parse_int(value("--max-lines"), &v) || v < 0) bad("--max-lines");
+      if (!parse_int(value("--max-lines"), &v) || v < 0 || v > INT_MAX) bad("--max-lines");
       opts.max_failure_lines = static_cast<int>(v);
     } else if (a == "-v" || a == "-vv" || a == "--verbose") {
       opts.verbose += a == "-vv" ? 2 : 1;
