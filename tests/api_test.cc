@@ -639,6 +639,27 @@ TEST_F(OneRank, AForkedChildAllocatesAndFreesSharedMemory) {
   BRAID_EXPECT_OK(braid_mem_free(registered));
 }
 
+// Small blocking sends to the rank itself pack as shm's do: 100 of them
+// wait for their receives (the fifth waited for its deadline when each took
+// a slot), and come out in order, sizes and contents intact; a 1 MiB send
+// fills the buffer exactly.
+TEST_F(OneRank, SmallSendsToItselfWaitTogether) {
+  BRAID_ASSERT_OK(braid_comm_set_timeout(comm_, 5));
+  for (int32_t i = 0; i < 100; ++i) {
+    std::vector<int32_t> msg(static_cast<size_t>(i % 5), i);
+    BRAID_ASSERT_OK(braid_send(msg.data(), msg.size(), BRAID_INT32, 0, comm_, nullptr)) << "send " << i;
+  }
+  for (int32_t i = 0; i < 100; ++i) {
+    std::vector<int32_t> got(static_cast<size_t>(i % 5), -1);
+    BRAID_ASSERT_OK(braid_recv(got.data(), got.size(), BRAID_INT32, 0, comm_, nullptr)) << "recv " << i;
+    for (int32_t v : got) ASSERT_EQ(v, i);
+  }
+  std::vector<uint8_t> big(size_t{1} << 20, 3), back(size_t{1} << 20, 0);
+  BRAID_ASSERT_OK(braid_send(big.data(), big.size(), BRAID_UINT8, 0, comm_, nullptr));
+  BRAID_ASSERT_OK(braid_recv(back.data(), back.size(), BRAID_UINT8, 0, comm_, nullptr));
+  EXPECT_EQ(back, big);
+}
+
 TEST_F(OneRank, AnIOperationThatCanFinishAtOnceIsDoneWhenTheCallReturns) {
   // The posting thread drives briefly before leaving the op to the progress
   // thread: an op with nothing to wait for never costs a thread hand-off.

@@ -681,10 +681,54 @@ TEST_P(FailureTransports, MismatchedCallsFailWithoutCheckCalls) {
     EXPECT_EQ(r, BRAID_ERR_MISMATCH) << braid_comm_get_last_error(comm);
     if (rank == 0) {
       EXPECT_TRUE(
-          contains(braid_comm_get_last_error(comm), "sent a piece of 16 bytes where 12 were expected"))
+          contains(braid_comm_get_last_error(comm), "sent a block of 16 bytes where 12 were expected"))
           << braid_comm_get_last_error(comm);
     }
   });
+}
+
+// A message or all_to_allv block a whole number of pieces longer than its
+// receiver expects fails there, naming both sizes: its pieces lined up with
+// the ones expected, the receive succeeded short, and the rest was taken as
+// the next message (or the receiver waited for a piece that never came).
+TEST_P(FailureTransports, SizesThatDifferByWholePiecesAreReported) {
+  Env env = transport_env(GetParam());
+  env.push_back({"BRAID_DEBUG", "NONE"});
+  env.push_back({"BRAID_SHM_SLOT_BYTES", "4096"});
+  env.push_back({"BRAID_TCP_SLOT_BYTES", "4096"});
+  env.push_back({"BRAID_TIMEOUT", "30"});
+  for (bool shorter : {true, false}) {
+    run_ranks(2, env, [shorter](braid_comm_t comm, int rank, int) {
+      std::vector<int32_t> buf(2048, rank == 0 ? 5 : -1);
+      const size_t sent = shorter ? 1025 : 1024, expected = shorter ? 1024 : 1025;
+      if (rank == 0) {
+        BRAID_EXPECT_OK(braid_send(buf.data(), sent, BRAID_INT32, 1, comm, nullptr));
+        int32_t next = 42;
+        braid_send(&next, 1, BRAID_INT32, 1, comm, nullptr);  // fails where the peer's failure is seen first
+        return;
+      }
+      EXPECT_EQ(braid_recv(buf.data(), expected, BRAID_INT32, 0, comm, nullptr), BRAID_ERR_MISMATCH);
+      const std::string want = "rank 0 sent a message of " + std::to_string(4 * sent) + " bytes where " +
+                               std::to_string(4 * expected) + " were expected";
+      EXPECT_TRUE(contains(braid_comm_get_last_error(comm), want.c_str())) << braid_comm_get_last_error(comm);
+    });
+    // all_to_allv: rank 0's block for rank 1 against rank 1's count for it.
+    run_ranks(2, env, [shorter](braid_comm_t comm, int rank, int) {
+      const size_t sent = shorter ? 1025 : 1024, expected = shorter ? 1024 : 1025;
+      std::vector<int32_t> in(2050, rank), out(2050, -1);
+      const size_t sc0[2] = {1, sent}, sd0[2] = {0, 1}, rc0[2] = {1, 1}, rd0[2] = {0, 1};
+      const size_t sc1[2] = {1, 1}, sd1[2] = {0, 1}, rc1[2] = {expected, 1}, rd1[2] = {0, expected};
+      const braid_result_t r =
+          rank == 0
+              ? braid_all_to_allv(in.data(), sc0, sd0, out.data(), rc0, rd0, BRAID_INT32, comm, nullptr)
+              : braid_all_to_allv(in.data(), sc1, sd1, out.data(), rc1, rd1, BRAID_INT32, comm, nullptr);
+      if (rank == 0) return;  // its own receives were right
+      EXPECT_EQ(r, BRAID_ERR_MISMATCH) << braid_comm_get_last_error(comm);
+      const std::string want = "rank 0 sent a block of " + std::to_string(4 * sent) + " bytes where " +
+                               std::to_string(4 * expected) + " were expected";
+      EXPECT_TRUE(contains(braid_comm_get_last_error(comm), want.c_str())) << braid_comm_get_last_error(comm);
+    });
+  }
 }
 
 // BRAID_CHECK_CALLS=1: different collectives, dtypes or roots at the same
@@ -774,7 +818,9 @@ TEST(ShmPeerReadFailures, SizesThatDifferAreReported) {
   // a small one (it takes the offer for the data's first piece).
   for (Case c :
        {Case{size_t{1} << 18, "rank 0 sent 1048576 bytes where 262144 were expected"},
-        Case{1000, "rank 0 sent it a message of send/recv (a buffer offered to be read in place)"}}) {
+        Case{1000,
+             "rank 0 sent it a message of send/recv of 1048576 bytes (a buffer offered to be read in "
+             "place)"}}) {
     run_ranks(2, kShmDetection, [c](braid_comm_t comm, int rank, int) {
       std::vector<uint8_t> buf(size_t{1} << 20, 7);
       if (rank == 0) {

@@ -26,7 +26,7 @@ namespace braid {
 // count, dtype, op or root that differs, an operation further along) fails
 // with BRAID_ERR_MISMATCH naming both calls, instead of using the bytes.
 struct CallTag {
-  uint64_t count = 0;               // elements; 0 where ranks may differ (all_to_allv, p2p)
+  uint64_t count = 0;               // elements; bytes for p2p and all_to_allv's messages
   uint32_t seq = 0;                 // collective sequence number (low 32 bits); 0 for p2p
   int32_t root = -1;                // -1 where the call has none
   uint8_t kind = 0;                 // OpKind

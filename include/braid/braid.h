@@ -267,11 +267,13 @@ braid_result_t braid_group_start(void);
 braid_result_t braid_group_end(void);
 
 /* ---- point-to-point ----
- * Messages between two ranks match in the order they were posted. A rank may
- * send to itself: the message waits in a buffer of BRAID_SHM_SLOTS pieces
- * (1 MiB by default) until a receive takes it, so a larger blocking send to
- * itself must be grouped with its receive, or follow a braid_irecv, or it
- * waits until its deadline. */
+ * Messages between two ranks match in the order they were posted, and a
+ * receive must ask for as many bytes as its send sent (BRAID_ERR_MISMATCH
+ * otherwise, naming both sizes). A rank may send to itself: the message
+ * waits in a buffer of BRAID_SHM_SLOTS pieces (1 MiB by default; up to 64
+ * messages per piece) until a receive takes it, so more, or a larger
+ * blocking send to itself, must be grouped with its receive, or follow a
+ * braid_irecv, or it waits until its deadline. */
 braid_result_t braid_send(const void* buf, size_t count, braid_dtype_t dtype, int peer, braid_comm_t comm,
                           braid_stream_t stream);
 braid_result_t braid_recv(void* buf, size_t count, braid_dtype_t dtype, int peer, braid_comm_t comm,

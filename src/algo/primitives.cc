@@ -116,20 +116,41 @@ Status sizes_differ(const std::string& call, int peer, const char* what, size_t 
 // Why a message was not usable, naming both calls (a differing call is the
 // cause most worth telling; a differing piece size follows from counts or
 // dtypes that the tag does not see, such as all_to_allv's).
-FailOp unusable(const Channel& ch, int from, const Connection* c, size_t got, size_t want) {
+FailOp unusable(const Channel& ch, int from, const Connection* c, size_t got, size_t want,
+                const CallTag* expected = nullptr) {
   Op* op = current_op();
+  const CallTag& mine = expected != nullptr ? *expected : op->tag;
   const int me = ch.global(ch.rank), peer = ch.global(from);
-  if (!(c->recv_tag() == op->tag)) return FailOp{call_mismatch(me, op->tag, peer, c->recv_tag())};
+  const CallTag& theirs = c->recv_tag();
+  if (!(theirs == mine)) {
+    // A message or all_to_allv block of another size, the call otherwise
+    // the same: said in bytes.
+    CallTag resized = theirs;
+    resized.count = mine.count;
+    const bool p2p = mine.kind == static_cast<uint8_t>(OpKind::kSend);
+    const std::string call = std::string(op->name) + " #" + std::to_string(op->seq);
+    if (resized == mine && p2p)
+      return FailOp{sizes_differ(call, peer, "a message of ", theirs.count, mine.count, "both")};
+    if (resized == mine && mine.kind == static_cast<uint8_t>(OpKind::kAllToAllv)) {
+      return FailOp{Status(BRAID_ERR_MISMATCH,
+                           call + ": rank " + std::to_string(peer) + " sent a block of " +
+                               std::to_string(theirs.count) + " bytes where " + std::to_string(mine.count) +
+                               " were expected (its sendcounts[" + std::to_string(me) +
+                               "] and this rank's recvcounts[" + std::to_string(peer) + "] differ)")};
+    }
+    return FailOp{call_mismatch(me, mine, peer, theirs)};
+  }
   return FailOp{sizes_differ(std::string(op->name) + " #" + std::to_string(op->seq), peer, "a piece of ", got,
                              want, "all")};
 }
 
 // The next message from `from` is not the one expected (kOther).
-FailOp unexpected(const Channel& ch, int from, Connection* c, size_t want) {
+FailOp unexpected(const Channel& ch, int from, Connection* c, size_t want,
+                  const CallTag* expected = nullptr) {
   const void* data = nullptr;
   size_t got = 0;
   (void)c->recv_ready(&data, &got);
-  return unusable(ch, from, c, got, want);
+  return unusable(ch, from, c, got, want, expected);
 }
 
 }  // namespace
@@ -414,9 +435,10 @@ Task recv_or_read(const Channel& ch, int from, void* dst, size_t bytes) {
     co_return;
   }
   Op* op = current_op();
-  CallTag expected = op->tag;
+  CallTag expected = op->tag, offered = c->recv_tag();
   expected.path = CallTag::kReadPath;
-  if (!(c->recv_tag() == expected) || rw.bytes != sizeof(ReadOffer)) {
+  offered.count = expected.count;  // a size that differs is named below, in bytes
+  if (!(offered == expected) || rw.bytes != sizeof(ReadOffer)) {
     FailOp fail{call_mismatch(ch.global(ch.rank), expected, ch.global(from), c->recv_tag())};
     co_await fail;
   }
@@ -470,13 +492,21 @@ Task exchange(const Channel& ch, int to, const void* src, size_t send_bytes, int
   char* d = static_cast<char*>(dst);
   const size_t piece = ch.piece_bytes;
   const size_t nsend = num_pieces(send_bytes, piece), nrecv = num_pieces(recv_bytes, piece);
-  const CallTag& tag = current_op()->tag;
+  // all_to_allv's blocks differ in size from pair to pair, so each message
+  // carries its own: pieces of a block of another size could otherwise
+  // line up with the ones expected, and the rest be taken as the next
+  // message.
+  CallTag tag = current_op()->tag, recv_tag = tag;
+  if (tag.kind == static_cast<uint8_t>(OpKind::kAllToAllv)) {
+    tag.count = send_bytes;
+    recv_tag.count = recv_bytes;
+  }
   Connection* out = ch.to(to);
   size_t sent = 0, received = 0;
   struct Both {
     IntoWait r;
     SendWait s;
-  } w{{ch.to(from), nullptr, 0, &tag}, {out, 0}};
+  } w{{ch.to(from), nullptr, 0, &recv_tag}, {out, 0}};
   auto aim = [&] {  // the receive of piece `received`
     size_t off = received * piece;
     w.r.dst = d + off;
@@ -488,7 +518,7 @@ Task exchange(const Channel& ch, int to, const void* src, size_t send_bytes, int
     bool moved = false;
     if (received < nrecv && into_check(&w.r)) {
       if (w.r.got == Connection::Received::kOther) {
-        FailOp fail = unexpected(ch, from, w.r.conn, w.r.bytes);  // named: see checked_call
+        FailOp fail = unexpected(ch, from, w.r.conn, w.r.bytes, &recv_tag);  // named: see checked_call
         co_await fail;
       }
       if (++received < nrecv) aim();

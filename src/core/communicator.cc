@@ -829,14 +829,18 @@ Status Communicator::split(int color, int key, std::shared_ptr<Communicator>* ou
 
 namespace {
 
-// What a collective's messages carry; p2p messages all carry the same tag
-// (their order, not a sequence number, matches them).
+// What a collective's messages carry; p2p messages carry their size in bytes
+// and the caller's tag (their order, not a sequence number, matches them):
+// a receive of another size fails on the first piece, where the pieces of a
+// message a whole number of pieces longer or shorter lined up before, and
+// the rest was taken as the next message.
 // Written field by field into the op: building a tag on the stack and
 // copying it reads back the byte stores before they land (a stall per call).
 void fill_call_tag(CallTag& t, OpKind kind, uint64_t seq, const CollArgs& a) {
   if (kind == OpKind::kSend || kind == OpKind::kRecv || kind == OpKind::kRecvAny) {
     t.kind = static_cast<uint8_t>(OpKind::kSend);
     t.user_tag = a.tag;
+    t.count = a.count * dtype_size(a.dtype);
     return;
   }
   t.kind = static_cast<uint8_t>(kind);
@@ -1154,6 +1158,12 @@ bool Communicator::run_p2p_inline(P2pCall* calls, size_t n) {
                : c->recv_into(call.args.recvbuf, bytes, tag) == Connection::Received::kDone) {
         call.done = true;
         --left;
+        // Counted as an op's would be, so that errors and dumps number later
+        // calls alike whether or not these ran inline. Not a locked add: a
+        // count another thread's make_op takes at the same moment may be
+        // lost, which only shifts a number in a message.
+        std::atomic<uint64_t>& seq = send ? p2p_send_seq_ : p2p_recv_seq_;
+        seq.store(seq.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
       } else {
         stalled = attempt;
       }

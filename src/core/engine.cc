@@ -55,6 +55,7 @@ std::string describe_call(const CallTag& t) {
   if (kind == OpKind::kSend) {
     std::string s = "send/recv";
     if (t.user_tag != 0) s += " with tag " + std::to_string(t.user_tag);
+    s += " of " + std::to_string(t.count) + " bytes";
     return t.path == CallTag::kReadPath ? s + " (a buffer offered to be read in place)" : s;
   }
   if (t.kind == kCallCheckTag) return "the call check of #" + std::to_string(t.seq) + " (BRAID_CHECK_CALLS)";
@@ -65,6 +66,7 @@ std::string describe_call(const CallTag& t) {
   std::string s = std::string(op_kind_name(kind)) + " #" + std::to_string(t.seq);
   std::string args;
   auto add = [&](const std::string& x) { args += (args.empty() ? "" : ", ") + x; };
+  if (kind == OpKind::kAllToAllv && t.count != 0) add("a block of " + std::to_string(t.count) + " bytes");
   if (kind != OpKind::kBarrier && kind != OpKind::kAllToAllv) add("count " + std::to_string(t.count));
   if (t.dtype != 0xff) add(braid_dtype_name(static_cast<braid_dtype_t>(t.dtype)));
   if (t.op != 0xff) add(braid_redop_name(static_cast<braid_redop_t>(t.op)));

@@ -1,8 +1,13 @@
-// A rank's connection to itself (send/recv to self, as NCCL allows): the same
-// slot FIFO as the other transports, in process memory.
+// A rank's connection to itself (send/recv to self, as NCCL allows): a FIFO
+// of messages in process memory, holding as many bytes as the other
+// transports' slots do (BRAID_SHM_SLOTS slots) and, like shm, packing small
+// messages (up to kMessagesPerSlot per slot's worth): five 4-byte sends to
+// itself before a receive waited for their deadline when each took a slot.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <vector>
 
 #include "src/core/config.h"
@@ -12,40 +17,49 @@ namespace braid {
 
 class SelfConnection : public Connection {
  public:
+  static constexpr size_t kMessagesPerSlot = 64;
+
   explicit SelfConnection(const Config& config)
       : slot_bytes_(std::min(config.shm_slot_bytes, config.tcp_slot_bytes)),
-        nslots_(static_cast<uint64_t>(config.shm_slots)),
-        buf_(nslots_ * slot_bytes_),
-        len_(nslots_),
-        tag_(nslots_) {}
+        capacity_bytes_(static_cast<size_t>(config.shm_slots) * slot_bytes_),
+        capacity_messages_(static_cast<size_t>(config.shm_slots) * kMessagesPerSlot) {}
 
   const char* kind() const override { return "self"; }
   size_t slot_bytes() const override { return slot_bytes_; }
-  void* send_slot(size_t) override {
-    return sent_ - released_ >= nslots_ ? nullptr : &buf_[(sent_ % nslots_) * slot_bytes_];
+  void* send_slot(size_t bytes) override {
+    if (queue_.size() >= capacity_messages_ || queued_bytes_ + bytes > capacity_bytes_) return nullptr;
+    if (staging_.size() < std::max<size_t>(bytes, 1)) staging_.resize(std::max<size_t>(bytes, 1));
+    return staging_.data();
   }
   void commit_send(size_t bytes, const CallTag& tag) override {
-    tag_[sent_ % nslots_] = tag;
-    len_[sent_++ % nslots_] = bytes;
+    queued_bytes_ += bytes;
+    queue_.push_back(Message{std::move(staging_), bytes, tag});
+    staging_ = {};
   }
   bool recv_ready(const void** data, size_t* bytes) override {
-    if (released_ == sent_) return false;
-    *data = &buf_[(released_ % nslots_) * slot_bytes_];
-    *bytes = len_[released_ % nslots_];
+    if (queue_.empty()) return false;
+    *data = queue_.front().data.data();
+    *bytes = queue_.front().bytes;
     return true;
   }
-  const CallTag& recv_tag() const override { return tag_[released_ % nslots_]; }
-  void release_recv() override { ++released_; }
+  const CallTag& recv_tag() const override { return queue_.front().tag; }
+  void release_recv() override {
+    queued_bytes_ -= queue_.front().bytes;
+    queue_.pop_front();
+  }
   Status progress() override { return Status::ok(); }
   Status check_peer(bool) override { return Status::ok(); }
 
  private:
-  size_t slot_bytes_;
-  uint64_t nslots_;
-  std::vector<char> buf_;
-  std::vector<size_t> len_;
-  std::vector<CallTag> tag_;
-  uint64_t sent_ = 0, released_ = 0;
+  struct Message {
+    std::vector<char> data;
+    size_t bytes;
+    CallTag tag;
+  };
+  const size_t slot_bytes_, capacity_bytes_, capacity_messages_;
+  std::vector<char> staging_;  // the next message, until committed
+  std::deque<Message> queue_;
+  size_t queued_bytes_ = 0;
 };
 
 }  // namespace braid
