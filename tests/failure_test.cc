@@ -731,6 +731,26 @@ TEST_P(FailureTransports, SizesThatDifferByWholePiecesAreReported) {
   }
 }
 
+// Sends and receives done inline (small, over shm) count in the numbers that
+// errors give later calls: the fourth receive is recv #3 (it was #0).
+TEST(Failure, InlineReceivesCountInTheNumbersOfLaterOnes) {
+  run_ranks(2, {{"BRAID_TRANSPORT", "shm"}, {"BRAID_TIMEOUT", "1"}, {"BRAID_DEBUG", "NONE"}},
+            [](braid_comm_t comm, int rank, int) {
+              int32_t v = 7;
+              for (int k = 0; k < 3; ++k) {
+                BRAID_ASSERT_OK(rank == 0 ? braid_send(&v, 1, BRAID_INT32, 1, comm, nullptr)
+                                          : braid_recv(&v, 1, BRAID_INT32, 0, comm, nullptr));
+              }
+              if (rank == 0) {
+                sleep(2);  // sends no fourth message
+                return;
+              }
+              EXPECT_EQ(braid_recv(&v, 1, BRAID_INT32, 0, comm, nullptr), BRAID_ERR_TIMEOUT);
+              EXPECT_TRUE(contains(braid_comm_get_last_error(comm), "recv #3 timed out"))
+                  << braid_comm_get_last_error(comm);
+            });
+}
+
 // BRAID_CHECK_CALLS=1: different collectives, dtypes or roots at the same
 // sequence number fail on every rank, naming both sides, before data moves.
 TEST_P(FailureTransports, CheckCallsNamesBothSidesOfAMismatch) {
