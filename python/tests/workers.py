@@ -349,7 +349,7 @@ def absent_from_barrier():
         # accepts only gloo groups by name; braid_torch routes braid's).
         msg = expect_raises(
             lambda: dist.monitored_barrier(timeout=datetime.timedelta(seconds=1), wait_all_ranks=True),
-            "monitored_barrier", f"Rank {world - 1} failed to pass monitoredBarrier in 1000 ms",
+            "monitored_barrier", f"Ranks {world - 1} failed to pass monitoredBarrier in 1000 ms",
         )
         print(f"rank {rank}: monitored_barrier failed after {time.time() - start:.2f} s: {msg}", flush=True)
         start = time.time()

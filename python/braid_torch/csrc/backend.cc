@@ -1687,8 +1687,9 @@ void BraidBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_
     abandon();
     std::string ranks;
     for (int p : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(p);
+    // gloo's wording: "Ranks" whenever it waited for all (torch's tests match it).
     C10_THROW_ERROR(DistBackendError, "braid: monitored_barrier (" + describe() + "): Rank" +
-                                          (missing.size() > 1 ? "s " : " ") + ranks +
+                                          (wait_all_ranks ? "s " : " ") + ranks +
                                           " failed to pass monitoredBarrier in " + ms +
                                           " (did not reach it)");
   }
