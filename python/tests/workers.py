@@ -126,6 +126,13 @@ def collectives():
     c = torch.tensor([1 + 2j, -3j], dtype=torch.complex64) * r1
     dist.all_reduce(c)
     expect_equal(c, torch.tensor([1 + 2j, -3j], dtype=torch.complex64) * sum(range(1, world + 1)), "complex sum")
+    # complex32 (torch hands complex all_reduces over as real views, not
+    # reduce_scatters), built and checked through float16 views.
+    halves = torch.tensor([1.0, 2.0] * world, dtype=torch.float16) * r1
+    out = torch.zeros(2, dtype=torch.float16)
+    dist.reduce_scatter_tensor(out.view(torch.complex32), halves.view(torch.complex32))
+    expect_equal(out, torch.tensor([1.0, 2.0], dtype=torch.float16) * sum(range(1, world + 1)),
+                 "complex32 reduce_scatter_tensor")
     t = torch.full((5,), float(r1))
     dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5))
     expect_equal(t, torch.full((5,), 0.5 * sum(range(1, world + 1))), "premul_sum")

@@ -35,12 +35,14 @@ void check_single(const std::vector<at::Tensor>& tensors, const char* op) {
   check_tensor(tensors[0], op);
 }
 
-void check_same(const at::Tensor& a, const at::Tensor& b, const char* op, const char* what) {
+// `b` (named `what`) on a's device with a's dtype; `a` is named `a_is`.
+void check_same(const at::Tensor& a, const at::Tensor& b, const char* op, const char* what,
+                const char* a_is = "the input") {
   check_tensor(b, op);
-  TORCH_CHECK(a.device() == b.device(), "braid: ", op, ": ", what, " is on ", b.device(),
-              " but the input on ", a.device(), " (one device per call)");
+  TORCH_CHECK(a.device() == b.device(), "braid: ", op, ": ", what, " is on ", b.device(), " but ", a_is,
+              " on ", a.device(), " (one device per call)");
   TORCH_CHECK(a.scalar_type() == b.scalar_type(), "braid: ", op, ": ", what, " has dtype ", b.scalar_type(),
-              " but the input has ", a.scalar_type());
+              " but ", a_is, " has ", a.scalar_type());
 }
 
 // A contiguous tensor with t's contents: t itself when it already is.
@@ -111,11 +113,16 @@ Reduction reduction_for(const at::Tensor& t, const c10d::ReduceOp& rop, const ch
       r.per_element = 2;
       complex = true;
       break;
+    case at::kComplexHalf:
+      r.dtype = BRAID_FLOAT16;
+      r.per_element = 2;
+      complex = true;
+      break;
     default:
       TORCH_CHECK(
           false, "braid: ", op, " cannot reduce dtype ", st,
           " (supported: float32, float64, float16, bfloat16, int8, uint8, int32, int64, uint32, uint64, "
-          "bool, complex64, complex128)");
+          "bool, complex32, complex64, complex128)");
   }
   switch (rop.op_) {
     case c10d::ReduceOp::SUM:
@@ -1076,7 +1083,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
   CoalescingGuard guard(this);
   TORCH_CHECK(!tensors.empty(), "braid: all_reduce_coalesced needs at least one tensor");
-  for (auto& t : tensors) check_same(tensors[0], t, "all_reduce_coalesced", "a tensor");
+  for (auto& t : tensors) check_same(tensors[0], t, "all_reduce_coalesced", "a tensor", "the first tensor");
   Reduction red = reduction_for(tensors[0], opts.reduceOp, "all_reduce_coalesced");
   // One reduction over the tensors packed end to end.
   std::vector<at::Tensor> flat_parts;
@@ -1200,12 +1207,12 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allgather_coalesced(
   TORCH_CHECK(!inputs.empty(), "braid: all_gather_coalesced needs at least one input");
   TORCH_CHECK(static_cast<int>(outputs.size()) == size_, "braid: all_gather_coalesced needs ", size_,
               " output lists (one per rank), got ", outputs.size());
-  for (auto& t : inputs) check_same(inputs[0], t, "all_gather_coalesced", "an input");
+  for (auto& t : inputs) check_same(inputs[0], t, "all_gather_coalesced", "an input", "the first input");
   for (auto& list : outputs) {
     TORCH_CHECK(list.size() == inputs.size(), "braid: all_gather_coalesced: an output list has ", list.size(),
                 " tensors for ", inputs.size(), " inputs");
     for (size_t j = 0; j < list.size(); ++j) {
-      check_same(inputs[0], list[j], "all_gather_coalesced", "an output");
+      check_same(inputs[0], list[j], "all_gather_coalesced", "an output", "the first input");
       TORCH_CHECK(list[j].numel() == inputs[j].numel(), "braid: all_gather_coalesced: output ", j, " has ",
                   list[j].numel(), " elements, its input ", inputs[j].numel());
     }
@@ -1322,7 +1329,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::scatter(std::vector<at::Tensor>& ou
                 size_, " input tensors on the root");
     std::vector<at::Tensor> parts;
     for (auto& t : inputs[0]) {
-      check_same(target, t, "scatter", "an input");
+      check_same(target, t, "scatter", "an input", "the output");
       TORCH_CHECK(t.numel() == target.numel(), "braid: scatter: an input has ", t.numel(),
                   " elements, the output ", target.numel());
       parts.push_back(t.reshape(-1));
@@ -1357,7 +1364,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::reduce_scatter(std::vector<at::Tens
   std::vector<at::Tensor> parts;
   bool even = true;
   for (auto& t : inputs[0]) {
-    check_same(target, t, "reduce_scatter", "an input");
+    check_same(target, t, "reduce_scatter", "an input", "the output");
     even = even && t.numel() == target.numel();
     parts.push_back(red.has_premul ? t.mul(red.premul).reshape(-1) : t.reshape(-1));
   }
@@ -1412,7 +1419,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::reduce_scatter_tensor_coalesced(
   std::vector<Reduction> reds;
   for (size_t i = 0; i < inputs.size(); ++i) {
     check_tensor(outputs[i], name);
-    check_same(outputs[i], inputs[i], name, "the input");
+    check_same(outputs[i], inputs[i], name, "the input", "the output");
     TORCH_CHECK(outputs[i].device() == outputs[0].device(), "braid: ", name, ": output ", i, " is on ",
                 outputs[i].device(), " but output 0 on ", outputs[0].device(), " (one device per call)");
     TORCH_CHECK(inputs[i].numel() == outputs[i].numel() * size_, "braid: ", name, ": the input has ",
@@ -1483,8 +1490,8 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::alltoall(std::vector<at::Tensor>& o
   std::vector<at::Tensor> parts;
   for (int p = 0; p < size_; ++p) {
     check_tensor(inputs[p], "all_to_all");
-    check_same(inputs[0], inputs[p], "all_to_all", "an input");
-    check_same(inputs[0], outputs[p], "all_to_all", "an output");
+    check_same(inputs[0], inputs[p], "all_to_all", "an input", "the first input");
+    check_same(inputs[0], outputs[p], "all_to_all", "an output", "the first input");
     parts.push_back(inputs[p].reshape(-1));
     sc[p] = nbytes(inputs[p]);
     rc[p] = nbytes(outputs[p]);
@@ -1688,10 +1695,9 @@ void BraidBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_
     std::string ranks;
     for (int p : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(p);
     // gloo's wording: "Ranks" whenever it waited for all (torch's tests match it).
-    C10_THROW_ERROR(DistBackendError, "braid: monitored_barrier (" + describe() + "): Rank" +
-                                          (wait_all_ranks ? "s " : " ") + ranks +
-                                          " failed to pass monitoredBarrier in " + ms +
-                                          " (did not reach it)");
+    C10_THROW_ERROR(DistBackendError,
+                    "braid: monitored_barrier (" + describe() + "): Rank" + (wait_all_ranks ? "s " : " ") +
+                        ranks + " failed to pass monitoredBarrier in " + ms + " (did not reach it)");
   }
   for (int p = 1; p < size_; ++p)
     check(braid_send_tagged(&token, 1, BRAID_UINT8, p, kBarrierTag, comm_, nullptr), "monitored_barrier");
