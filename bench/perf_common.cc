@@ -305,6 +305,7 @@ Reference::Reference(braid_dtype_t dtype, bool reduces, braid_redop_t op, int nr
       integer_(!type_info(dtype).is_float),
       wide_float_(dtype == BRAID_FLOAT64),
       width_(static_cast<unsigned>(8 * type_info(dtype).size)),
+      mask_(width_ == 64 ? ~uint64_t{0} : (uint64_t{1} << width_) - 1),
       nranks_(nranks),
       rank_(rank),
       root_(root),
@@ -333,7 +334,6 @@ Reference::Reference(braid_dtype_t dtype, bool reduces, braid_redop_t op, int nr
   }
   if (!reduces) return;
 
-  const uint64_t mask = width_ == 64 ? ~uint64_t{0} : (uint64_t{1} << width_) - 1;
   reduced_.resize(modulus_);
   for (unsigned s = 0; s < modulus_; ++s) {
     Value acc = value(0, s);
@@ -368,7 +368,7 @@ Reference::Reference(braid_dtype_t dtype, bool reduces, braid_redop_t op, int nr
           case BRAID_NUM_OPS:
             break;
         }
-        acc.bits &= mask;
+        acc.bits &= mask_;
         continue;
       }
       switch (op) {
@@ -428,11 +428,10 @@ double Reference::small_value(int src, unsigned s) const {
 Value Reference::value(int src, unsigned s) const {
   Value out;
   if (integer_) {
-    const uint64_t mask = width_ == 64 ? ~uint64_t{0} : (uint64_t{1} << width_) - 1;
     // Prod's patterns are odd, so that products do not run to 0 as factors
     // of 2 pile up.
     const uint64_t pattern = mix64(ordinal(src, s) + 1000 * static_cast<uint64_t>(kind_));
-    out.bits = (kind_ == Kind::kProd ? pattern | 1 : pattern) & mask;
+    out.bits = (kind_ == Kind::kProd ? pattern | 1 : pattern) & mask_;
     return out;
   }
   const double v = small_value(src, s);

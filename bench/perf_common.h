@@ -102,6 +102,7 @@ class Reference {
   bool integer_;
   bool wide_float_;  // float64: values also need bits float32 lacks
   unsigned width_;   // bits, for integer types
+  uint64_t mask_;    // the low width_ bits
   unsigned modulus_;
   uint64_t sum_cap_;  // kSum: ranks at or above this contribute 0 (keeps sums exact)
   int nranks_, rank_, root_;

@@ -39,6 +39,14 @@ struct CallTag {
     return count == o.count && seq == o.seq && root == o.root && kind == o.kind && dtype == o.dtype &&
            op == o.op && path == o.path && user_tag == o.user_tag;
   }
+  // Equal but perhaps for count: the same call, where a p2p message or an
+  // all_to_allv block carries its own size (its receive names a size that
+  // differs in bytes).
+  bool same_call_as(const CallTag& o) const {
+    CallTag resized = *this;
+    resized.count = o.count;
+    return resized == o;
+  }
 };
 static_assert(sizeof(CallTag) == 24, "CallTag travels in slot and frame headers");
 

@@ -122,16 +122,15 @@ FailOp unusable(const Channel& ch, int from, const Connection* c, size_t got, si
   const CallTag& mine = expected != nullptr ? *expected : op->tag;
   const int me = ch.global(ch.rank), peer = ch.global(from);
   const CallTag& theirs = c->recv_tag();
+  const std::string call = std::string(op->name) + " #" + std::to_string(op->seq);
   if (!(theirs == mine)) {
     // A message or all_to_allv block of another size, the call otherwise
     // the same: said in bytes.
-    CallTag resized = theirs;
-    resized.count = mine.count;
     const bool p2p = mine.kind == static_cast<uint8_t>(OpKind::kSend);
-    const std::string call = std::string(op->name) + " #" + std::to_string(op->seq);
-    if (resized == mine && p2p)
+    const bool resized = theirs.same_call_as(mine);
+    if (resized && p2p)
       return FailOp{sizes_differ(call, peer, "a message of ", theirs.count, mine.count, "both")};
-    if (resized == mine && mine.kind == static_cast<uint8_t>(OpKind::kAllToAllv)) {
+    if (resized && mine.kind == static_cast<uint8_t>(OpKind::kAllToAllv)) {
       return FailOp{Status(BRAID_ERR_MISMATCH,
                            call + ": rank " + std::to_string(peer) + " sent a block of " +
                                std::to_string(theirs.count) + " bytes where " + std::to_string(mine.count) +
@@ -140,8 +139,7 @@ FailOp unusable(const Channel& ch, int from, const Connection* c, size_t got, si
     }
     return FailOp{call_mismatch(me, mine, peer, theirs)};
   }
-  return FailOp{sizes_differ(std::string(op->name) + " #" + std::to_string(op->seq), peer, "a piece of ", got,
-                             want, "all")};
+  return FailOp{sizes_differ(call, peer, "a piece of ", got, want, "all")};
 }
 
 // The next message from `from` is not the one expected (kOther).
@@ -435,10 +433,10 @@ Task recv_or_read(const Channel& ch, int from, void* dst, size_t bytes) {
     co_return;
   }
   Op* op = current_op();
-  CallTag expected = op->tag, offered = c->recv_tag();
+  CallTag expected = op->tag;
   expected.path = CallTag::kReadPath;
-  offered.count = expected.count;  // a size that differs is named below, in bytes
-  if (!(offered == expected) || rw.bytes != sizeof(ReadOffer)) {
+  // A size that differs is named below, in bytes.
+  if (!c->recv_tag().same_call_as(expected) || rw.bytes != sizeof(ReadOffer)) {
     FailOp fail{call_mismatch(ch.global(ch.rank), expected, ch.global(from), c->recv_tag())};
     co_await fail;
   }

@@ -866,13 +866,13 @@ Status Engine::watch_collective(const Op& op) {
     size_t bytes = 0;
     // During BRAID_CHECK_CALLS's exchange, its own comparison reports.
     if (op.tag.kind == kCallCheckTag || !c->recv_ready(&data, &bytes)) continue;
-    CallTag t = c->recv_tag();
+    const CallTag& t = c->recv_tag();
     const auto ahead = static_cast<int32_t>(t.seq - op.tag.seq);
     // all_to_allv's messages carry their block's size, which its receive
     // checks; the call's own tag carries none.
-    if (ahead == 0 && op.tag.kind == static_cast<uint8_t>(OpKind::kAllToAllv) && t.kind == op.tag.kind)
-      t.count = op.tag.count;
-    if (ahead > 0 || (ahead == 0 && t == op.tag)) continue;  // the peer may run ahead
+    const bool same =
+        op.tag.kind == static_cast<uint8_t>(OpKind::kAllToAllv) ? t.same_call_as(op.tag) : t == op.tag;
+    if (ahead > 0 || (ahead == 0 && same)) continue;  // the peer may run ahead
     // The peer already in BRAID_CHECK_CALLS's exchange of this call, which
     // this rank has not begun (a stream-ordered op waits for its stream
     // first): the exchange will compare.

@@ -31,8 +31,9 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-std::string label(const std::string& name, size_t index) {
-  std::string s = "parameter ";
+// "parameter 'name' (index 3)"; `kind` "buffer" for a Buffer.
+std::string label(const std::string& name, size_t index, const char* kind = "parameter") {
+  std::string s = std::string(kind) + " ";
   if (!name.empty()) s += "'" + name + "' ";
   return s + "(index " + std::to_string(index) + ")";
 }
@@ -351,8 +352,7 @@ Result check_arguments(const std::vector<Parameter>& parameters, const std::vect
   }
   for (size_t i = 0; i < buffers.size(); ++i) {
     const Buffer& b = buffers[i];
-    const std::string who = "Reducer::create: buffer " + (b.name.empty() ? "" : "'" + b.name + "' ") +
-                            "(index " + std::to_string(i) + ")";
+    const std::string who = "Reducer::create: " + label(b.name, i, "buffer");
     if (braid_dtype_size(b.dtype) == 0) {
       return fail(BRAID_ERR_INVALID_ARGUMENT, who + " has an unknown dtype " + std::to_string(b.dtype));
     }
@@ -419,9 +419,7 @@ Result name_the_difference(braid_comm_t comm, int nranks, const std::vector<Para
       const bool is_param = i < parameters.size();
       const size_t index = is_param ? i : i - parameters.size();
       const std::string& name = is_param ? parameters[index].name : buffers[index].name;
-      std::string who = is_param ? label(name, index)
-                                 : "buffer " + (name.empty() ? "" : "'" + name + "' ") + "(index " +
-                                       std::to_string(index) + ")";
+      const std::string who = label(name, index, is_param ? "parameter" : "buffer");
       return fail(BRAID_ERR_MISMATCH, "Reducer::create: " + who + " has " + text(other) + " on rank " +
                                           std::to_string(q) + " and " + text(zero) + " on rank 0");
     }
@@ -722,8 +720,7 @@ Result Reducer::sync_buffers() {
   for (size_t i = 0; i < s.buffers.size(); ++i) {
     Buffer& b = s.buffers[i];
     if (b.count == 0) continue;
-    const std::string what =
-        "buffer " + (b.name.empty() ? "" : "'" + b.name + "' ") + "(index " + std::to_string(i) + ")";
+    const std::string what = label(b.name, i, "buffer");
     if (Result r = s.broadcast(b.data, b.count, b.dtype, what); !r) return r;
   }
   return {};
@@ -736,8 +733,7 @@ Result Reducer::move_buffer(size_t index, void* data, size_t count) {
                                                 " is out of range (" + std::to_string(s.buffers.size()) +
                                                 " buffers)");
   Buffer& b = s.buffers[index];
-  const std::string who = "move_buffer: buffer " + (b.name.empty() ? "" : "'" + b.name + "' ") + "(index " +
-                          std::to_string(index) + ")";
+  const std::string who = "move_buffer: " + label(b.name, index, "buffer");
   if (count != b.count)
     return fail(BRAID_ERR_INVALID_ARGUMENT, who + " now has " + std::to_string(count) + " elements, where " +
                                                 std::to_string(b.count) + " were registered");
