@@ -115,14 +115,44 @@ TEST_P(FailureTransports, KilledPeerGivesRemoteErrorNotTimeout) {
   }
 }
 
-// Ranks 0 .. survivors-1 of a 3-rank launch finished on their own, in time.
-void expect_survivors_exited(const launcher::LaunchResult& result, int survivors) {
-  ASSERT_EQ(result.ranks.size(), 3u);
+// Ranks 0 .. survivors-1 of an n-rank launch finished on their own, in time.
+void expect_survivors_exited(const launcher::LaunchResult& result, int survivors, size_t nranks = 3) {
+  ASSERT_EQ(result.ranks.size(), nranks);
   for (int r = 0; r < survivors; ++r) {
     EXPECT_FALSE(result.ranks[r].timed_out) << "rank " << r << " hung";
     EXPECT_EQ(result.ranks[r].exit_code, 0) << "rank " << r;
   }
 }
+
+// braid_comm_get_last_error gives the error that broke the communicator
+// where no call on it failed: rank 1 dies while rank 0's only receive from
+// it was freed. It said "" until braid_comm_get_async_error was called.
+TEST_P(FailureTransports, LastErrorOfACommunicatorBrokenWithoutAFailedCall) {
+  auto result = launch(
+      2, detection_env(GetParam()),
+      [](braid_comm_t comm, int rank, int) {
+        if (rank == 1) {
+          usleep(200 * 1000);
+          _exit(0);
+        }
+        float b[4];
+        braid_request_t request = nullptr;
+        BRAID_ASSERT_OK(braid_irecv(b, 4, BRAID_FLOAT32, 1, comm, nullptr, &request));
+        BRAID_ASSERT_OK(braid_request_free(request));
+        std::string msg;
+        for (int i = 0; i < 1000 && msg.empty(); ++i) {
+          usleep(10 * 1000);
+          msg = braid_comm_get_last_error(comm);
+        }
+        EXPECT_TRUE(contains(msg.c_str(), "rank 1 (")) << "'" << msg << "'";
+        braid_result_t async = BRAID_SUCCESS;
+        BRAID_EXPECT_OK(braid_comm_get_async_error(comm, &async));
+        EXPECT_EQ(async, BRAID_ERR_REMOTE);
+      },
+      60);
+  expect_survivors_exited(result, 2, 2);
+}
+
 
 // A receive from any source waits on every peer. A peer that is gone
 // without reporting a failure may just have finished its part: the receive
@@ -331,6 +361,31 @@ void abort_while_waiting(const std::string& transport, void (*waits)(braid_comm_
                    });
 }
 
+// A peer's abort that reaches a rank with nothing in flight (over tcp the
+// progress thread reads it at once) fails its next call, which the message
+// names ("rank 1: all_reduce #0: rank 0 ... aborted"; it began with the
+// peer before).
+TEST_P(FailureTransports, APeersAbortNamesTheCallItFails) {
+  auto result = launch(
+      2, detection_env(GetParam()),
+      [](braid_comm_t comm, int rank, int) {
+        if (rank == 0) {
+          usleep(300 * 1000);
+          EXPECT_EQ(braid_comm_abort(comm), BRAID_SUCCESS);
+          usleep(1000 * 1000);
+          _exit(::testing::Test::HasFailure() ? 1 : 0);  // the handle is gone: no destroy
+        }
+        usleep(1000 * 1000);
+        float x = 1;
+        EXPECT_EQ(braid_all_reduce(&x, &x, 1, BRAID_FLOAT32, BRAID_SUM, comm, nullptr), BRAID_ERR_ABORTED);
+        const std::string msg = braid_get_last_error();
+        EXPECT_EQ(msg.rfind("rank 1: all_reduce #0: ", 0), 0u) << msg;
+        EXPECT_TRUE(contains(msg.c_str(), "aborted by braid_comm_abort")) << msg;
+      },
+      60);
+  expect_survivors_exited(result, 2, 2);
+}
+
 TEST_P(FailureTransports, AbortFromAnotherThreadWakesTheWaiter) {
   abort_while_waiting(GetParam(), [](braid_comm_t comm) {
     float x = 1;
@@ -399,7 +454,7 @@ TEST_P(FailureTransports, AbortEndsACommSplitInProgress) {
 // Every rank's group_end must fail at once, rank 1's naming `refused`.
 void expect_refused_group_fails(const std::string& transport,
                                 const std::function<void(braid_comm_t, int, float*, float*)>& calls,
-                                const char* refused) {
+                                const char* refused, braid_result_t code = BRAID_ERR_INVALID_ARGUMENT) {
   Env env = transport_env(transport);
   env.push_back({"BRAID_DEBUG", "NONE"});
   env.push_back({"BRAID_TIMEOUT", "60"});
@@ -412,7 +467,7 @@ void expect_refused_group_fails(const std::string& transport,
     const std::string msg = braid_get_last_error();
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20)) << "rank " << rank;
     if (rank == 1) {
-      EXPECT_EQ(end, BRAID_ERR_INVALID_ARGUMENT) << msg;
+      EXPECT_EQ(end, code) << msg;
       EXPECT_TRUE(contains(msg.c_str(), refused)) << msg;
     } else {
       EXPECT_NE(end, BRAID_SUCCESS) << msg;
@@ -455,6 +510,24 @@ TEST_P(FailureTransports, ARefusedCallFailsAGroupOfSendsOnEveryRank) {
         EXPECT_EQ(braid_recv(b, 1, BRAID_FLOAT32, 1 - rank, comm, nullptr), BRAID_SUCCESS);
       },
       "a call in this group was refused: rank 1: send");
+}
+
+// The same where rank 1's refused call is stream-ordered: a stream with no
+// CUDA driver in the process (this test loads none). Before, its refusal
+// was not kept: rank 1's group_end returned success, and rank 0 waited for
+// its deadline.
+TEST_P(FailureTransports, ARefusedStreamOrderedCallFailsItsGroupToo) {
+  expect_refused_group_fails(
+      GetParam(),
+      [](braid_comm_t comm, int rank, float* a, float* b) {
+        void* stream = rank == 1 ? reinterpret_cast<void*>(uintptr_t{1}) : nullptr;  // the legacy stream
+        EXPECT_EQ(braid_all_reduce(a, a, 1, BRAID_FLOAT32, BRAID_SUM, comm, stream),
+                  rank == 1 ? BRAID_ERR_UNSUPPORTED : BRAID_SUCCESS);
+        EXPECT_EQ(braid_send(b, 1, BRAID_FLOAT32, 1 - rank, comm, nullptr), BRAID_SUCCESS);
+        EXPECT_EQ(braid_recv(b, 1, BRAID_FLOAT32, 1 - rank, comm, nullptr), BRAID_SUCCESS);
+      },
+      "a call in this group was refused: rank 1: all_reduce: stream is not NULL, but no CUDA driver",
+      BRAID_ERR_UNSUPPORTED);
 }
 
 // The same where rank 1's call is refused before any op is made for it:

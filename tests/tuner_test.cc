@@ -3,6 +3,7 @@
 // run, and a bad BRAID_ALGO names what is wrong.
 #include <gtest/gtest.h>
 
+#include <iterator>
 #include <random>
 #include <string>
 
@@ -34,6 +35,55 @@ JobShape sharing_cores(JobShape s, double ranks_per_core) {
   s.oversubscribed = true;
   s.ranks_per_core = ranks_per_core;
   return s;
+}
+
+// "64 KiB" or "32769 B" as describe() prints sizes.
+size_t parse_size(const std::string& text) {
+  size_t unit_at = 0;
+  const size_t n = std::stoull(text, &unit_at);
+  const std::string unit = text.substr(unit_at + 1);
+  if (unit == "KiB") return n << 10;
+  if (unit == "MiB") return n << 20;
+  if (unit == "GiB") return n << 30;
+  EXPECT_EQ(unit, "B") << text;
+  return n;
+}
+
+// Each "a < X <= b" of describe() is where pick() changes from a to b, also
+// where a setting puts the change between two powers of two (the lines
+// sampled powers of two: "direct < 32 KiB" where 32769 bytes ran the ring).
+TEST(Describe, SwitchesAreWherePickSwitches) {
+  JobShape reads_from_100k = one_host(2);
+  reads_from_100k.peer_read_min_bytes = reads_from_100k.copy_peer_read_min_bytes = 100 * 1024;
+  JobShape direct_to_20k = sharing_cores(one_host(4), 2);
+  direct_to_20k.direct_max_bytes = 20 * 1024;
+  const Coll colls[] = {Coll::kAllReduce, Coll::kBroadcast, Coll::kReduce, Coll::kAllGather,
+                        Coll::kReduceScatter};
+  int switches = 0, inside = 0;
+  for (const JobShape& shape :
+       {sharing_cores(one_host(4), 2), reads_from_100k, direct_to_20k, one_host(8), hosts(2, 2)}) {
+    const Tuner t(shape, AlgoChoice{});
+    const std::vector<std::string> lines = t.describe();
+    ASSERT_EQ(lines.size(), std::size(colls));
+    for (size_t i = 0; i < lines.size(); ++i) {
+      const Coll c = colls[i];
+      std::string rest = lines[i].substr(std::string(coll_name(c)).size() + 2);
+      for (size_t at; (at = rest.find(" < ")) != std::string::npos;) {
+        const std::string before = rest.substr(0, at);
+        const size_t le = rest.find(" <= ", at);
+        ASSERT_NE(le, std::string::npos) << lines[i];
+        const size_t x = parse_size(rest.substr(at + 3, le - at - 3));
+        rest = rest.substr(le + 4);
+        const std::string after = rest.substr(0, rest.find(' '));
+        EXPECT_EQ(algo_name(t.pick(c, x - 1)), before) << lines[i] << " at " << x - 1;
+        EXPECT_EQ(algo_name(t.pick(c, x)), after) << lines[i] << " at " << x;
+        ++switches;
+        inside += (x & (x - 1)) != 0;
+      }
+    }
+  }
+  EXPECT_GT(switches, 10);
+  EXPECT_GE(inside, 2);  // 20 KiB direct and 100 KiB peer reads at least
 }
 
 TEST(AlgoSpec, OneNameForcesEveryCollectiveThatHasIt) {

@@ -220,14 +220,16 @@ bool direct_reduce_scatter_if_ready(const Channel& ch, const CollArgs& a, const 
 }
 
 std::vector<std::vector<int>> host_groups(const std::vector<std::string>& host,
-                                          const std::vector<int>& numa) {
+                                          const std::vector<int>& package, const std::vector<int>& numa) {
   std::vector<int> all(host.size());
   std::iota(all.begin(), all.end(), 0);
   std::vector<std::vector<int>> groups;
   for (auto& [name, ranks] : group_ranks(all, [&](int r) { return host[r]; })) {
-    // Ranks of one NUMA node next to each other: a ring then crosses between
-    // sockets twice, not on every hop.
-    std::stable_sort(ranks.begin(), ranks.end(), [&](int a, int b) { return numa[a] < numa[b]; });
+    // Ranks of one package, then of one NUMA node, next to each other: a ring
+    // then crosses between sockets twice, not on every hop.
+    std::stable_sort(ranks.begin(), ranks.end(), [&](int a, int b) {
+      return std::pair(package[a], numa[a]) < std::pair(package[b], numa[b]);
+    });
     groups.push_back(std::move(ranks));
   }
   return groups;

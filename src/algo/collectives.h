@@ -89,9 +89,12 @@ std::vector<std::pair<std::string, std::vector<int>>> group_ranks(const std::vec
 }
 
 // The ranks of each host (hosts in order of first appearance), those of one
-// NUMA node together. Rings and trees visit ranks in this order, so they
-// cross between hosts once per host, whatever order the launcher gave.
+// package together and, inside it, those of one NUMA node. Rings and trees
+// visit ranks in this order, so they cross between hosts once per host, and
+// between sockets twice, whatever order the launcher gave (one NUMA node may
+// span both sockets: BIOS node interleaving).
 std::vector<std::vector<int>> host_groups(const std::vector<std::string>& host_of_rank,
+                                          const std::vector<int>& package_of_rank,
                                           const std::vector<int>& numa_of_rank);
 
 // The binary tree of tree_*: heap order over channel indices, rotated so

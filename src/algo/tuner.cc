@@ -663,13 +663,28 @@ std::vector<std::string> Tuner::describe() const {
     std::string line = std::string(coll_name(c)) + ": ";
     if (forced_[c] != Algo::kAuto)
       line += std::string(algo_name(forced_[c])) + " (BRAID_ALGO) where it runs; ";
-    Algo prev = pick(c, 1);
+    // Switches lie between powers of two too (pick's exact bounds come from
+    // settings, and the model decides inside a bucket where those bounds
+    // rule the table's entry out), sometimes two in one bucket: sampled at
+    // 64ths of each power of two, then each switch found exactly.
+    size_t at = 1;  // the largest size known to take `prev`
+    Algo prev = pick(c, at);
     line += algo_name(prev);
-    for (size_t b = 2; b <= (size_t{1} << 30); b *= 2) {
-      const Algo now = pick(c, b);
-      if (now == prev) continue;
-      line += " < " + bytes_text(b) + " <= " + algo_name(now);
-      prev = now;
+    for (size_t b = 1; b < (size_t{1} << 30); b *= 2) {
+      const size_t step = std::max<size_t>(1, b / 64);
+      for (size_t x = b + step; x <= 2 * b; x += step) {
+        while (pick(c, x) != prev) {  // each switch in (at, x]
+          size_t lo = at, hi = x;
+          while (hi - lo > 1) {
+            const size_t mid = lo + (hi - lo) / 2;
+            (pick(c, mid) == prev ? lo : hi) = mid;
+          }
+          prev = pick(c, hi);
+          line += " < " + bytes_text(hi) + " <= " + algo_name(prev);
+          at = hi;
+        }
+        at = x;
+      }
     }
     lines.push_back(line);
   }

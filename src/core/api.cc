@@ -394,10 +394,13 @@ Status validate(const Call& c, Communicator& comm) {
 // NCCL's semantics: enqueued on the stream, the call returns; the op runs
 // when the stream reaches it (transports/cuda/stream_staging.h). Errors
 // found later reach braid_wait, or braid_comm_get_async_error.
+braid_result_t refuse(const Status& st, const std::shared_ptr<Communicator>& comm);
+
 braid_result_t submit_stream_ordered(const Call& c, const std::shared_ptr<Communicator>& comm) {
+  // Inside a group, a refusal fails the group as any other call's does.
   auto error = [&](const Status& st) {
-    return finish(st.with_context("rank " + std::to_string(comm->rank()) + ": " + op_kind_name(c.kind)),
-                  comm.get());
+    return refuse(st.with_context("rank " + std::to_string(comm->rank()) + ": " + op_kind_name(c.kind)),
+                  comm);
   };
   auto call = std::make_shared<StagedCall>();
   CollArgs staged;
@@ -558,7 +561,16 @@ BRAID_API const char* braid_comm_get_last_error(braid_comm_t handle) {
   thread_local std::string copy;
   std::shared_ptr<Communicator> comm;
   Status st = lookup(handle, &comm);
-  copy = st ? comm->last_error() : st.message();
+  if (!st) {
+    copy = st.message();
+    return copy.c_str();
+  }
+  copy = comm->last_error();
+  // Broken since (a freed request's op failed, a peer died while this rank
+  // made no call): the error that broke it, unless the last failure says it.
+  if (Status broke = comm->engine().error();
+      !broke.is_ok() && copy.find(broke.message()) == std::string::npos)
+    copy = broke.message();
   return copy.c_str();
 }
 

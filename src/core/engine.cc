@@ -444,10 +444,14 @@ void Engine::post(const std::shared_ptr<Op>& op) {
   {
     std::unique_lock<std::mutex> lock(post_mu_);
     if (!error_.is_ok()) {
-      op->status =
-          error_.code() == BRAID_ERR_ABORTED
-              ? error_
-              : Status(error_.code(), "communicator is broken by an earlier error: " + error_.message());
+      // Named as a failure in flight is (the progress thread may have found
+      // the cause while no op waited: a peer's abort over tcp).
+      const std::string where =
+          "rank " + std::to_string(rank_) + ": " + op->name + " #" + std::to_string(op->seq);
+      op->status = error_.code() == BRAID_ERR_ABORTED
+                       ? error_.with_context(where)
+                       : Status(error_.code(),
+                                where + ": communicator is broken by an earlier error: " + error_.message());
       lock.unlock();  // finishing runs its callback and release hook
       // Never counted in active_: finished as complete() finishes an op
       // (its frame, and what that holds, such as a registered window's pin,
@@ -666,7 +670,14 @@ bool Engine::advance() {
     if (!c->wants_write()) continue;
     Status st = c->progress();
     if (!st) {
-      fail_all(st);
+      // Named as a wait's failure is (rank, then the first op in flight).
+      std::string where = "rank " + std::to_string(rank_);
+      for (const Lane& lane : lanes_) {
+        if (lane.ops.empty()) continue;
+        where += std::string(": ") + lane.ops.front()->name + " #" + std::to_string(lane.ops.front()->seq);
+        break;
+      }
+      fail_all(st.with_context(where));
       return true;
     }
   }
