@@ -60,6 +60,12 @@ class ScopedEnv {
   bool had_ = false;
 };
 
+std::string temp_path(const char* name) {
+  const char* dir = std::getenv("TMPDIR");
+  return std::string(dir != nullptr ? dir : "/tmp") + "/braid_topo_test_" + std::to_string(getpid()) + "_" +
+         name;
+}
+
 // The topology BRAID_TOPO_FILE=source describes (a saved XML or hwloc's
 // "synthetic:" description).
 HostTopology load(const std::string& source) {
@@ -142,6 +148,25 @@ TEST(Discover, SavedDgxTopology) {
   EXPECT_EQ(t.nvlink_mbyte_s[0][4], 25000u);
   EXPECT_EQ(t.nvlink_mbyte_s[0][5], 0u);
   EXPECT_EQ(t.nvlink_mbyte_s[3][3], 0u);
+}
+
+// A GPU whose PCI class says "processing accelerator" (0x12), as some
+// data-centre GPUs do, is a GPU where CUDA attached a co-processor to it
+// (it was dropped before: 7 GPUs).
+TEST(Discover, AcceleratorClassGpuWithACoprocessorCounts) {
+  std::ifstream in(kDgxXml);
+  std::string xml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string display = "pci_busid=\"0000:03:00.0\" pci_type=\"0302 ";
+  const size_t at = xml.find(display);
+  ASSERT_NE(at, std::string::npos);
+  xml.replace(at + display.size() - 5, 4, "1200");
+  const std::string path = temp_path("accelerator.xml");
+  std::ofstream(path) << xml;
+  HostTopology t = load(path);
+  std::remove(path.c_str());
+  ASSERT_EQ(t.gpus.size(), 8u);
+  EXPECT_EQ(t.gpus[0].location.pci_bus_id, "0000:03:00.0");
+  EXPECT_EQ(t.gpus[0].os_device, "cuda0");
 }
 
 TEST(Discover, DgxPciPaths) {
@@ -468,15 +493,10 @@ bool python_accepts_json(const std::string& path, bool* have_python) {
   return std::system(cmd.c_str()) == 0;
 }
 
-std::string temp_path(const char* name) {
-  const char* dir = std::getenv("TMPDIR");
-  return std::string(dir != nullptr ? dir : "/tmp") + "/braid_topo_test_" + std::to_string(getpid()) + "_" +
-         name;
-}
-
 TEST(Json, WellFormed) {
   HostTopology t = load_dgx();
-  t.hostname = "quote\" backslash\\ newline\n tab\t bell\a";  // escapes
+  // Escapes, and bytes that are not UTF-8 (a host name read from a file).
+  t.hostname = "quote\" backslash\\ newline\n tab\t bell\a bad\xff cut\xe2\x82";
   std::string json = to_json(t);
   for (const char* key : {"\"packages\"", "\"numa_nodes\"", "\"gpus\"", "\"nics\"", "\"nvlink_mbyte_s\"",
                           "\"gpu_matrix\"", "\"gpu_nic_matrix\"", "\"process\"", "\"mlx5_2\""})
@@ -508,6 +528,19 @@ TEST(Json, WellFormed) {
   std::remove(path.c_str());
   if (!have_python) GTEST_SKIP() << "python3 not found; JSON checked for balance only";
   EXPECT_TRUE(ok) << json;
+}
+
+// JSON is UTF-8: well-formed sequences pass, anything else becomes U+FFFD
+// (a host name with byte 0xff made the whole document unreadable).
+TEST(Json, QuotedTextIsUtf8) {
+  EXPECT_EQ(json_quote("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x99\x82"),
+            "\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x99\x82\"");
+  EXPECT_EQ(json_quote("a\xff"
+                       "b"),
+            "\"a\\ufffdb\"");
+  EXPECT_EQ(json_quote("\xe2\x82"), "\"\\ufffd\\ufffd\"");             // cut short
+  EXPECT_EQ(json_quote("\xc0\xaf"), "\"\\ufffd\\ufffd\"");             // overlong '/'
+  EXPECT_EQ(json_quote("\xed\xa0\x80"), "\"\\ufffd\\ufffd\\ufffd\"");  // a surrogate
 }
 
 #ifdef BRAID_TOPO_BINARY

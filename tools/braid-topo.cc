@@ -14,6 +14,7 @@
 // line in print_text / print_json.
 #include <algorithm>
 #include <cerrno>
+#include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -26,6 +27,14 @@
 #include "src/topo/topology.h"
 
 namespace {
+
+// 64-bit values go to JSON as hex strings: JSON readers that hold numbers
+// as doubles (jq, JavaScript) round them.
+std::string hex64(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "0x%016" PRIx64, v);
+  return buf;
+}
 
 namespace topo = braid::topo;
 
@@ -424,7 +433,7 @@ std::string rank_json(const Report& r) {
   s += "],\"placements\":[";
   for (size_t i = 0; i < r.ranks.size(); ++i) {
     const auto& p = r.ranks[i];
-    s += (i == 0 ? "{" : ",{") + std::string("\"host_hash\":") + std::to_string(p.host_hash) +
+    s += (i == 0 ? "{" : ",{") + std::string("\"host_hash\":\"") + hex64(p.host_hash) + "\"" +
          ",\"numa\":" + std::to_string(p.numa) + ",\"package\":" + std::to_string(p.package) +
          ",\"core\":" + std::to_string(p.core) + "}";
   }
