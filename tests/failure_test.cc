@@ -124,6 +124,35 @@ void expect_survivors_exited(const launcher::LaunchResult& result, int survivors
   }
 }
 
+// A rank that forked a child (a DataLoader worker) and then died is found
+// dead as one that did not: the child lets go of braid's sockets, so rank
+// 0's receive fails at once. Over tcp it waited for its deadline while the
+// child held the connection open.
+TEST_P(FailureTransports, ARankWhoseForkedChildLivesOnIsFoundDead) {
+  auto result = launch(
+      2, detection_env(GetParam()),
+      [](braid_comm_t comm, int rank, int) {
+        float x[4];
+        if (rank == 1) {
+          if (fork() == 0) {  // the worker outlives its parent by seconds
+            close(1);         // (not holding the launcher's output open)
+            close(2);
+            usleep(5 * 1000 * 1000);
+            _exit(0);
+          }
+          usleep(300 * 1000);
+          _exit(0);
+        }
+        const auto start = std::chrono::steady_clock::now();
+        EXPECT_EQ(braid_recv(x, 4, BRAID_FLOAT32, 1, comm, nullptr), BRAID_ERR_REMOTE)
+            << braid_get_last_error();
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+        EXPECT_TRUE(contains(braid_get_last_error(), "rank 1 (")) << braid_get_last_error();
+      },
+      60);
+  expect_survivors_exited(result, 2, 2);
+}
+
 // braid_comm_get_last_error gives the error that broke the communicator
 // where no call on it failed: rank 1 dies while rank 0's only receive from
 // it was freed. It said "" until braid_comm_get_async_error was called.
@@ -152,7 +181,6 @@ TEST_P(FailureTransports, LastErrorOfACommunicatorBrokenWithoutAFailedCall) {
       60);
   expect_survivors_exited(result, 2, 2);
 }
-
 
 // A receive from any source waits on every peer. A peer that is gone
 // without reporting a failure may just have finished its part: the receive

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <thread>
 
+#include "src/core/fork_guard.h"
 #include "src/core/logging.h"
 
 namespace braid {
@@ -180,6 +181,7 @@ void RendezvousRoot::run() {
     if (fds[0].revents & POLLIN) {
       int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd >= 0) {
+        guard_socket_from_children(fd);
         accept_below_ = SIZE_MAX;
         pending_.push_back({fd, Deadline::after_seconds(kHandshakeSeconds), {}, 0});
       } else if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
@@ -615,6 +617,7 @@ Status Bootstrap::accept_from_peer(int peer, uint32_t tag, Deadline deadline, in
     if (probe.next.expired()) {
       if (probe.fd >= 0) close(probe.fd);  // unanswered: try afresh
       probe.fd = socket(peers_[peer].family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+      guard_socket_from_children(probe.fd);
       if (probe.fd >= 0 && connect(probe.fd, peers_[peer].sa(), peers_[peer].len) != 0 &&
           errno != EINPROGRESS) {
         const bool refused = errno == ECONNREFUSED;
@@ -662,6 +665,7 @@ Status Bootstrap::accept_from_peer(int peer, uint32_t tag, Deadline deadline, in
       for (;;) {
         int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd >= 0) {
+          guard_socket_from_children(fd);
           set_nodelay(fd);
           handshakes_.push_back({fd, Deadline::after_seconds(kHandshakeSeconds), {}, 0});
           continue;

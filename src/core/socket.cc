@@ -1,5 +1,7 @@
 #include "src/core/socket.h"
 
+#include "src/core/fork_guard.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
@@ -268,6 +270,7 @@ Status listen_on(const SockAddr& addr, int backlog, int* fd_out, SockAddr* bound
     close(fd);
     return st;
   }
+  guard_socket_from_children(fd);
   *fd_out = fd;
   *bound = b;
   return Status::ok();
@@ -310,6 +313,7 @@ Status connect_to(const SockAddr& addr, Deadline deadline, int* fd_out, bool ret
         close(fd);
         return st;
       }
+      guard_socket_from_children(fd);
       *fd_out = fd;
       return Status::ok();
     }
