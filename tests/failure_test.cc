@@ -414,6 +414,31 @@ TEST_P(FailureTransports, APeersAbortNamesTheCallItFails) {
   expect_survivors_exited(result, 2, 2);
 }
 
+// braid_comm_destroy waits for a receive nobody matches; an abort from
+// another thread (a watchdog) cancels it, as braid.h promises of abort. The
+// abort was refused before ("not a live communicator": destroy had let go
+// of the handle), and destroy waited for the receive's deadline.
+TEST_P(FailureTransports, AbortFromAnotherThreadEndsAWaitingDestroy) {
+  with_absent_peer(GetParam(), {{"BRAID_DEBUG", "NONE"}, {"BRAID_TIMEOUT", "60"}}, 1, [](braid_comm_t comm) {
+    float b[4];
+    braid_request_t request = nullptr;
+    BRAID_ASSERT_OK(braid_irecv(b, 4, BRAID_FLOAT32, 1, comm, nullptr, &request));
+    braid_result_t aborted = BRAID_ERR_INTERNAL;
+    std::thread watchdog([comm, &aborted] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      aborted = braid_comm_abort(comm);
+    });
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_EQ(braid_comm_destroy(comm), BRAID_SUCCESS);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+    watchdog.join();
+    EXPECT_EQ(aborted, BRAID_SUCCESS) << braid_get_last_error();
+    EXPECT_EQ(braid_wait(&request), BRAID_ERR_ABORTED);
+    EXPECT_EQ(braid_comm_abort(comm), BRAID_ERR_INVALID_ARGUMENT);  // once only
+    _exit(::testing::Test::HasFailure() ? 1 : 0);  // the handle is gone: no destroy by the launcher
+  });
+}
+
 TEST_P(FailureTransports, AbortFromAnotherThreadWakesTheWaiter) {
   abort_while_waiting(GetParam(), [](braid_comm_t comm) {
     float x = 1;

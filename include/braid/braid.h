@@ -154,7 +154,9 @@ braid_result_t braid_comm_split(braid_comm_t comm, int color, int key, braid_com
 /* Waits for outstanding operations, then frees everything. Requests of comm
  * the caller still holds do not keep it: each still reports its operation's
  * result to braid_wait / braid_test. It does not cancel: a receive nobody
- * matches keeps it waiting until that receive's deadline (abort does cancel). */
+ * matches keeps it waiting until that receive's deadline, unless another
+ * thread calls braid_comm_abort with the handle meanwhile (which cancels;
+ * every other call takes the handle as destroyed from the start). */
 braid_result_t braid_comm_destroy(braid_comm_t comm);
 /* Makes every pending operation fail with BRAID_ERR_ABORTED and tells the
  * peers; then frees like destroy: later calls with the handle fail with

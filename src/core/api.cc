@@ -120,6 +120,16 @@ Registry<Request>& requests() {
   return *r;
 }
 
+// Communicators braid_comm_destroy is draining, by handle: abort reaches them.
+std::mutex& draining_mu() {
+  static auto* mu = new std::mutex();
+  return *mu;
+}
+std::unordered_map<uintptr_t, std::weak_ptr<Communicator>>& draining() {
+  static auto* map = new std::unordered_map<uintptr_t, std::weak_ptr<Communicator>>();
+  return *map;
+}
+
 uintptr_t id_of(const void* handle) {
   return reinterpret_cast<uintptr_t>(handle);
 }
@@ -762,7 +772,19 @@ BRAID_API braid_result_t braid_comm_destroy(braid_comm_t handle) {
     kept->push_back(std::move(comm));
     return BRAID_SUCCESS;
   }
+  // While destroy waits for the communicator's operations, abort (from
+  // another thread, a watchdog's) still finds it and cancels them: the
+  // handle is gone for every other call.
+  const uintptr_t id = id_of(handle);
+  {
+    std::lock_guard<std::mutex> lock(draining_mu());
+    draining()[id] = comm;
+  }
   comm->engine().drain();
+  {
+    std::lock_guard<std::mutex> lock(draining_mu());
+    draining().erase(id);
+  }
   return BRAID_SUCCESS;
 }
 
@@ -770,8 +792,15 @@ BRAID_API braid_result_t braid_comm_abort(braid_comm_t handle) {
   BRAID_REFUSE_IN_CALLBACK("comm_abort");
   if (handle == nullptr) return finish(Status::invalid_argument("comm is NULL"));
   std::shared_ptr<Communicator> comm;
-  if (Status st = lookup(handle, &comm); !st) return finish(st.with_context("comm_abort"));
-  comm = comms().take(id_of(handle));
+  if (Status st = lookup(handle, &comm); !st) {
+    std::lock_guard<std::mutex> lock(draining_mu());
+    auto it = draining().find(id_of(handle));
+    if (it == draining().end() || (comm = it->second.lock()) == nullptr)
+      return finish(st.with_context("comm_abort"));
+    draining().erase(it);  // aborted once
+  } else {
+    comm = comms().take(id_of(handle));
+  }
   if (!comm) return finish(Status::invalid_argument("comm_abort: comm is not a live communicator"));
   comm->abort(
       Status::aborted("rank " + std::to_string(comm->rank()) + ": communicator aborted by braid_comm_abort"));
