@@ -15,6 +15,18 @@ import torch
 
 from conftest import WORKERS, assert_all_ok, assert_state_dicts_close, free_port, launch
 
+# What older torch releases lack (braid_torch builds against 2.4 and later;
+# tools/torch-compat.sh runs this file with them).
+needs_cpu_coalescing = pytest.mark.skipif(
+    not hasattr(torch._C._distributed_c10d.Backend, "supports_coalescing"),
+    reason=f"torch {torch.__version__} coalesces no CPU ops (batch_isend_irecv runs them one by one)")
+try:
+    from torch.distributed.fsdp import fully_shard  # noqa: F401
+
+    HAVE_FSDP2 = True
+except ImportError:
+    HAVE_FSDP2 = False
+
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_collectives_exact(world):
@@ -41,6 +53,8 @@ def test_hung_peer_times_out_with_the_group_timeout():
     assert "hung peer reported" in results[0].output, results[0]
 
 
+@pytest.mark.skipif(not hasattr(torch.distributed.distributed_c10d, "_abort_process_group"),
+                    reason=f"torch {torch.__version__} has no _abort_process_group")
 def test_wait_after_abort_raises():
     results = launch("wait_after_abort", 2, timeout=60)
     assert_all_ok(results)
@@ -67,9 +81,22 @@ def test_ddp_matches_across_ranks_and_matches_gloo(world, tmp_path):
     assert_state_dicts_close(out, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.skipif(not HAVE_FSDP2, reason=f"torch {torch.__version__} has no torch.distributed.fsdp.fully_shard")
 def test_fsdp2_and_tensor_parallel_match_gloo(tmp_path):
     """fully_shard (FSDP2) and parallelize_module (DTensor tensor parallelism)
     train on a CPU mesh of 3 ranks (uneven shards) to gloo's parameters."""
+    # FSDP2 averages gradients with reduce_scatter_tensor(AVG), which gloo
+    # gets wrong in some torch releases (2.8: the sum): no reference there.
+    probe = launch("avg_reduce_scatter", 3, backend="gloo")
+    assert_all_ok(probe, "gloo's reduce_scatter_tensor with AVG")
+    gloo_avg = re.search(r"avg (\S+) of 3", probe[0].output)
+    assert gloo_avg, probe[0].output
+    if gloo_avg.group(1) != "2.0":
+        braid_probe = launch("avg_reduce_scatter", 3)
+        assert_all_ok(braid_probe)
+        assert "avg 2.0 of 3" in braid_probe[0].output, braid_probe[0].output
+        pytest.skip(f"gloo in torch {torch.__version__} gets reduce_scatter_tensor(AVG) wrong: "
+                    f"{gloo_avg.group(1)} for the mean of 1, 2 and 3 (braid: 2.0)")
     out = {}
     for backend in ("braid", "gloo"):
         path = tmp_path / f"{backend}.pt"
@@ -86,11 +113,13 @@ def test_init_methods(scheme, tmp_path):
     assert_all_ok(launch("init_methods", 2, env={"INIT_METHOD": method}))
 
 
+@needs_cpu_coalescing
 @pytest.mark.parametrize("world", [2, 3])
 def test_coalescing_makes_one_group(world):
     assert_all_ok(launch("coalescing", world, timeout=120))
 
 
+@needs_cpu_coalescing
 def test_coalescing_edges():
     assert_all_ok(launch("coalescing_edges", 2, timeout=120))
 
@@ -123,7 +152,8 @@ def test_mpi_environment_is_filled_only_for_env_rendezvous():
             "print(os.environ.get('RANK'), os.environ.get('WORLD_SIZE')); dist.destroy_process_group()")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["None", "None"], out.stdout
+    # (the last line: gloo in torch 2.8 prints its own "[Gloo] Rank 0 is connected ..." first)
+    assert out.stdout.strip().splitlines()[-1].split() == ["None", "None"], out.stdout
 
 
 @pytest.mark.parametrize("pending", ["all_reduce", "batch_recv"])

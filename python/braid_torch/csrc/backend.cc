@@ -5,6 +5,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <cstring>
@@ -257,6 +258,25 @@ void split_layout(const at::Tensor& t, const std::vector<int64_t>& splits, int s
 
 // ---- BraidWork ----
 
+void* cuda_stream_handle(const c10::Stream& stream) {
+#if BRAID_TORCH_AT_LEAST(2, 11)
+  return stream.native_handle();
+#else
+  using StreamOf = void* (*)(const c10::Stream*);  // the member function, `this` first
+  static const StreamOf stream_of = []() -> StreamOf {
+    void* lib = dlopen("libc10_cuda.so", RTLD_LAZY | RTLD_NOLOAD);
+    return lib == nullptr ? nullptr
+                          : reinterpret_cast<StreamOf>(dlsym(lib, "_ZNK3c104cuda10CUDAStream6streamEv"));
+  }();
+  TORCH_CHECK(
+      stream_of != nullptr,
+      "braid: cannot read the CUDA stream's handle: c10::cuda::CUDAStream::stream() is not in a loaded "
+      "libc10_cuda.so (torch ",
+      TORCH_VERSION, " without CUDA?)");
+  return stream_of(&stream);
+#endif
+}
+
 // The current stream of a CUDA device, through the device-generic guard
 // torch registers for CUDA (no CUDA headers or libraries needed here).
 c10::Stream current_stream(c10::Device device) {
@@ -274,7 +294,7 @@ BraidWork::BraidWork(int rank, c10d::OpType type, std::string what, std::vector<
                                                                           std::vector<c10::Device>{device})
                                : c10::make_intrusive<c10::ivalue::Future>(tensor_list_type())) {
   if (device.is_cuda()) {
-    stream = current_stream(device).native_handle();
+    stream = cuda_stream_handle(current_stream(device));
     // torch's default stream is the legacy default stream, whose handle is
     // NULL, which braid reads as host-ordered: name it as CU_STREAM_LEGACY
     // (cudaStreamLegacy) instead, the same stream to the driver.
@@ -664,6 +684,7 @@ void BraidBackend::setTimeout(std::chrono::milliseconds timeout) {
   check(braid_comm_set_timeout(comm_, std::min(seconds, 1e9)), "set_timeout");
 }
 
+#if BRAID_TORCH_HAS_ERROR_TYPE
 c10d::ErrorType BraidBackend::getError() {
   const braid_comm_t comm = comm_.load();
   if (comm == nullptr) return aborted_.load() ? c10d::ErrorType::COMM_ERROR : c10d::ErrorType::SUCCESS;
@@ -680,6 +701,7 @@ c10d::ErrorType BraidBackend::getError() {
       return c10d::ErrorType::COMM_ERROR;
   }
 }
+#endif
 
 void BraidBackend::abort() {
   aborted_.store(true);
@@ -981,7 +1003,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::broadcast(std::vector<at::Tensor>& 
               "broadcast");
         reqs.push_back(r);
       },
-      false, !opts.asyncOp);
+      false, waited_at_once(opts));
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::allreduce(std::vector<at::Tensor>& tensors,
@@ -1001,7 +1023,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allreduce(std::vector<at::Tensor>& 
         BRAID_START(all_reduce, "all_reduce", buf.data_ptr(), buf.data_ptr(), buf.numel() * red.per_element,
                     red.dtype, red.op, comm_, work->stream);
       },
-      false, !opts.asyncOp);
+      false, waited_at_once(opts));
 }
 
 // Sparse COO sum: every rank's (indices, values) gathered, padded to the
@@ -1101,7 +1123,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allreduce_coalesced(
         BRAID_START(all_reduce, "all_reduce_coalesced", flat.data_ptr(), flat.data_ptr(),
                     flat.numel() * red.per_element, red.dtype, red.op, comm_, work->stream);
       },
-      false, !opts.asyncOp);
+      false, waited_at_once(opts));
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::reduce(std::vector<at::Tensor>& tensors,
@@ -1121,7 +1143,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::reduce(std::vector<at::Tensor>& ten
         BRAID_START(reduce, "reduce", buf.data_ptr(), buf.data_ptr(), buf.numel() * red.per_element,
                     red.dtype, red.op, root, comm_, work->stream);
       },
-      false, !opts.asyncOp);
+      false, waited_at_once(opts));
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -1150,7 +1172,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allgather(std::vector<std::vector<a
         BRAID_START(all_gather, "all_gather", in.data_ptr(), flat.data_ptr(), nbytes(in), BRAID_UINT8, comm_,
                     work->stream);
       },
-      false, !opts.asyncOp);
+      false, waited_at_once(opts));
 }
 
 // Outputs of different sizes (torch allows them, NCCL runs broadcasts):
@@ -1177,7 +1199,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allgather_uneven(std::vector<at::Te
                       comm_, work->stream);
         }
       },
-      true, !opts.asyncOp);
+      true, waited_at_once(opts));
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -1197,7 +1219,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::_allgather_base(at::Tensor& output,
         BRAID_START(all_gather, "all_gather_into_tensor", in.data_ptr(), out.data_ptr(), nbytes(in),
                     BRAID_UINT8, comm_, work->stream);
       },
-      false, !opts.asyncOp);
+      false, waited_at_once(opts));
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::allgather_coalesced(
@@ -1235,7 +1257,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allgather_coalesced(
         BRAID_START(all_gather, "all_gather_coalesced", flat_in.data_ptr(), flat_out.data_ptr(),
                     nbytes(flat_in), BRAID_UINT8, comm_, work->stream);
       },
-      false, !opts.asyncOp);
+      false, waited_at_once(opts));
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::allgather_into_tensor_coalesced(
@@ -1271,7 +1293,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::allgather_into_tensor_coalesced(
                       nbytes(ins[i]), BRAID_UINT8, comm_, work->stream);
         }
       },
-      true, !opts.asyncOp);
+      true, waited_at_once(opts));
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -1311,7 +1333,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::gather(std::vector<std::vector<at::
         BRAID_START(gather, "gather", in.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr, nbytes(in),
                     BRAID_UINT8, root, comm_, work->stream);
       },
-      false, !opts.asyncOp);
+      false, waited_at_once(opts));
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::scatter(std::vector<at::Tensor>& outputs,
@@ -1349,7 +1371,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::scatter(std::vector<at::Tensor>& ou
         BRAID_START(scatter, "scatter", flat.defined() ? flat.data_ptr() : nullptr, out.data_ptr(),
                     nbytes(out), BRAID_UINT8, root, comm_, work->stream);
       },
-      false, !opts.asyncOp);
+      false, waited_at_once(opts));
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -1387,7 +1409,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::reduce_scatter(std::vector<at::Tens
             BRAID_START(reduce, "reduce_scatter", parts[r].data_ptr(), r == rank_ ? out.data_ptr() : nullptr,
                         parts[r].numel() * red.per_element, red.dtype, red.op, r, comm_, work->stream);
         },
-        true, !opts.asyncOp);
+        true, waited_at_once(opts));
   }
   at::Tensor flat = at::cat(parts);
   work->keep_alive = {flat, out};
@@ -1398,7 +1420,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::reduce_scatter(std::vector<at::Tens
         BRAID_START(reduce_scatter, "reduce_scatter", flat.data_ptr(), out.data_ptr(),
                     out.numel() * red.per_element, red.dtype, red.op, comm_, work->stream);
       },
-      false, !opts.asyncOp);
+      false, waited_at_once(opts));
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -1441,7 +1463,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::reduce_scatter_tensor_coalesced(
                       outs[i].numel() * reds[i].per_element, reds[i].dtype, reds[i].op, comm_, work->stream);
         }
       },
-      ins.size() > 1, !opts.asyncOp);
+      ins.size() > 1, waited_at_once(opts));
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
@@ -1465,7 +1487,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::alltoall_base(at::Tensor& output, a
           BRAID_START(all_to_all, "all_to_all_single", in.data_ptr(), out.data_ptr(), nbytes(in) / size_,
                       BRAID_UINT8, comm_, work->stream);
         },
-        false, !opts.asyncOp);
+        false, waited_at_once(opts));
   }
   std::vector<size_t> sc, sd, rc, rd;
   split_layout(in, input_split_sizes, size_, "the input", &sc, &sd);
@@ -1476,7 +1498,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::alltoall_base(at::Tensor& output, a
         BRAID_START(all_to_allv, "all_to_all_single", in.data_ptr(), sc.data(), sd.data(), out.data_ptr(),
                     rc.data(), rd.data(), BRAID_UINT8, comm_, work->stream);
       },
-      false, !opts.asyncOp);
+      false, waited_at_once(opts));
 }
 
 c10::intrusive_ptr<c10d::Work> BraidBackend::alltoall(std::vector<at::Tensor>& outputs,
@@ -1514,7 +1536,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::alltoall(std::vector<at::Tensor>& o
         BRAID_START(all_to_allv, "all_to_all", flat_in.data_ptr(), sc.data(), sd.data(), flat_out.data_ptr(),
                     rc.data(), rd.data(), BRAID_UINT8, comm_, work->stream);
       },
-      false, !opts.asyncOp);
+      false, waited_at_once(opts));
 }
 
 // Tags travel with the messages and are checked against the receive's (a
@@ -1592,7 +1614,7 @@ c10::intrusive_ptr<c10d::Work> BraidBackend::barrier(const c10d::BarrierOptions&
       [&](std::vector<braid_request_t>& reqs, bool blocking) {
         BRAID_START(barrier, "barrier", comm_, nullptr);
       },
-      false, !opts.asyncOp);
+      false, waited_at_once(opts));
 }
 
 namespace {

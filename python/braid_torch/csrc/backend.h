@@ -13,6 +13,8 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include "torch_compat.h"
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -145,10 +147,12 @@ class BraidBackend : public c10d::Backend {
   ~BraidBackend() override;
 
   const std::string getBackendName() const override { return "braid"; }
-  void setTimeout(std::chrono::milliseconds timeout) override;
+  void setTimeout(std::chrono::milliseconds timeout) BRAID_OVERRIDE_SINCE_2_9;
+#if BRAID_TORCH_HAS_ERROR_TYPE
   c10d::ErrorType getError() override;
-  void abort() override;
-  void shutdown() override;
+#endif
+  void abort() BRAID_OVERRIDE_SINCE_2_7;
+  void shutdown() BRAID_OVERRIDE_SINCE_2_7;
   // At the interpreter's exit: where a work is still pending, aborts the
   // group and completes every pending work (with the abort's error) on this
   // thread or the completion threads before returning. True if it did.
@@ -200,13 +204,17 @@ class BraidBackend : public c10d::Backend {
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
   // Counts collectives (not point-to-point, whose counts differ by rank);
   // TORCH_DISTRIBUTED_DEBUG=DETAIL's wrapper compares it across ranks.
-  void setSequenceNumberForGroup() override { seq_.store(0); }
+  void setSequenceNumberForGroup() override {
+    seq_.store(0);
+  }
   // torch's coalescing (batch_isend_irecv, _coalescing_manager with a
   // device): the ops in between form one braid group, started together at
   // endCoalescing, as NCCL's group does. Without it a CUDA ring of sends
   // and receives could wait forever (each rank's receive behind its send on
   // the stream).
-  bool supportsCoalescing() const override { return true; }
+  bool supportsCoalescing() const BRAID_OVERRIDE_SINCE_2_7 {
+    return true;
+  }
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
   // Every operation holds one: an exception out of an operation that joined
@@ -224,9 +232,13 @@ class BraidBackend : public c10d::Backend {
     BraidBackend* backend_;
     int uncaught_;
   };
-  uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
+  uint64_t getSequenceNumberForGroup() override {
+    return seq_.load();
+  }
 
-  braid_comm_t comm() const { return comm_; }
+  braid_comm_t comm() const {
+    return comm_;
+  }
 
  private:
   // Starts the braid calls `start` makes (inside a braid group when

@@ -21,8 +21,10 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "braid backend for torch.distributed";
   // The base class is registered by torch._C._distributed_c10d, which the
   // package imports first.
-  py::class_<braid_torch::BraidBackend, c10d::Backend, c10::intrusive_ptr<braid_torch::BraidBackend>>(
-      m, "BraidBackend")
+  auto backend_class =
+      py::class_<braid_torch::BraidBackend, c10d::Backend, c10::intrusive_ptr<braid_torch::BraidBackend>>(
+          m, "BraidBackend");
+  backend_class
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout, const std::string& group_name) {
              auto backend =
@@ -36,12 +38,14 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("group_name"),
            py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly(
-          "comm_handle",
-          [](const braid_torch::BraidBackend& b) { return reinterpret_cast<uintptr_t>(b.comm()); })
-      // What torch's C++ asks a backend (c10d::ErrorType, registered by
-      // torch), which its Python binding of ProcessGroup does not expose.
-      .def("get_error", &braid_torch::BraidBackend::getError);
+      .def_property_readonly("comm_handle", [](const braid_torch::BraidBackend& b) {
+        return reinterpret_cast<uintptr_t>(b.comm());
+      });
+#if BRAID_TORCH_HAS_ERROR_TYPE
+  // What torch's C++ asks a backend (c10d::ErrorType, registered by torch
+  // from 2.7), which its Python binding of ProcessGroup does not expose.
+  backend_class.def("get_error", &braid_torch::BraidBackend::getError);
+#endif
   // At the interpreter's exit (braid_torch registers it with atexit): every
   // live group with work pending is aborted and that work completed while
   // Python still runs the Futures' callbacks. Torch holds the groups; the
