@@ -177,6 +177,9 @@ TEST_P(FailureTransports, LastErrorOfACommunicatorBrokenWithoutAFailedCall) {
         braid_result_t async = BRAID_SUCCESS;
         BRAID_EXPECT_OK(braid_comm_get_async_error(comm, &async));
         EXPECT_EQ(async, BRAID_ERR_REMOTE);
+        // A later failed call's message replaces it.
+        EXPECT_EQ(braid_broadcast(b, b, 4, BRAID_FLOAT32, 99, comm, nullptr), BRAID_ERR_INVALID_ARGUMENT);
+        EXPECT_TRUE(contains(braid_comm_get_last_error(comm), "root")) << braid_comm_get_last_error(comm);
       },
       60);
   expect_survivors_exited(result, 2, 2);

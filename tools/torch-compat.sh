@@ -13,11 +13,15 @@ ROOT=$PWD
 PY=${PYTHON:-python3}
 export PIP_DISABLE_PIP_VERSION_CHECK=1 BRAID_SOCKET_IFNAME=${BRAID_SOCKET_IFNAME:-lo}
 [ $# -eq 0 ] && set -- 2.5.1
-if ! "$PY" -c 'import ensurepip, venv' >/dev/null 2>&1; then
+tools/install-deps.sh  # what libbraid builds with (quick when it is there)
+# venv and the headers an extension compiles against, where Debian's own
+# python lacks them (pyenv's and venv's pythons have both).
+if ! "$PY" -c 'import ensurepip, venv, sysconfig, os, sys
+sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' >/dev/null 2>&1; then
   SUDO=""
   [ "$(id -u)" -ne 0 ] && SUDO=sudo
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-venv python3-dev >/dev/null
 fi
 for release in "$@"; do
   dir=$ROOT/.torch-compat/$release

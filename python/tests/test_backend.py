@@ -57,8 +57,10 @@ def test_hung_peer_times_out_with_the_group_timeout():
     assert "hung peer reported" in results[0].output, results[0]
 
 
-@pytest.mark.skipif(not hasattr(torch.distributed.distributed_c10d, "_abort_process_group"),
-                    reason=f"torch {torch.__version__} has no _abort_process_group")
+# _abort_process_group reaches a backend's abort() from torch 2.7 (with
+# ErrorType); before, it is missing (2.5) or aborts NCCL only (2.6).
+@pytest.mark.skipif(not hasattr(torch._C._distributed_c10d, "ErrorType"),
+                    reason=f"torch {torch.__version__}'s _abort_process_group does not abort other backends")
 def test_wait_after_abort_raises():
     results = launch("wait_after_abort", 2, timeout=60)
     assert_all_ok(results)
@@ -92,9 +94,10 @@ def test_fsdp2_and_tensor_parallel_match_gloo(tmp_path):
     # FSDP2 averages gradients with reduce_scatter_tensor(AVG), which gloo
     # gets wrong in some torch releases (2.8: the sum): no reference there.
     probe = launch("avg_reduce_scatter", 3, backend="gloo")
-    assert_all_ok(probe, "gloo's reduce_scatter_tensor with AVG")
     gloo_avg = re.search(r"avg (\S+) of 3", probe[0].output)
-    assert gloo_avg, probe[0].output
+    if gloo_avg is None:  # refused ("Cannot use ReduceOp.AVG with Gloo")
+        pytest.skip(f"gloo in torch {torch.__version__} has no reduce_scatter_tensor(AVG): "
+                    f"{probe[0].output.strip().splitlines()[-1:]}")
     if gloo_avg.group(1) != "2.0":
         braid_probe = launch("avg_reduce_scatter", 3)
         assert_all_ok(braid_probe)

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cinttypes>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -120,13 +121,25 @@ Registry<Request>& requests() {
   return *r;
 }
 
-// Communicators braid_comm_destroy is draining, by handle: abort reaches them.
+// Communicators braid_comm_destroy is draining, by handle: abort reaches
+// them (once). Destroy waits for such an abort to let go before it drops
+// the last reference, so that the communicator is freed by destroy, before
+// it returns, as braid.h says.
+struct Draining {
+  Communicator* comm = nullptr;  // kept alive by destroy's reference
+  bool aborted = false;
+  bool aborting = false;  // an abort is using it
+};
 std::mutex& draining_mu() {
   static auto* mu = new std::mutex();
   return *mu;
 }
-std::unordered_map<uintptr_t, std::weak_ptr<Communicator>>& draining() {
-  static auto* map = new std::unordered_map<uintptr_t, std::weak_ptr<Communicator>>();
+std::condition_variable& draining_cv() {
+  static auto* cv = new std::condition_variable();
+  return *cv;
+}
+std::unordered_map<uintptr_t, Draining>& draining() {
+  static auto* map = new std::unordered_map<uintptr_t, Draining>();
   return *map;
 }
 
@@ -571,16 +584,7 @@ BRAID_API const char* braid_comm_get_last_error(braid_comm_t handle) {
   thread_local std::string copy;
   std::shared_ptr<Communicator> comm;
   Status st = lookup(handle, &comm);
-  if (!st) {
-    copy = st.message();
-    return copy.c_str();
-  }
-  copy = comm->last_error();
-  // Broken since (a freed request's op failed, a peer died while this rank
-  // made no call): the error that broke it, unless the last failure says it.
-  if (Status broke = comm->engine().error();
-      !broke.is_ok() && copy.find(broke.message()) == std::string::npos)
-    copy = broke.message();
+  copy = st ? comm->last_error() : st.message();
   return copy.c_str();
 }
 
@@ -760,7 +764,14 @@ BRAID_API braid_result_t braid_comm_destroy(braid_comm_t handle) {
           "comm_destroy: this thread's open group holds operations on the communicator; end the group "
           "first"));
   }
-  std::shared_ptr<Communicator> comm = comms().take(id_of(handle));
+  const uintptr_t id = id_of(handle);
+  std::shared_ptr<Communicator> comm;
+  {
+    // Taken and listed as draining in one step: an abort finds it in one place or the other.
+    std::lock_guard<std::mutex> lock(draining_mu());
+    comm = comms().take(id);
+    if (comm && !comm->forked()) draining()[id].comm = comm.get();
+  }
   if (!comm)
     return finish(
         Status::invalid_argument("comm_destroy: comm is not a live communicator (destroyed twice?)"));
@@ -775,35 +786,52 @@ BRAID_API braid_result_t braid_comm_destroy(braid_comm_t handle) {
   // While destroy waits for the communicator's operations, abort (from
   // another thread, a watchdog's) still finds it and cancels them: the
   // handle is gone for every other call.
-  const uintptr_t id = id_of(handle);
-  {
-    std::lock_guard<std::mutex> lock(draining_mu());
-    draining()[id] = comm;
-  }
   comm->engine().drain();
   {
-    std::lock_guard<std::mutex> lock(draining_mu());
+    std::unique_lock<std::mutex> lock(draining_mu());
+    draining_cv().wait(lock, [id] { return !draining()[id].aborting; });
     draining().erase(id);
   }
-  return BRAID_SUCCESS;
+  return BRAID_SUCCESS;  // `comm`, the last reference, goes here
 }
 
 BRAID_API braid_result_t braid_comm_abort(braid_comm_t handle) {
   BRAID_REFUSE_IN_CALLBACK("comm_abort");
   if (handle == nullptr) return finish(Status::invalid_argument("comm is NULL"));
+  const uintptr_t id = id_of(handle);
   std::shared_ptr<Communicator> comm;
-  if (Status st = lookup(handle, &comm); !st) {
+  Status st = lookup(handle, &comm);  // names what is wrong with the handle
+  Communicator* being_destroyed = nullptr;
+  {
     std::lock_guard<std::mutex> lock(draining_mu());
-    auto it = draining().find(id_of(handle));
-    if (it == draining().end() || (comm = it->second.lock()) == nullptr)
-      return finish(st.with_context("comm_abort"));
-    draining().erase(it);  // aborted once
-  } else {
-    comm = comms().take(id_of(handle));
+    comm = st ? comms().take(id) : nullptr;
+    if (!comm) {
+      auto it = draining().find(id);
+      if (it == draining().end() || it->second.aborted) {
+        if (st) st = Status::invalid_argument("comm is not a live communicator");
+        return finish(st.with_context("comm_abort"));
+      }
+      if (it->second.comm->forked())  // a child of a process that was destroying it
+        return finish(
+            Status::invalid_usage("comm_abort: the communicator belongs to the parent of this "
+                                  "forked process"));
+      it->second.aborted = it->second.aborting = true;
+      being_destroyed = it->second.comm;
+    }
   }
-  if (!comm) return finish(Status::invalid_argument("comm_abort: comm is not a live communicator"));
-  comm->abort(
-      Status::aborted("rank " + std::to_string(comm->rank()) + ": communicator aborted by braid_comm_abort"));
+  const auto why = [](const Communicator& c) {
+    return Status::aborted("rank " + std::to_string(c.rank()) + ": communicator aborted by braid_comm_abort");
+  };
+  if (being_destroyed != nullptr) {
+    being_destroyed->abort(why(*being_destroyed));
+    {
+      std::lock_guard<std::mutex> lock(draining_mu());
+      draining()[id].aborting = false;
+    }
+    draining_cv().notify_all();
+    return BRAID_SUCCESS;
+  }
+  comm->abort(why(*comm));
   return BRAID_SUCCESS;
 }
 

@@ -273,7 +273,10 @@ Status Communicator::setup_transports() {
   window_streaming_bytes_ = 2 * (l3 > 0 ? l3 : size_t{16} << 20);
   ShmTransport* shm = shm_.get();
   TcpTransport* tcp = tcp_.get();
-  engine_->set_failure_notifier([shm, tcp](const Status& why) {
+  engine_->set_failure_notifier([this, shm, tcp](const Status& why) {
+    // What broke it is the communicator's last error until a later call fails
+    // (braid_comm_get_last_error), also where no call failed.
+    set_last_error(why.message());
     shm->mark_failed(why);
     tcp->shutdown(why);
   });

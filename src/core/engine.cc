@@ -670,13 +670,11 @@ bool Engine::advance() {
     if (!c->wants_write()) continue;
     Status st = c->progress();
     if (!st) {
-      // Named as a wait's failure is (rank, then the first op in flight).
+      // Named with the collective in flight, if any: it fails for this
+      // (the head of a send or receive lane may be to another peer).
       std::string where = "rank " + std::to_string(rank_);
-      for (const Lane& lane : lanes_) {
-        if (lane.ops.empty()) continue;
-        where += std::string(": ") + lane.ops.front()->name + " #" + std::to_string(lane.ops.front()->seq);
-        break;
-      }
+      if (const Lane& coll = lanes_[0]; !coll.ops.empty())
+        where += std::string(": ") + coll.ops.front()->name + " #" + std::to_string(coll.ops.front()->seq);
       fail_all(st.with_context(where));
       return true;
     }

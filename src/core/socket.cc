@@ -246,6 +246,7 @@ void close_fd(int* fd) {
 Status listen_on(const SockAddr& addr, int backlog, int* fd_out, SockAddr* bound) {
   int fd = socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Status::system("socket", errno);
+  guard_socket_from_children(fd);  // at once: a fork may come while it binds
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   if (bind(fd, addr.sa(), addr.len) != 0) {
@@ -270,7 +271,6 @@ Status listen_on(const SockAddr& addr, int backlog, int* fd_out, SockAddr* bound
     close(fd);
     return st;
   }
-  guard_socket_from_children(fd);
   *fd_out = fd;
   *bound = b;
   return Status::ok();
@@ -295,6 +295,7 @@ Status connect_to(const SockAddr& addr, Deadline deadline, int* fd_out, bool ret
   for (;;) {
     int fd = socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return Status::system("socket", errno);
+    guard_socket_from_children(fd);  // at once: a fork may come while it connects
     int rc = connect(fd, addr.sa(), addr.len);
     int err = rc == 0 ? 0 : errno;
     if (err == EINPROGRESS) {
@@ -313,7 +314,6 @@ Status connect_to(const SockAddr& addr, Deadline deadline, int* fd_out, bool ret
         close(fd);
         return st;
       }
-      guard_socket_from_children(fd);
       *fd_out = fd;
       return Status::ok();
     }

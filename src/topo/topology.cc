@@ -169,16 +169,18 @@ void discover_cpus(hwloc_topology_t t, HostTopology* out) {
   }
 }
 
-// A PCI device a GPU compute backend (CUDA, OpenCL, ...) attached a
-// co-processor to, whatever its class (data-centre GPUs may say "processing
-// accelerator", 0x12), or a display-class device from a GPU vendor. Not the
-// BMC's VGA chip.
+// A display-class (0x03) or processing-accelerator (0x12, as data-centre
+// GPUs may say) PCI device from a GPU vendor, or one a GPU compute backend
+// (CUDA, OpenCL, ...) attached a co-processor to. Not the BMC's VGA chip,
+// nor other co-processors (a vector engine's class is 0x0b).
 bool is_gpu(hwloc_obj_t pci) {
+  const auto& a = pci->attr->pcidev;
+  const unsigned cls = a.class_id >> 8;
+  if (cls != 0x03 && cls != 0x12) return false;
+  if (a.vendor_id == 0x10de || a.vendor_id == 0x1002 || a.vendor_id == 0x8086) return true;
   for (hwloc_obj_t c = pci->io_first_child; c != nullptr; c = c->next_sibling)
     if (c->type == HWLOC_OBJ_OS_DEVICE && c->attr->osdev.type == HWLOC_OBJ_OSDEV_COPROC) return true;
-  const auto& a = pci->attr->pcidev;
-  return (a.class_id >> 8) == 0x03 &&
-         (a.vendor_id == 0x10de || a.vendor_id == 0x1002 || a.vendor_id == 0x8086);
+  return false;
 }
 
 void discover_gpus(hwloc_topology_t t, HostTopology* out) {
