@@ -126,27 +126,27 @@ void expect_survivors_exited(const launcher::LaunchResult& result, int survivors
 
 // A rank that forked a child (a DataLoader worker) and then died is found
 // dead as one that did not: the child lets go of braid's sockets, so rank
-// 0's receive fails at once. Over tcp it waited for its deadline while the
-// child held the connection open.
+// 0's receive fails naming it. Over tcp it waited for its deadline while
+// the child held the connection open.
 TEST_P(FailureTransports, ARankWhoseForkedChildLivesOnIsFoundDead) {
   auto result = launch(
       2, detection_env(GetParam()),
       [](braid_comm_t comm, int rank, int) {
         float x[4];
         if (rank == 1) {
-          if (fork() == 0) {  // the worker outlives its parent by seconds
+          if (fork() == 0) {  // the worker outlives its parent and rank 0's deadline
             close(1);         // (not holding the launcher's output open)
             close(2);
-            usleep(5 * 1000 * 1000);
+            usleep(20 * 1000 * 1000);
             _exit(0);
           }
           usleep(300 * 1000);
           _exit(0);
         }
-        const auto start = std::chrono::steady_clock::now();
+        // Found dead (REMOTE), not waited for until this deadline (TIMEOUT).
+        BRAID_ASSERT_OK(braid_comm_set_timeout(comm, 5));
         EXPECT_EQ(braid_recv(x, 4, BRAID_FLOAT32, 1, comm, nullptr), BRAID_ERR_REMOTE)
             << braid_get_last_error();
-        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
         EXPECT_TRUE(contains(braid_get_last_error(), "rank 1 (")) << braid_get_last_error();
       },
       60);
@@ -431,9 +431,7 @@ TEST_P(FailureTransports, AbortFromAnotherThreadEndsAWaitingDestroy) {
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
       aborted = braid_comm_abort(comm);
     });
-    const auto start = std::chrono::steady_clock::now();
     EXPECT_EQ(braid_comm_destroy(comm), BRAID_SUCCESS);
-    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
     watchdog.join();
     EXPECT_EQ(aborted, BRAID_SUCCESS) << braid_get_last_error();
     EXPECT_EQ(braid_wait(&request), BRAID_ERR_ABORTED);

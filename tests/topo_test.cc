@@ -469,14 +469,13 @@ TEST(Paths, RingsCrossBetweenSocketsTwiceWhenANumaNodeSpansThem) {
   const int n = 8;
   std::vector<RankPlacement> p(n);
   std::vector<std::string> host(n, "h0");
-  std::vector<int> package(n), numa(n, 0);
   for (int r = 0; r < n; ++r) {
     p[r].host_hash = host_hash("h0");
     p[r].numa = 0;
-    p[r].package = package[r] = r % 2;
+    p[r].package = r % 2;
     p[r].core = r;
   }
-  const auto groups = braid::host_groups(host, package, numa);
+  const auto groups = braid::host_groups(host, p);
   ASSERT_EQ(groups.size(), 1u);
   EXPECT_EQ(groups[0], (std::vector<int>{0, 2, 4, 6, 1, 3, 5, 7}));
   int crossings = 0;

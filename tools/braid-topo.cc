@@ -145,13 +145,8 @@ void simulate(Report* r) {
   const braid::Config& config = r->config;
   const int n = r->hosts * r->ranks_per_host;
   std::vector<std::string> host(n);
-  std::vector<int> package(n), numa(n);
-  for (int i = 0; i < n; ++i) {
-    host[i] = "host" + std::to_string(i / r->ranks_per_host);
-    package[i] = r->ranks[i].package;
-    numa[i] = r->ranks[i].numa;
-  }
-  for (const auto& g : braid::host_groups(host, package, numa))
+  for (int i = 0; i < n; ++i) host[i] = "host" + std::to_string(i / r->ranks_per_host);
+  for (const auto& g : braid::host_groups(host, r->ranks))
     r->order.insert(r->order.end(), g.begin(), g.end());
   braid::JobShape shape;
   shape.nranks = n;

@@ -220,7 +220,7 @@ bool direct_reduce_scatter_if_ready(const Channel& ch, const CollArgs& a, const 
 }
 
 std::vector<std::vector<int>> host_groups(const std::vector<std::string>& host,
-                                          const std::vector<int>& package, const std::vector<int>& numa) {
+                                          const std::vector<topo::RankPlacement>& place) {
   std::vector<int> all(host.size());
   std::iota(all.begin(), all.end(), 0);
   std::vector<std::vector<int>> groups;
@@ -228,7 +228,7 @@ std::vector<std::vector<int>> host_groups(const std::vector<std::string>& host,
     // Ranks of one package, then of one NUMA node, next to each other: a ring
     // then crosses between sockets twice, not on every hop.
     std::stable_sort(ranks.begin(), ranks.end(), [&](int a, int b) {
-      return std::pair(package[a], numa[a]) < std::pair(package[b], numa[b]);
+      return std::pair(place[a].package, place[a].numa) < std::pair(place[b].package, place[b].numa);
     });
     groups.push_back(std::move(ranks));
   }

@@ -14,6 +14,7 @@
 
 #include "src/algo/primitives.h"
 #include "src/core/config.h"
+#include "src/topo/topology.h"
 
 namespace braid {
 
@@ -94,8 +95,7 @@ std::vector<std::pair<std::string, std::vector<int>>> group_ranks(const std::vec
 // between sockets twice, whatever order the launcher gave (one NUMA node may
 // span both sockets: BIOS node interleaving).
 std::vector<std::vector<int>> host_groups(const std::vector<std::string>& host_of_rank,
-                                          const std::vector<int>& package_of_rank,
-                                          const std::vector<int>& numa_of_rank);
+                                          const std::vector<topo::RankPlacement>& placement_of_rank);
 
 // The binary tree of tree_*: heap order over channel indices, rotated so
 // `root` is at position 0 (position p has children 2p+1 and 2p+2).

@@ -592,12 +592,7 @@ Status Communicator::choose_slot_copies(const std::vector<int>& host_group, Dead
 // The channels the algorithms run on and the tuner; every input is the same
 // on every rank, so every rank builds the same.
 void Communicator::build_schedules(const std::vector<PeerInfo>& infos) {
-  std::vector<int> package(nranks_), numa(nranks_);
-  for (int r = 0; r < nranks_; ++r) {
-    package[r] = placements_[r].package;
-    numa[r] = placements_[r].numa;
-  }
-  const std::vector<std::vector<int>> members = host_groups(hosts_, package, numa);
+  const std::vector<std::vector<int>> members = host_groups(hosts_, placements_);
   const int nhosts = static_cast<int>(members.size());
   host_index_.assign(nranks_, 0);
   local_index_.assign(nranks_, 0);

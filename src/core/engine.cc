@@ -446,8 +446,7 @@ void Engine::post(const std::shared_ptr<Op>& op) {
     if (!error_.is_ok()) {
       // Named as a failure in flight is (the progress thread may have found
       // the cause while no op waited: a peer's abort over tcp).
-      const std::string where =
-          "rank " + std::to_string(rank_) + ": " + op->name + " #" + std::to_string(op->seq);
+      const std::string where = named(*op);
       op->status = error_.code() == BRAID_ERR_ABORTED
                        ? error_.with_context(where)
                        : Status(error_.code(),
@@ -672,10 +671,9 @@ bool Engine::advance() {
     if (!st) {
       // Named with the collective in flight, if any: it fails for this
       // (the head of a send or receive lane may be to another peer).
-      std::string where = "rank " + std::to_string(rank_);
-      if (const Lane& coll = lanes_[0]; !coll.ops.empty())
-        where += std::string(": ") + coll.ops.front()->name + " #" + std::to_string(coll.ops.front()->seq);
-      fail_all(st.with_context(where));
+      const Lane& coll = lanes_[0];
+      fail_all(
+          st.with_context(coll.ops.empty() ? "rank " + std::to_string(rank_) : named(*coll.ops.front())));
       return true;
     }
   }
@@ -834,12 +832,16 @@ void Engine::check_peers(bool thorough) {
   }
 }
 
+std::string Engine::named(const Op& op) const {
+  return "rank " + std::to_string(rank_) + ": " + op.name + " #" + std::to_string(op.seq);
+}
+
 void Engine::fail_unless_progress(const Op& op, const Status& why) {
   // The peer may have sent its last messages (or the cause) just before:
   // take what is there first, and judge again on the next check. The op is
   // named first: advance() may complete it (an abort it serves, which then
   // stands as the failure).
-  const std::string where = "rank " + std::to_string(rank_) + ": " + op.name + " #" + std::to_string(op.seq);
+  const std::string where = named(op);
   // Progress elsewhere (a live peer's steady traffic on another lane) would
   // postpone the judgement for ever: it is postponed for a while only.
   const Clock::time_point now = Clock::now();

@@ -313,6 +313,8 @@ class Engine final : private CommitObserver {
   void check_peers(bool thorough);
   // Why an unbound receive from any source can no longer be served (ok: it can).
   Status any_source_failure(const Op& op, bool thorough);
+  // "rank 1: all_reduce #4": how failures name the op they end.
+  std::string named(const Op& op) const;
   // Fails everything with `why`, about `op`, unless advance() makes progress
   // first (what the peer sent before it went) or serves an abort.
   void fail_unless_progress(const Op& op, const Status& why);
