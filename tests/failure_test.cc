@@ -503,6 +503,44 @@ TEST_P(FailureTransports, AbortEndsACommSplitInProgress) {
   });
 }
 
+// ... and once the exchange is over and the child is being set up: rank 1
+// stops (SIGSTOP) inside its split, after sending its part of the exchange,
+// so rank 0 finishes the exchange and waits for rank 1 in the child's
+// setup, which the abort did not reach (the split timed out at its
+// deadline: 120 s here, beyond the launcher's 60).
+TEST_P(FailureTransports, AbortEndsTheSetupOfASplitsChild) {
+  auto* pid1 = static_cast<std::atomic<pid_t>*>(
+      mmap(nullptr, sizeof(std::atomic<pid_t>), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(pid1, MAP_FAILED);
+  new (pid1) std::atomic<pid_t>(0);
+  auto result = launch(
+      2, detection_env(GetParam()),
+      [pid1](braid_comm_t comm, int rank, int) {
+        braid_comm_t part = nullptr;
+        if (rank == 1) {
+          pid1->store(getpid());
+          // Rank 0 lets it go once it aborted: its own part then fails.
+          EXPECT_NE(braid_comm_split(comm, 0, 0, &part), BRAID_SUCCESS);
+          _exit(::testing::Test::HasFailure() ? 1 : 0);
+        }
+        while (pid1->load() == 0) usleep(1000);
+        usleep(1000 * 1000);  // rank 1 has sent its part and waits for ours
+        ASSERT_EQ(kill(pid1->load(), SIGSTOP), 0);
+        std::thread watchdog([comm] {
+          usleep(500 * 1000);
+          EXPECT_EQ(braid_comm_abort(comm), BRAID_SUCCESS);
+        });
+        EXPECT_EQ(braid_comm_split(comm, 0, 0, &part), BRAID_ERR_ABORTED) << braid_get_last_error();
+        EXPECT_TRUE(contains(braid_get_last_error(), "aborted by braid_comm_abort"))
+            << braid_get_last_error();
+        watchdog.join();
+        kill(pid1->load(), SIGCONT);
+        _exit(::testing::Test::HasFailure() ? 1 : 0);  // the handle is gone: no destroy
+      },
+      60);
+  EXPECT_TRUE(result.ok()) << result.describe();
+}
+
 // `calls` makes the group's calls, one of them bad on rank 1 only, over
 // `a` and `b` (which live until group_end, as a group's buffers must).
 // Every rank's group_end must fail at once, rank 1's naming `refused`.
@@ -1758,9 +1796,10 @@ TEST(Bootstrap, ADuplicateConnectionIsClosedNotLeaked) {
     std::unique_ptr<Bootstrap> b[2];
     Status st[2];
     {
-      std::thread t(
-          [&] { st[1] = Bootstrap::from_table(1, token, listen_fd[1], table[1], table, deadline, &b[1]); });
-      st[0] = Bootstrap::from_table(0, token, listen_fd[0], table[0], table, deadline, &b[0]);
+      std::thread t([&] {
+        st[1] = Bootstrap::from_table(1, token, listen_fd[1], table[1], table, deadline, nullptr, &b[1]);
+      });
+      st[0] = Bootstrap::from_table(0, token, listen_fd[0], table[0], table, deadline, nullptr, &b[0]);
       t.join();
     }
     ASSERT_TRUE(st[0]) << st[0].message();
@@ -1808,7 +1847,7 @@ struct LocalTable {
     std::vector<std::thread> threads;
     for (int r : ranks)
       threads.emplace_back([&, r] {
-        st[r] = Bootstrap::from_table(r, token, listen_fd[r], table[r], table, deadline, &(*out)[r]);
+        st[r] = Bootstrap::from_table(r, token, listen_fd[r], table[r], table, deadline, nullptr, &(*out)[r]);
       });
     for (auto& t : threads) t.join();
     return st;

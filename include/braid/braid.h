@@ -159,7 +159,8 @@ braid_result_t braid_comm_split(braid_comm_t comm, int color, int key, braid_com
  * every other call takes the handle as destroyed from the start). */
 braid_result_t braid_comm_destroy(braid_comm_t comm);
 /* Makes every pending operation fail with BRAID_ERR_ABORTED and tells the
- * peers; then frees like destroy: later calls with the handle fail with
+ * peers (a braid_comm_split of comm on another thread too, also while it
+ * sets up the new communicator); then frees like destroy: later calls with the handle fail with
  * BRAID_ERR_INVALID_ARGUMENT (not a live communicator). Safe to call from
  * another thread.
  * Returns once no peer can still write into a buffer of a failed receive: a

@@ -434,8 +434,10 @@ Status start_rendezvous_root(const SockAddr& listen_addr, const JobToken& token,
 }
 
 Bootstrap::~Bootstrap() {
-  close_fd(&ring_next_fd_);
-  close_fd(&ring_prev_fd_);
+  for (std::atomic<int>* ring : {&ring_next_fd_, &ring_prev_fd_}) {
+    int fd = ring->exchange(-1);
+    close_fd(&fd);
+  }
   close_fd(&listen_fd_);
   for (auto& [key, fd] : parked_) close(fd);
   for (Handshake& h : handshakes_) close(h.fd);
@@ -507,7 +509,7 @@ Status Bootstrap::open_listener(int* fd, SockAddr* addr) const {
 }
 
 Status Bootstrap::from_table(int rank, const JobToken& token, int listen_fd, const SockAddr& listen_addr,
-                             std::vector<SockAddr> table, Deadline deadline,
+                             std::vector<SockAddr> table, Deadline deadline, SetupCancel* cancel,
                              std::unique_ptr<Bootstrap>* out) {
   std::unique_ptr<Bootstrap> b(new Bootstrap());
   b->rank_ = rank;
@@ -516,7 +518,12 @@ Status Bootstrap::from_table(int rank, const JobToken& token, int listen_fd, con
   b->listen_fd_ = listen_fd;
   b->listen_addr_ = listen_addr;
   b->peers_ = std::move(table);
-  BRAID_RETURN_IF_ERROR(b->connect_ring(deadline));
+  if (cancel != nullptr) cancel->attach([raw = b.get()](const Status& why) { raw->abort(why); });
+  Status st = b->connect_ring(deadline);
+  if (!st) {
+    if (cancel != nullptr) cancel->detach_all();
+    return b->aborted_.load(std::memory_order_acquire) ? b->abort_why_ : st;
+  }
   *out = std::move(b);
   return Status::ok();
 }
@@ -525,8 +532,19 @@ Status Bootstrap::connect_ring(Deadline deadline) {
   if (nranks_ == 1) return Status::ok();
   int next = (rank_ + 1) % nranks_;
   int prev = (rank_ + nranks_ - 1) % nranks_;
-  BRAID_RETURN_IF_ERROR(connect_to_peer(next, kTagRing, deadline, &ring_next_fd_));
-  return accept_from_peer(prev, kTagRing, deadline, &ring_prev_fd_);
+  // An abort on another thread stores aborted_ and then reads the fds; here
+  // each fd is stored and then aborted_ read: one side sees the other, so
+  // no connection made during an abort is left open to wait on.
+  auto keep = [this](std::atomic<int>* slot, int fd) {
+    slot->store(fd);
+    if (aborted_.load()) shutdown(fd, SHUT_RDWR);
+  };
+  int fd = -1;
+  BRAID_RETURN_IF_ERROR(connect_to_peer(next, kTagRing, deadline, &fd));
+  keep(&ring_next_fd_, fd);
+  BRAID_RETURN_IF_ERROR(accept_from_peer(prev, kTagRing, deadline, &fd));
+  keep(&ring_prev_fd_, fd);
+  return abort_status();
 }
 
 Status Bootstrap::connect_to_peer(int peer, uint32_t tag, Deadline deadline, int* fd_out) {
@@ -613,6 +631,7 @@ Status Bootstrap::accept_from_peer(int peer, uint32_t tag, Deadline deadline, in
       parked_.erase(it);
       return Status::ok();
     }
+    if (aborted_.load(std::memory_order_acquire)) return abort_why_;
     if (deadline.expired()) return Status::timeout(waiting() + ": timed out");
     if (probe.next.expired()) {
       if (probe.fd >= 0) close(probe.fd);  // unanswered: try afresh
@@ -691,8 +710,8 @@ Status Bootstrap::all_gather(const void* mine, size_t bytes, std::vector<uint8_t
 void Bootstrap::abort(const Status& why) {
   if (aborting_.exchange(true)) return;
   abort_why_ = why;
-  aborted_.store(true, std::memory_order_release);
-  for (int fd : {ring_next_fd_, ring_prev_fd_, listen_fd_})
+  aborted_.store(true);
+  for (int fd : {ring_next_fd_.load(), ring_prev_fd_.load(), listen_fd_})
     if (fd >= 0) shutdown(fd, SHUT_RDWR);
 }
 

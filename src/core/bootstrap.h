@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "src/core/deadline.h"
+#include "src/core/setup_cancel.h"
 #include "src/core/socket.h"
 #include "src/core/status.h"
 
@@ -90,9 +91,12 @@ class Bootstrap {
   // A new listener on this rank's interface, for a communicator made by split.
   Status open_listener(int* fd, SockAddr* addr) const;
   // Builds a bootstrap from known listen addresses (comm split): takes
-  // ownership of listen_fd, then connects the ring.
+  // ownership of listen_fd, then connects the ring. It is attached to
+  // `cancel` (if any) before it waits; the caller detaches it before it
+  // frees it, and on failure from_table does.
   static Status from_table(int rank, const JobToken& token, int listen_fd, const SockAddr& listen_addr,
-                           std::vector<SockAddr> table, Deadline deadline, std::unique_ptr<Bootstrap>* out);
+                           std::vector<SockAddr> table, Deadline deadline, SetupCancel* cancel,
+                           std::unique_ptr<Bootstrap>* out);
   ~Bootstrap();
 
   int rank() const { return rank_; }
@@ -107,6 +111,9 @@ class Bootstrap {
   // with `why` (braid_comm_abort during a comm_split): its sockets are shut
   // down, which wakes their waits.
   void abort(const Status& why);
+  // OK unless aborted; then why (for waits outside the bootstrap that
+  // belong to the same setup).
+  Status abort_status() const { return aborted_.load(std::memory_order_acquire) ? abort_why_ : Status::ok(); }
 
   // A fresh connected socket to `peer`, for `tag`; the peer calls
   // accept_from_peer with the same tag. The connector sends a hello with the
@@ -130,8 +137,10 @@ class Bootstrap {
   int listen_fd_ = -1;
   SockAddr listen_addr_;
   std::vector<SockAddr> peers_;  // listen address of every rank
-  int ring_next_fd_ = -1;
-  int ring_prev_fd_ = -1;
+  // Atomic: abort() on another thread shuts them down while a split's ring
+  // may still be connecting (see connect_ring).
+  std::atomic<int> ring_next_fd_{-1};
+  std::atomic<int> ring_prev_fd_{-1};
   // Connections accepted while waiting for another (peer, tag).
   std::map<std::pair<int, uint32_t>, int> parked_;
   // Accepted connections whose hello is still arriving: read side by side,

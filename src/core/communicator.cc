@@ -104,7 +104,7 @@ bool Communicator::forked() const {
 }
 
 Status Communicator::create(std::unique_ptr<Bootstrap> bootstrap, const Config& config,
-                            std::shared_ptr<Communicator>* out) {
+                            std::shared_ptr<Communicator>* out, SetupCancel* cancel) {
   static std::once_flag at_fork;
   std::call_once(at_fork, [] { pthread_atfork(nullptr, nullptr, [] { g_forks.fetch_add(1); }); });
   std::shared_ptr<Communicator> c(new Communicator());
@@ -113,7 +113,14 @@ Status Communicator::create(std::unique_ptr<Bootstrap> bootstrap, const Config& 
   c->nranks_ = bootstrap->nranks();
   c->config_ = config;
   c->bootstrap_ = std::move(bootstrap);
+  c->setup_cancel_ = cancel;
   Status st = c->setup_transports();
+  c->setup_cancel_ = nullptr;
+  if (cancel != nullptr) {
+    // Nothing of c may be reached through cancel once c can be freed.
+    cancel->detach_all();
+    if (Status why = cancel->why(); !why.is_ok()) st = why;
+  }
   if (!st) return st.with_context("rank " + std::to_string(c->rank_) + " setting up transports");
   c->log_summary();
   BRAID_INFO("INIT", c->rank_, "communicator ready: %d ranks, token %s", c->nranks_,
@@ -280,6 +287,9 @@ Status Communicator::setup_transports() {
     shm->mark_failed(why);
     tcp->shutdown(why);
   });
+  // From here the probe's collectives wait in the engine.
+  if (setup_cancel_ != nullptr)
+    setup_cancel_->attach([e = engine_.get()](const Status& why) { e->abort(why); });
   // Nobody may send before every rank has its engine (and its slots) ready.
   BRAID_RETURN_IF_ERROR(bootstrap_->barrier(deadline));
   BRAID_RETURN_IF_ERROR(probe_peer_reads(deadline));
@@ -546,7 +556,7 @@ Status Communicator::choose_slot_copies(const std::vector<int>& host_group, Dead
     const bool sender = rank_ == host_group[0];
     ShmTransport::CopyTimes t;
     Status st = shm_->time_slot_copies(sender ? host_group[1] : host_group[0], sender, kStreamProbeBytes, 9,
-                                       deadline, &t);
+                                       *bootstrap_, deadline, &t);
     if (!st) {
       // The partner may be spinning on our next round: a failed flag ends
       // its wait with this reason, where silence would last until the
@@ -755,7 +765,26 @@ std::string Communicator::last_error() {
   return last_error_;
 }
 
+void Communicator::abort(const Status& why) {
+  engine_->abort(why);
+  bootstrap_->abort(why);
+  std::lock_guard<std::mutex> lock(split_mu_);
+  if (split_cancel_ != nullptr) split_cancel_->cancel(why);
+}
+
 Status Communicator::split(int color, int key, std::shared_ptr<Communicator>* out) {
+  auto cancel = std::make_shared<SetupCancel>();
+  {
+    std::lock_guard<std::mutex> lock(split_mu_);
+    split_cancel_ = cancel;
+  }
+  Status st = split_once(color, key, cancel.get(), out);
+  std::lock_guard<std::mutex> lock(split_mu_);
+  split_cancel_.reset();
+  return st;
+}
+
+Status Communicator::split_once(int color, int key, SetupCancel* cancel, std::shared_ptr<Communicator>* out) {
   out->reset();
   const Deadline deadline = Deadline::after_seconds(engine_->timeout_s());
   struct SplitInfo {
@@ -822,10 +851,11 @@ Status Communicator::split(int color, int key, std::shared_ptr<Communicator>* ou
   JobToken token;
   std::memcpy(token.data(), all[members[0]].token, kTokenBytes);
   std::unique_ptr<Bootstrap> b;
-  BRAID_RETURN_IF_ERROR(Bootstrap::from_table(new_rank, token, listen_fd, listen_addr, table, deadline, &b));
+  BRAID_RETURN_IF_ERROR(
+      Bootstrap::from_table(new_rank, token, listen_fd, listen_addr, table, deadline, cancel, &b));
   Config cfg = config_;
   cfg.timeout_s = engine_->timeout_s();
-  return create(std::move(b), cfg, out);
+  return create(std::move(b), cfg, out, cancel);
 }
 
 namespace {

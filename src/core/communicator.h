@@ -14,6 +14,7 @@
 #include "src/core/bootstrap.h"
 #include "src/core/config.h"
 #include "src/core/engine.h"
+#include "src/core/setup_cancel.h"
 #include "src/core/status.h"
 #include "src/topo/topology.h"
 
@@ -29,9 +30,10 @@ struct CudaDriver;
 
 class Communicator {
  public:
-  // Collective: sets up transports among the bootstrap's ranks.
+  // Collective: sets up transports among the bootstrap's ranks. `cancel`
+  // (a split's) aborts the setup's waits; it is detached before returning.
   static Status create(std::unique_ptr<Bootstrap> bootstrap, const Config& config,
-                       std::shared_ptr<Communicator>* out);
+                       std::shared_ptr<Communicator>* out, SetupCancel* cancel = nullptr);
   ~Communicator();
 
   // Made in the parent of this process's fork(): the child must not use it
@@ -43,11 +45,8 @@ class Communicator {
   const Config& config() const { return config_; }
   Engine& engine() { return *engine_; }
   // braid_comm_abort: fails every pending operation, a comm_split's
-  // exchange on another thread included.
-  void abort(const Status& why) {
-    engine_->abort(why);
-    bootstrap_->abort(why);
-  }
+  // exchange and its child's setup on another thread included.
+  void abort(const Status& why);
   const std::string& host_of(int rank) const { return hosts_[rank]; }
   // Which transport carries traffic to `peer` ("shm", "tcp", "self").
   const char* transport_to(int peer) const;
@@ -124,6 +123,7 @@ class Communicator {
  private:
   Communicator() = default;
   Status setup_transports();
+  Status split_once(int color, int key, SetupCancel* cancel, std::shared_ptr<Communicator>* out);
   void build_schedules(const std::vector<PeerInfo>& infos);
   Status choose_slot_copies(const std::vector<int>& host_group, Deadline deadline);
   static constexpr size_t kStreamProbeBytes = 64 * 1024;  // inside the default streaming band
@@ -214,6 +214,10 @@ class Communicator {
   std::atomic<uint64_t> window_bytes_{0};  // transport_bytes "shm_window"
   std::mutex error_mu_;
   std::string last_error_;
+  // The child a comm_split on some thread is setting up, for abort().
+  std::mutex split_mu_;
+  std::shared_ptr<SetupCancel> split_cancel_;
+  SetupCancel* setup_cancel_ = nullptr;  // this communicator's own, while create() runs
   // Only for dumps and traces; atomic since any thread may post p2p.
   std::atomic<uint64_t> p2p_send_seq_{0};
   std::atomic<uint64_t> p2p_recv_seq_{0};

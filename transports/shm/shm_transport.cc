@@ -663,11 +663,12 @@ namespace {
 // Spins until `ready` holds: only for time_slot_copies, which runs before
 // the engine exists and only where every rank has a core of its own.
 template <typename Ready>
-Status spin_until(ShmConnection* c, int peer, Deadline deadline, Ready ready) {
+Status spin_until(ShmConnection* c, int peer, const Bootstrap& bootstrap, Deadline deadline, Ready ready) {
   for (uint32_t spins = 1;; ++spins) {
     if (ready()) return Status::ok();
     if (spins % 4096 == 0) {
       BRAID_RETURN_IF_ERROR(c->check_peer(true));
+      BRAID_RETURN_IF_ERROR(bootstrap.abort_status());
       if (deadline.expired())
         return Status::timeout("timing shm slot copies with rank " + std::to_string(peer) +
                                ": it did not answer before the init deadline (BRAID_TIMEOUT)");
@@ -683,8 +684,8 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-Status ShmTransport::time_slot_copies(int peer, bool sender, size_t bytes, int rounds, Deadline deadline,
-                                      CopyTimes* out) {
+Status ShmTransport::time_slot_copies(int peer, bool sender, size_t bytes, int rounds,
+                                      const Bootstrap& bootstrap, Deadline deadline, CopyTimes* out) {
   auto* c = static_cast<ShmConnection*>(connection(0, peer));
   if (c == nullptr) return Status::internal("no shm connection to rank " + std::to_string(peer));
   bytes = std::min(bytes, c->slot_bytes());
@@ -702,22 +703,24 @@ Status ShmTransport::time_slot_copies(int peer, bool sender, size_t bytes, int r
     if (sender) {
       const auto t0 = std::chrono::steady_clock::now();
       BRAID_RETURN_IF_ERROR(
-          spin_until(c, peer, deadline, [&] { return (slot = c->send_slot(bytes)) != nullptr; }));
+          spin_until(c, peer, bootstrap, deadline, [&] { return (slot = c->send_slot(bytes)) != nullptr; }));
       if (kind == kStreaming)
         kernels::copy_streaming(slot, buffer.data(), bytes);
       else
         std::memcpy(slot, buffer.data(), bytes);
       c->commit_send(bytes, CallTag{});
-      BRAID_RETURN_IF_ERROR(spin_until(c, peer, deadline, [&] { return c->recv_ready(&data, &n); }));
+      BRAID_RETURN_IF_ERROR(
+          spin_until(c, peer, bootstrap, deadline, [&] { return c->recv_ready(&data, &n); }));
       c->release_recv();
       const std::chrono::duration<double, std::micro> t = std::chrono::steady_clock::now() - t0;
       if (i >= kinds) took[kind].push_back(t.count());
     } else {
-      BRAID_RETURN_IF_ERROR(spin_until(c, peer, deadline, [&] { return c->recv_ready(&data, &n); }));
+      BRAID_RETURN_IF_ERROR(
+          spin_until(c, peer, bootstrap, deadline, [&] { return c->recv_ready(&data, &n); }));
       std::memcpy(buffer.data(), data, std::min(n, buffer.size()));
       c->release_recv();
       BRAID_RETURN_IF_ERROR(
-          spin_until(c, peer, deadline, [&] { return (slot = c->send_slot(0)) != nullptr; }));
+          spin_until(c, peer, bootstrap, deadline, [&] { return (slot = c->send_slot(0)) != nullptr; }));
       c->commit_send(0, CallTag{});
     }
   }

@@ -52,13 +52,15 @@ class ShmTransport {
   // The peer calls this with sender = false and only answers. Both must
   // call it at once, before anything else uses the connection. (Peer
   // reads are timed later, as whole collectives: Communicator::
-  // probe_peer_reads.)
+  // probe_peer_reads.) An abort of `bootstrap` (braid_comm_abort during a
+  // comm_split) ends the wait.
   struct CopyTimes {
     // Medians, on the sender: `bytes` through a slot with plain and with
     // streaming stores.
     double plain_us = 0, streaming_us = 0;
   };
-  Status time_slot_copies(int peer, bool sender, size_t bytes, int rounds, Deadline deadline, CopyTimes* out);
+  Status time_slot_copies(int peer, bool sender, size_t bytes, int rounds, const Bootstrap& bootstrap,
+                          Deadline deadline, CopyTimes* out);
 
   struct Mapping;
 
