@@ -771,8 +771,7 @@ void Engine::check_peers(bool thorough) {
     Op& op = *any->ops.front();
     if (op.deadline.expired()) {
       dump("timed out");
-      fail_all(Status::timeout("rank " + std::to_string(rank_) + ": " + op.name + " #" +
-                               std::to_string(op.seq) + " timed out: not done within the timeout of " +
+      fail_all(Status::timeout(named(op) + " timed out: not done within the timeout of " +
                                seconds_text(op.timeout_s) + ", waiting for a message from any rank"));
       return;
     }
@@ -793,8 +792,7 @@ void Engine::check_peers(bool thorough) {
                                        : "to start, behind a receive from any rank";
       int peer = op.wait ? op.wait->peer : -1;
       dump("timed out");
-      fail_all(Status::timeout("rank " + std::to_string(rank_) + ": " + op.name + " #" +
-                               std::to_string(op.seq) + " timed out: not done within the timeout of " +
+      fail_all(Status::timeout(named(op) + " timed out: not done within the timeout of " +
                                seconds_text(op.timeout_s) + ", waiting " + what +
                                (peer >= 0 ? " rank " + std::to_string(peer) : std::string())));
       return;
@@ -805,8 +803,7 @@ void Engine::check_peers(bool thorough) {
       const Op& queued = *lane.ops[k];
       if (!queued.deadline.expired()) continue;
       dump("timed out");
-      fail_all(Status::timeout("rank " + std::to_string(rank_) + ": " + queued.name + " #" +
-                               std::to_string(queued.seq) + " timed out: not done within the timeout of " +
+      fail_all(Status::timeout(named(queued) + " timed out: not done within the timeout of " +
                                seconds_text(queued.timeout_s) + ", queued behind " + op.name + " #" +
                                std::to_string(op.seq)));
       return;
