@@ -789,6 +789,53 @@ TEST_P(FailureTransports, MismatchedCountsAreReported) {
   });
 }
 
+// The last call of a job, with nothing after it to see that ranks
+// disagreed, returned wrong data silently: here each rank believes it is
+// broadcast's root, or a send has no receive. braid_comm_destroy finds the
+// message no call took (rank 1 destroys once rank 0's destroy returned, so
+// that rank 0's message has arrived) and fails, naming it.
+TEST_P(FailureTransports, DestroyNamesAMessageNoCallTook) {
+  Env env = transport_env(GetParam());
+  env.push_back({"BRAID_DEBUG", "NONE"});
+  auto* destroyed = static_cast<std::atomic<int>*>(
+      mmap(nullptr, sizeof(std::atomic<int>), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(destroyed, MAP_FAILED);
+  const auto destroy_in_turn = [destroyed](braid_comm_t comm, int rank,
+                                           const std::vector<std::string>& named) {
+    if (rank == 0) {
+      const braid_result_t r = braid_comm_destroy(comm);
+      EXPECT_TRUE(r == BRAID_SUCCESS || r == BRAID_ERR_MISMATCH) << braid_get_last_error();
+      destroyed->store(1);
+    } else {
+      while (destroyed->load() == 0) usleep(1000);
+      EXPECT_EQ(braid_comm_destroy(comm), BRAID_ERR_MISMATCH);
+      const std::string msg = braid_get_last_error();
+      for (const std::string& s : named)
+        EXPECT_TRUE(contains(msg.c_str(), s)) << "missing '" << s << "' in: " << msg;
+    }
+    _exit(::testing::Test::HasFailure() ? 1 : 0);  // destroyed: not again by the launcher
+  };
+  new (destroyed) std::atomic<int>(0);
+  run_ranks(2, env, [&](braid_comm_t comm, int rank, int) {
+    std::vector<float> buf(4, static_cast<float>(rank));
+    BRAID_ASSERT_OK(braid_broadcast(buf.data(), buf.data(), 4, BRAID_FLOAT32, rank, comm, nullptr));
+    destroy_in_turn(comm, rank,
+                    {"rank 1: comm_destroy: rank 0 sent a message of broadcast #0 (count 4, float32, root 0) "
+                     "that no call on this rank took",
+                     "a root that differs between ranks"});
+  });
+  new (destroyed) std::atomic<int>(0);
+  run_ranks(2, env, [&](braid_comm_t comm, int rank, int) {
+    float x[3] = {1, 2, 3};
+    if (rank == 0) {
+      BRAID_ASSERT_OK(braid_send_tagged(x, 3, BRAID_FLOAT32, 1, 7, comm, nullptr));
+    }
+    destroy_in_turn(comm, rank,
+                    {"rank 0 sent a message of send/recv with tag 7 of 12 bytes", "a send with no receive"});
+  });
+  munmap(destroyed, sizeof(std::atomic<int>));
+}
+
 TEST_P(FailureTransports, MismatchedCallsFailWithoutCheckCalls) {
   Env env = transport_env(GetParam());
   env.push_back({"BRAID_DEBUG", "NONE"});

@@ -156,7 +156,13 @@ braid_result_t braid_comm_split(braid_comm_t comm, int color, int key, braid_com
  * result to braid_wait / braid_test. It does not cancel: a receive nobody
  * matches keeps it waiting until that receive's deadline, unless another
  * thread calls braid_comm_abort with the handle meanwhile (which cancels;
- * every other call takes the handle as destroyed from the start). */
+ * every other call takes the handle as destroyed from the start).
+ * Returns BRAID_ERR_MISMATCH, having freed everything all the same, where a
+ * peer's message arrived that no call on this rank took: the ranks' calls
+ * did not match and nothing after them showed it (ranks passing different
+ * roots to a last broadcast, a send with no receive), so the last calls may
+ * have returned wrong data. Messages from a peer that failed are not
+ * counted, and one still on its way is not seen. */
 braid_result_t braid_comm_destroy(braid_comm_t comm);
 /* Makes every pending operation fail with BRAID_ERR_ABORTED and tells the
  * peers (a braid_comm_split of comm on another thread too, also while it

@@ -478,6 +478,33 @@ def wait_after_abort():
     os._exit(0)
 
 
+def mismatched_roots():
+    """Each rank believes it is broadcast's root, and nothing follows: the
+    broadcast returns each rank's own data, and destroy_process_group on the
+    rank that destroys second (once the first is gone, so the first's
+    message has arrived) raises, naming the message no call took. The first
+    may find the other's message too."""
+    rank, world = init()
+    t = torch.full((4,), float(rank))
+    dist.broadcast(t, src=rank)
+    done = os.path.join(os.environ["MISMATCH_DIR"], "rank0-destroyed")
+    if rank == 1:
+        while not os.path.exists(done):
+            time.sleep(0.01)
+    try:
+        dist.destroy_process_group()
+        if rank == 1:
+            raise AssertionError("destroy_process_group did not report the message no call took")
+    except RuntimeError as e:
+        for frag in ("no call on this rank took", "rank 0 sent a message of broadcast #0", "root 0") if rank == 1 \
+                else ("no call on this rank took", "root 1"):
+            if frag not in str(e):
+                raise AssertionError(f"error message lacks {frag!r}: {e}") from e
+        print(f"rank {rank}: mismatch reported at destroy: {e}", flush=True)
+    if rank == 0:
+        open(done, "w").close()
+
+
 class SmallCNN(nn.Module):
     def __init__(self):
         super().__init__()
@@ -997,7 +1024,7 @@ SCENARIOS = {
     for f in (
         collectives, bad_input, dead_peer, hung_peer, absent_from_barrier, wait_after_abort, ddp_train, sharded_train, torchrun_env,
         exit_with_work_pending, debug_checks_calls, mpi_env_set_in_code,
-        elastic_restart, init_methods, avg_reduce_scatter,
+        elastic_restart, init_methods, avg_reduce_scatter, mismatched_roots,
         pending_recv, threads_futures_tags, coalescing, coalescing_edges, cuda_collectives, cuda_ddp_train,
     )
 }

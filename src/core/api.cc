@@ -787,12 +787,14 @@ BRAID_API braid_result_t braid_comm_destroy(braid_comm_t handle) {
   // another thread, a watchdog's) still finds it and cancels them: the
   // handle is gone for every other call.
   comm->engine().drain();
+  Status unclaimed = comm->engine().unclaimed_messages();
   {
     std::unique_lock<std::mutex> lock(draining_mu());
     draining_cv().wait(lock, [id] { return !draining()[id].aborting; });
     draining().erase(id);
   }
-  return BRAID_SUCCESS;  // `comm`, the last reference, goes here
+  comm.reset();  // the last reference: freed before destroy returns, also on error
+  return unclaimed ? BRAID_SUCCESS : finish(unclaimed);
 }
 
 BRAID_API braid_result_t braid_comm_abort(braid_comm_t handle) {

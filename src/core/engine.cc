@@ -340,12 +340,14 @@ constexpr auto kMixedPollingFor = std::chrono::milliseconds(1);
 Engine::Engine(int rank, const Config& config, const std::vector<std::vector<Connection*>>& peers,
                Doorbell* bell)
     : rank_(rank), spin_us_(config.spin_us), timeout_s_(config.timeout_s), bell_(bell) {
-  for (auto& list : peers)
-    for (Connection* c : list)
+  for (size_t r = 0; r < peers.size(); ++r)
+    for (Connection* c : peers[r]) {
+      peer_conns_.emplace_back(static_cast<int>(r), c);
       if (c->pollable()) {
         c->report_commits(this, static_cast<uint32_t>(tcp_conns_.size()));
         tcp_conns_.push_back(c);
       }
+    }
   event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   progress_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   timer_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
@@ -1179,6 +1181,36 @@ void Engine::drain() {
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
+}
+
+Status Engine::unclaimed_messages() {
+  while (!driver_role_.try_lock()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  Status found;
+  if (!broken_.load()) {
+    for (auto [peer, c] : peer_conns_) {
+      // Reads what tcp has; a peer that already left closed its end, and
+      // what it sent before is still read.
+      (void)c->progress();
+      const void* data = nullptr;
+      size_t bytes = 0;
+      // A peer that failed (a timeout, an abort) said so itself; what it
+      // sent before is not news.
+      if (!c->peer_failure().is_ok() || !c->recv_ready(&data, &bytes)) continue;
+      const CallTag& t = c->recv_tag();
+      if (t.kind == kIpcDisconnectTag) continue;  // the teardown that follows destroy
+      found = Status(BRAID_ERR_MISMATCH,
+                     "rank " + std::to_string(rank_) + ": comm_destroy: rank " + std::to_string(peer) +
+                         " sent a message of " + describe_call(t) +
+                         " that no call on this rank took: the ranks' calls did not match (" +
+                         (t.kind == static_cast<uint8_t>(OpKind::kSend)
+                              ? "a send with no receive"
+                              : "a root that differs between ranks, or a call only some ranks made") +
+                         "), so the last calls may have returned wrong data");
+      break;
+    }
+  }
+  release_driver();
+  return found;
 }
 
 void Engine::progress_loop() {

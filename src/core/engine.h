@@ -226,6 +226,11 @@ class Engine final : private CommitObserver {
   bool drive_a_moment(const Op& op);
   // Waits until every posted op completed (destroy).
   void drain();
+  // After drain(), on a healthy engine: a message a peer sent that no call
+  // here took (a collective whose ranks disagreed, e.g. on broadcast's
+  // root, with nothing after it to notice; a send never received) gives
+  // BRAID_ERR_MISMATCH naming it. Only what has arrived is seen.
+  Status unclaimed_messages();
   // Fails every op in flight and every later one with `why` (abort, errors).
   void abort(const Status& why);
   Status error() const;
@@ -354,7 +359,8 @@ class Engine final : private CommitObserver {
   std::atomic<double> timeout_s_;
   std::vector<Connection*> tcp_conns_;
   std::vector<Connection*> coll_conns_;
-  Doorbell* bell_;  // our shm doorbell, or null
+  std::vector<std::pair<int, Connection*>> peer_conns_;  // (peer, connection), every channel
+  Doorbell* bell_;                                       // our shm doorbell, or null
   int event_fd_ = -1;
   std::unique_ptr<DoorbellWatcher> watcher_;  // made at the first long wait on shm and tcp at once
   std::function<void(const Status&)> notify_failure_;

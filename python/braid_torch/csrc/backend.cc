@@ -661,7 +661,8 @@ BraidBackend::BraidBackend(const c10::intrusive_ptr<c10d::Store>& store, int ran
 
 BraidBackend::~BraidBackend() {
   if (t_coalescing == this) t_coalescing = nullptr;
-  shutdown();
+  // A destructor must not throw: what shutdown() would raise is a warning.
+  if (std::string why = close_comm(); !why.empty()) TORCH_WARN("braid: ", why);
 }
 
 std::string BraidBackend::describe() const {
@@ -708,13 +709,22 @@ void BraidBackend::abort() {
   if (braid_comm_t comm = comm_.exchange(nullptr)) braid_comm_abort(comm);
 }
 
-void BraidBackend::shutdown() {
-  if (braid_comm_t comm = comm_.exchange(nullptr)) {
-    if (barrier_failed_.load())
-      braid_comm_abort(comm);
-    else
-      braid_comm_destroy(comm);
+std::string BraidBackend::close_comm() {
+  braid_comm_t comm = comm_.exchange(nullptr);
+  if (comm == nullptr) return "";
+  if (barrier_failed_.load()) {
+    braid_comm_abort(comm);
+    return "";
   }
+  // The ranks' last calls did not match (braid.h): wrong data was returned
+  // and nothing after it could say so; gloo's root would time out instead.
+  if (braid_comm_destroy(comm) == BRAID_ERR_MISMATCH)
+    return "destroying the process group (" + describe() + "): " + braid_get_last_error();
+  return "";
+}
+
+void BraidBackend::shutdown() {
+  if (std::string why = close_comm(); !why.empty()) C10_THROW_ERROR(DistBackendError, "braid: " + why);
 }
 
 c10::intrusive_ptr<BraidWork> BraidBackend::make_work(c10d::OpType type, const char* op,

@@ -258,6 +258,9 @@ class BraidBackend : public c10d::Backend {
   c10::intrusive_ptr<BraidWork> make_work(c10d::OpType type, const char* op, std::vector<at::Tensor> outputs,
                                           c10::Device device = c10::Device(c10::kCPU));
   std::string describe() const;
+  // Destroys (or, after a failed monitored_barrier, aborts) the
+  // communicator once; what went wrong, or "".
+  std::string close_comm();
   [[noreturn]] void fail_call(const char* op, braid_result_t code) const;  // with braid's last error
   [[noreturn]] void fail_call(const char* op, braid_result_t code, const std::string& why) const;
   void check(braid_result_t code, const char* op) const {
