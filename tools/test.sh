@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install-deps.sh
+# The project's own C++ and CUDA sources follow .clang-format.
+git ls-files -z '*.c' '*.cc' '*.h' '*.hpp' '*.cu' '*.cuh' | xargs -0 clang-format --dry-run --Werror
 # torch, and braid_torch built against it from ./python.
 tools/install-torch.sh
 # ON, not AUTO: a build configured before torch was installed (tools/main.sh
