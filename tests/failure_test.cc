@@ -833,6 +833,21 @@ TEST_P(FailureTransports, DestroyNamesAMessageNoCallTook) {
     destroy_in_turn(comm, rank,
                     {"rank 0 sent a message of send/recv with tag 7 of 12 bytes", "a send with no receive"});
   });
+  // A send to itself that no receive took (read from the self connection).
+  run_ranks(2, env, [](braid_comm_t comm, int rank, int) {
+    float x[2] = {1, 2};
+    if (rank == 0) {
+      BRAID_ASSERT_OK(braid_send_tagged(x, 2, BRAID_FLOAT32, 0, 9, comm, nullptr));
+      EXPECT_EQ(braid_comm_destroy(comm), BRAID_ERR_MISMATCH);
+      EXPECT_TRUE(contains(
+          braid_get_last_error(),
+          "rank 0: comm_destroy: this rank sent itself a message of send/recv with tag 9 of 8 bytes"))
+          << braid_get_last_error();
+    } else {
+      EXPECT_EQ(braid_comm_destroy(comm), BRAID_SUCCESS) << braid_get_last_error();
+    }
+    _exit(::testing::Test::HasFailure() ? 1 : 0);
+  });
   munmap(destroyed, sizeof(std::atomic<int>));
 }
 

@@ -67,15 +67,17 @@ def test_wait_after_abort_raises():
     assert "wait after abort raised" in results[0].output, results[0]
 
 
-# A destroy that finds a mismatch raises from Backend::shutdown(), which
+# A destroy that finds a mismatch warns from Backend::shutdown(), which
 # destroy_process_group calls from torch 2.7; before, the backend warns as it
-# is freed.
+# is freed, outside Python's warnings.
 @pytest.mark.skipif(not hasattr(torch._C._distributed_c10d, "ErrorType"),
-                    reason=f"torch {torch.__version__} calls no Backend::shutdown() (braid warns instead)")
+                    reason=f"torch {torch.__version__} calls no Backend::shutdown() (braid warns as it frees it)")
 def test_mismatched_roots_are_reported_at_destroy(tmp_path):
     results = launch("mismatched_roots", 2, env={"MISMATCH_DIR": str(tmp_path)}, timeout=60)
     assert_all_ok(results)
-    assert "mismatch reported at destroy" in results[1].output, results[1]
+    for frag in ("rank 1: comm_destroy: rank 0 sent a message of broadcast #0 (count 16, uint8, root 0) that no "
+                 "call on this rank took", "counts are in bytes", "rank 1: destroyed"):
+        assert frag in results[1].output, results[1]
 
 
 @pytest.mark.parametrize("world", [2, 3])

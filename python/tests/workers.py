@@ -482,8 +482,9 @@ def mismatched_roots():
     """Each rank believes it is broadcast's root, and nothing follows: the
     broadcast returns each rank's own data, and destroy_process_group on the
     rank that destroys second (once the first is gone, so the first's
-    message has arrived) raises, naming the message no call took. The first
-    may find the other's message too."""
+    message has arrived) warns on stderr, naming the message no call took,
+    and leaves torch torn down (a new group can be made). The first may
+    find the other's message too."""
     rank, world = init()
     t = torch.full((4,), float(rank))
     dist.broadcast(t, src=rank)
@@ -491,16 +492,10 @@ def mismatched_roots():
     if rank == 1:
         while not os.path.exists(done):
             time.sleep(0.01)
-    try:
-        dist.destroy_process_group()
-        if rank == 1:
-            raise AssertionError("destroy_process_group did not report the message no call took")
-    except RuntimeError as e:
-        for frag in ("no call on this rank took", "rank 0 sent a message of broadcast #0", "root 0") if rank == 1 \
-                else ("no call on this rank took", "root 1"):
-            if frag not in str(e):
-                raise AssertionError(f"error message lacks {frag!r}: {e}") from e
-        print(f"rank {rank}: mismatch reported at destroy: {e}", flush=True)
+    dist.destroy_process_group()
+    if dist.is_initialized():
+        raise AssertionError("torch still holds the group after destroy_process_group")
+    print(f"rank {rank}: destroyed", flush=True)
     if rank == 0:
         open(done, "w").close()
 

@@ -788,6 +788,11 @@ BRAID_API braid_result_t braid_comm_destroy(braid_comm_t handle) {
   // handle is gone for every other call.
   comm->engine().drain();
   Status unclaimed = comm->engine().unclaimed_messages();
+  // A call of this rank's that failed (refused, say) may be why a peer's
+  // message was left: say so, since it is the likelier cause.
+  if (const std::string mine = comm->last_error(); !unclaimed && !mine.empty())
+    unclaimed = Status(unclaimed.code(),
+                       unclaimed.message() + " (or: this rank's own call failed before: " + mine + ")");
   {
     std::unique_lock<std::mutex> lock(draining_mu());
     draining_cv().wait(lock, [id] { return !draining()[id].aborting; });

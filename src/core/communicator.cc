@@ -257,6 +257,11 @@ Status Communicator::setup_transports() {
   engine_ = std::make_unique<Engine>(rank_, config_, peers, shm_->doorbell());
   engine_->set_trace(trace_.get());
   engine_->set_collective_conns(coll_channel_.conns);
+  {
+    std::vector<Connection*> self;
+    for (const auto& c : self_conns_) self.push_back(c.get());
+    engine_->set_self_conns(std::move(self));
+  }
   engine_->set_oversubscribed(tuner_.shape().oversubscribed);
   inline_calls_ = inline_p2p_ = trace_ == nullptr && !config_.check_calls;
   p2p_stalled_.assign(2 * static_cast<size_t>(nranks_), 0);
@@ -781,6 +786,11 @@ Status Communicator::split(int color, int key, std::shared_ptr<Communicator>* ou
   Status st = split_once(color, key, cancel.get(), out);
   std::lock_guard<std::mutex> lock(split_mu_);
   split_cancel_.reset();
+  // An abort that came after the child was made still fails the split.
+  if (Status why = cancel->why(); st && !why.is_ok()) {
+    out->reset();
+    return why;
+  }
   return st;
 }
 

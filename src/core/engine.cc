@@ -1198,14 +1198,17 @@ Status Engine::unclaimed_messages() {
       if (!c->peer_failure().is_ok() || !c->recv_ready(&data, &bytes)) continue;
       const CallTag& t = c->recv_tag();
       if (t.kind == kIpcDisconnectTag) continue;  // the teardown that follows destroy
-      found = Status(BRAID_ERR_MISMATCH,
-                     "rank " + std::to_string(rank_) + ": comm_destroy: rank " + std::to_string(peer) +
-                         " sent a message of " + describe_call(t) +
-                         " that no call on this rank took: the ranks' calls did not match (" +
-                         (t.kind == static_cast<uint8_t>(OpKind::kSend)
-                              ? "a send with no receive"
-                              : "a root that differs between ranks, or a call only some ranks made") +
-                         "), so the last calls may have returned wrong data");
+      const bool p2p = t.kind == static_cast<uint8_t>(OpKind::kSend);
+      const std::string sender =
+          peer == rank_ ? "this rank sent itself" : "rank " + std::to_string(peer) + " sent";
+      found =
+          Status(BRAID_ERR_MISMATCH,
+                 "rank " + std::to_string(rank_) + ": comm_destroy: " + sender + " a message of " +
+                     describe_call(t) + " that no call on this rank took: the ranks' calls did not match (" +
+                     (p2p ? "a send with no receive"
+                          : "a root that differs between ranks, a count of 0 on some ranks only, or a "
+                            "call only some ranks made") +
+                     "), so the last calls may have returned wrong data");
       break;
     }
   }

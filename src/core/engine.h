@@ -231,6 +231,11 @@ class Engine final : private CommitObserver {
   // root, with nothing after it to notice; a send never received) gives
   // BRAID_ERR_MISMATCH naming it. Only what has arrived is seen.
   Status unclaimed_messages();
+  // This rank's connections to itself, which unclaimed_messages() reads
+  // too (a send to itself never received).
+  void set_self_conns(std::vector<Connection*> conns) {
+    for (Connection* c : conns) peer_conns_.emplace_back(rank_, c);
+  }
   // Fails every op in flight and every later one with `why` (abort, errors).
   void abort(const Status& why);
   Status error() const;

@@ -259,7 +259,7 @@ class BraidBackend : public c10d::Backend {
                                           c10::Device device = c10::Device(c10::kCPU));
   std::string describe() const;
   // Destroys (or, after a failed monitored_barrier, aborts) the
-  // communicator once; what went wrong, or "".
+  // communicator once; what went wrong (a mismatch destroy found), or "".
   std::string close_comm();
   [[noreturn]] void fail_call(const char* op, braid_result_t code) const;  // with braid's last error
   [[noreturn]] void fail_call(const char* op, braid_result_t code, const std::string& why) const;
