@@ -1892,6 +1892,39 @@ TEST(Bootstrap, ADuplicateConnectionIsClosedNotLeaked) {
   EXPECT_EQ(open_fds(), before) << "descriptors leaked";
 }
 
+// A split's child connecting its bootstrap ring to a peer whose SYNs go
+// unanswered (another host gone silent; here a listener whose accept queue
+// is full, which drops them) is cut short by an abort of the split: the
+// connect waited for the deadline before.
+TEST(Bootstrap, AnAbortEndsAConnectThatGetsNoAnswer) {
+  SockAddr any;
+  ASSERT_TRUE(SockAddr::parse("127.0.0.1", 0, &any));
+  int listen_fd[2];
+  std::vector<SockAddr> table(2);
+  ASSERT_TRUE(listen_on(any, 16, &listen_fd[0], &table[0]));
+  ASSERT_TRUE(listen_on(any, 0, &listen_fd[1], &table[1]));  // rank 1 never accepts
+  int queued = -1;                                           // fills rank 1's accept queue of one
+  ASSERT_TRUE(connect_to(table[1], Deadline::after_seconds(5), &queued));
+  JobToken token{};
+  SetupCancel cancel;
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    cancel.cancel(Status::aborted("rank 0: communicator aborted by braid_comm_abort"));
+  });
+  std::unique_ptr<Bootstrap> b;
+  // At its deadline the connect fails and the abort's status is given too,
+  // so the time tells: a minute's deadline, ended within seconds.
+  const auto start = std::chrono::steady_clock::now();
+  const Status st = Bootstrap::from_table(0, token, listen_fd[0], table[0], table,
+                                          Deadline::after_seconds(60), &cancel, &b);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  aborter.join();
+  EXPECT_EQ(st.code(), BRAID_ERR_ABORTED) << st.message();
+  EXPECT_EQ(st.message(), "rank 0: communicator aborted by braid_comm_abort");
+  close(queued);
+  close(listen_fd[1]);
+}
+
 // Bootstraps of `n` ranks in this process, each listening on loopback.
 struct LocalTable {
   explicit LocalTable(int n) : listen_fd(n, -1), table(n) {

@@ -549,7 +549,8 @@ Status Bootstrap::connect_ring(Deadline deadline) {
 
 Status Bootstrap::connect_to_peer(int peer, uint32_t tag, Deadline deadline, int* fd_out) {
   int fd = -1;
-  Status st = connect_to(peers_[peer], deadline, &fd, /*retry_refused=*/false);
+  Status st = connect_to(peers_[peer], deadline, &fd, /*retry_refused=*/false, &aborted_);
+  if (!st && aborted_.load()) return abort_why_;
   if (!st)
     return st.with_context("rank " + std::to_string(rank_) + " connecting to rank " + std::to_string(peer));
   PeerHello h{kMagic, kKindPeerHello, {}, static_cast<uint32_t>(rank_), tag};

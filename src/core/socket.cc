@@ -278,8 +278,13 @@ Status listen_on(const SockAddr& addr, int backlog, int* fd_out, SockAddr* bound
 
 namespace {
 
-Status wait_fd(int fd, short events, Deadline deadline, const char* what) {
+Status stopped(const char* what) {
+  return Status::aborted(std::string("stopped while ") + what);
+}
+
+Status wait_fd(int fd, short events, Deadline deadline, const char* what, const std::atomic<bool>* stop) {
   for (;;) {
+    if (stop != nullptr && stop->load()) return stopped(what);
     pollfd p{fd, events, 0};
     int rc = poll(&p, 1, deadline.remaining_ms(100));
     if (rc > 0) return Status::ok();
@@ -290,7 +295,8 @@ Status wait_fd(int fd, short events, Deadline deadline, const char* what) {
 
 }  // namespace
 
-Status connect_to(const SockAddr& addr, Deadline deadline, int* fd_out, bool retry_refused) {
+Status connect_to(const SockAddr& addr, Deadline deadline, int* fd_out, bool retry_refused,
+                  const std::atomic<bool>* stop) {
   int delay_ms = 1;
   for (;;) {
     int fd = socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -299,7 +305,7 @@ Status connect_to(const SockAddr& addr, Deadline deadline, int* fd_out, bool ret
     int rc = connect(fd, addr.sa(), addr.len);
     int err = rc == 0 ? 0 : errno;
     if (err == EINPROGRESS) {
-      Status st = wait_fd(fd, POLLOUT, deadline, ("connecting to " + addr.str()).c_str());
+      Status st = wait_fd(fd, POLLOUT, deadline, ("connecting to " + addr.str()).c_str(), stop);
       if (!st) {
         close(fd);
         return st;
@@ -323,6 +329,7 @@ Status connect_to(const SockAddr& addr, Deadline deadline, int* fd_out, bool ret
                             " (nothing listens there any more: the process exited or gave up)");
     // The listener may not be up yet (init_env races rank 0): retry until the deadline.
     if ((err == ECONNREFUSED || err == ETIMEDOUT || err == ECONNRESET) && !deadline.expired()) {
+      if (stop != nullptr && stop->load()) return stopped(("connecting to " + addr.str()).c_str());
       std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
       delay_ms = delay_ms < 100 ? delay_ms * 2 : 100;
       continue;
@@ -343,7 +350,7 @@ Status send_all(int fd, const void* buf, size_t len, Deadline deadline) {
       continue;
     }
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-      BRAID_RETURN_IF_ERROR(wait_fd(fd, POLLOUT, deadline, "sending"));
+      BRAID_RETURN_IF_ERROR(wait_fd(fd, POLLOUT, deadline, "sending", nullptr));
       continue;
     }
     return Status::remote(std::string("send failed: ") + std::strerror(errno));
@@ -362,7 +369,7 @@ Status recv_all(int fd, void* buf, size_t len, Deadline deadline) {
     }
     if (n == 0) return Status::remote("connection closed by the other side (it exited or gave up)");
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-      BRAID_RETURN_IF_ERROR(wait_fd(fd, POLLIN, deadline, "receiving"));
+      BRAID_RETURN_IF_ERROR(wait_fd(fd, POLLIN, deadline, "receiving", nullptr));
       continue;
     }
     return Status::remote(std::string("receive failed: ") + std::strerror(errno));

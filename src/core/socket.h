@@ -1,6 +1,8 @@
 // Thin, deadline-bounded helpers over BSD sockets (IPv4 and IPv6).
 #pragma once
 
+#include <atomic>
+
 #include <netinet/in.h>
 #include <sys/socket.h>
 
@@ -52,8 +54,11 @@ Status local_address_toward(const SockAddr& remote, SockAddr* out);
 Status listen_on(const SockAddr& addr, int backlog, int* fd, SockAddr* bound);
 // Connects with retries on refusal until the deadline; returns a blocking-mode fd with TCP_NODELAY.
 // `retry_refused` false: a refused connection fails at once (the listener
-// is known to have been up, so whoever held it is gone).
-Status connect_to(const SockAddr& addr, Deadline deadline, int* fd, bool retry_refused = true);
+// is known to have been up, so whoever held it is gone). `stop`, once
+// true, ends the wait within 100 ms (BRAID_ERR_ABORTED): a connect whose
+// SYNs go unanswered waits for the deadline otherwise.
+Status connect_to(const SockAddr& addr, Deadline deadline, int* fd, bool retry_refused = true,
+                  const std::atomic<bool>* stop = nullptr);
 
 Status send_all(int fd, const void* buf, size_t len, Deadline deadline);
 Status recv_all(int fd, void* buf, size_t len, Deadline deadline);
