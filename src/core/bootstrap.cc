@@ -522,7 +522,8 @@ Status Bootstrap::from_table(int rank, const JobToken& token, int listen_fd, con
   Status st = b->connect_ring(deadline);
   if (!st) {
     if (cancel != nullptr) cancel->detach_all();
-    return b->aborted_.load(std::memory_order_acquire) ? b->abort_why_ : st;
+    Status why = b->abort_status();
+    return why.is_ok() ? st : why;
   }
   *out = std::move(b);
   return Status::ok();

@@ -242,6 +242,7 @@ Status Communicator::setup_transports() {
       if (r == rank_) {
         self_conns_.push_back(std::make_unique<SelfConnection>(config_));
         c.conns[r] = self_conns_.back().get();
+        peers[r].push_back(c.conns[r]);
         continue;
       }
       Connection* conn = shm_->connection(ch, r);
@@ -257,11 +258,6 @@ Status Communicator::setup_transports() {
   engine_ = std::make_unique<Engine>(rank_, config_, peers, shm_->doorbell());
   engine_->set_trace(trace_.get());
   engine_->set_collective_conns(coll_channel_.conns);
-  {
-    std::vector<Connection*> self;
-    for (const auto& c : self_conns_) self.push_back(c.get());
-    engine_->set_self_conns(std::move(self));
-  }
   engine_->set_oversubscribed(tuner_.shape().oversubscribed);
   inline_calls_ = inline_p2p_ = trace_ == nullptr && !config_.check_calls;
   p2p_stalled_.assign(2 * static_cast<size_t>(nranks_), 0);

@@ -183,7 +183,7 @@ inline void cpu_relax() {
 
 class Engine final : private CommitObserver {
  public:
-  // `peers[r]` holds the connections to rank r (empty for this rank).
+  // `peers[r]` holds the connections to rank r (this rank's to itself too).
   Engine(int rank, const Config& config, const std::vector<std::vector<Connection*>>& peers, Doorbell* bell);
   ~Engine();
   Engine(const Engine&) = delete;
@@ -231,11 +231,6 @@ class Engine final : private CommitObserver {
   // root, with nothing after it to notice; a send never received) gives
   // BRAID_ERR_MISMATCH naming it. Only what has arrived is seen.
   Status unclaimed_messages();
-  // This rank's connections to itself, which unclaimed_messages() reads
-  // too (a send to itself never received).
-  void set_self_conns(std::vector<Connection*> conns) {
-    for (Connection* c : conns) peer_conns_.emplace_back(rank_, c);
-  }
   // Fails every op in flight and every later one with `why` (abort, errors).
   void abort(const Status& why);
   Status error() const;
